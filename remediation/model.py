@@ -1,0 +1,131 @@
+"""Types shared by the controller's parts: intake, engine (ladder), backends and API.
+
+Intake turns webhook payloads into AlertEvents and records them durably; the engine consumes them
+one at a time and decides; backends act. Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal, Protocol
+
+AlertStatus = Literal["firing", "resolved"]
+TargetKind = Literal["pod", "gpu", "node", "exporter"]
+Rung = Literal["restart", "migrate", "page"]
+
+
+@dataclass(frozen=True)
+class AlertEvent:
+    """One alert of one Alertmanager notification, as accepted and stored by intake."""
+
+    fingerprint: str
+    status: AlertStatus
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    starts_at: datetime
+    ends_at: datetime | None
+    generator_url: str
+    receiver: str
+    group_key: str
+    received_at: datetime
+    # the intake row id; engines use (fingerprint, starts_at, status) for idempotence
+    inbox_id: int = 0
+
+    @property
+    def dedup_key(self) -> str:
+        return f"{self.fingerprint}|{self.starts_at.isoformat()}|{self.status}"
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a remediation acts on (see docs/alerts.md for the identity labels per kind)."""
+
+    kind: TargetKind
+    node: str = ""
+    namespace: str = ""
+    pod: str = ""
+    uuid: str = ""
+
+    @property
+    def key(self) -> str:
+        return f"{self.kind}:{self.node}/{self.namespace}/{self.pod}/{self.uuid}"
+
+
+class PermanentError(Exception):
+    """The action can never succeed as asked (forbidden, no owner, target gone): do not retry it."""
+
+
+class TemporaryError(Exception):
+    """The action failed this time (API timeout, PDB blocks eviction): it may be retried after delay."""
+
+    def __init__(self, message: str, delay_seconds: float = 5.0) -> None:
+        super().__init__(message)
+        self.delay_seconds = delay_seconds
+
+
+@dataclass(frozen=True)
+class ActionResult:
+    """What a backend did; `details` go into the ledger verbatim."""
+
+    done: bool
+    summary: str
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+
+class ActionBackend(Protocol):
+    """Carries out the restart and migrate rungs (local commands, Kubernetes, ...)."""
+
+    name: str
+
+    async def restart(self, target: Target, reason: str) -> ActionResult: ...
+
+    async def migrate(self, target: Target, reason: str) -> ActionResult: ...
+
+
+@dataclass(frozen=True)
+class Page:
+    """One page to a human, with everything needed to act without opening another tool."""
+
+    dedup_key: str  # one per incident: re-sending updates, never duplicates
+    summary: str
+    severity: str
+    fault_class: str
+    signature: str
+    runbook_url: str
+    target: Target
+    history: Sequence[Mapping[str, Any]]  # the ladder so far, oldest first
+    resolved: bool = False
+
+
+class Pager(Protocol):
+    name: str
+
+    async def send(self, page: Page) -> None: ...
+
+
+class Engine(Protocol):
+    """The decision maker behind intake and the API."""
+
+    async def handle(self, event: AlertEvent) -> None:
+        """Process one accepted alert; must be idempotent on event.dedup_key."""
+        ...
+
+    async def tick(self) -> None:
+        """Advance timers: verification windows, cooldowns, retries of temporary failures."""
+        ...
+
+    def list_incidents(self, state: str | None = None, limit: int = 100) -> Sequence[Mapping[str, Any]]: ...
+
+    def get_incident(self, incident_id: int) -> Mapping[str, Any] | None: ...
+
+    def list_signatures(self) -> Sequence[Mapping[str, Any]]: ...
+
+    def stats(self) -> Mapping[str, Any]: ...
+
+    def pause(self, by: str) -> None: ...
+
+    def resume(self, by: str) -> None: ...
+
+    def reset_breaker(self, by: str) -> None: ...
