@@ -13,35 +13,60 @@ class RemediationMetrics:
         r = self.registry
         self.alerts_received = Counter(
             "gpupulse_remediation_alerts_received_total",
-            "Alerts accepted from Alertmanager, by status.", ["status"], registry=r)
+            "Alerts accepted from Alertmanager, by status.",
+            ["status"],
+            registry=r,
+        )
         self.alerts_rejected = Counter(
             "gpupulse_remediation_alerts_rejected_total",
-            "Webhook requests rejected, by reason (auth, size, invalid, overloaded).", ["reason"], registry=r)
+            "Webhook requests rejected, by reason (auth, size, invalid, overloaded).",
+            ["reason"],
+            registry=r,
+        )
         self.ingest_latency = Histogram(
             "gpupulse_remediation_ingest_latency_seconds",
-            "Time from request received to durable acknowledgement.", registry=r,
-            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0))
+            "Time from request received to durable acknowledgement.",
+            registry=r,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
+        )
         self.queue_depth = Gauge(
-            "gpupulse_remediation_queue_depth", "Accepted alerts not yet processed by the engine.", registry=r)
+            "gpupulse_remediation_queue_depth", "Accepted alerts not yet processed by the engine.", registry=r
+        )
         self.actions = Counter(
             "gpupulse_remediation_actions_total",
             "Ladder actions, by rung (restart, migrate, page) and outcome "
-            "(success, failed, skipped, dry_run, blocked).", ["rung", "outcome"], registry=r)
+            "(success, failed, skipped, dry_run, blocked).",
+            ["rung", "outcome"],
+            registry=r,
+        )
         self.loops = Counter(
             "gpupulse_remediation_loops_detected_total",
-            "Targets that stopped being restarted because they were restarted too often.", registry=r)
+            "Targets that stopped being restarted because they were restarted too often.",
+            registry=r,
+        )
         self.flapping = Counter(
-            "gpupulse_remediation_flapping_alerts_total", "Alerts recognised as flapping.", registry=r)
+            "gpupulse_remediation_flapping_alerts_total", "Alerts recognised as flapping.", registry=r
+        )
         self.breaker_open = Gauge(
             "gpupulse_remediation_breaker_open",
-            "1 while the safety breaker is open (every incident pages; a human must reset it).", registry=r)
+            "1 while the safety breaker is open (every incident pages; a human must reset it).",
+            registry=r,
+        )
         self.paused = Gauge(
-            "gpupulse_remediation_paused", "1 while automation is paused by an operator.", registry=r)
+            "gpupulse_remediation_paused", "1 while automation is paused by an operator.", registry=r
+        )
         self.incidents_open = Gauge(
-            "gpupulse_remediation_incidents_open", "Incidents not yet resolved or closed.", registry=r)
+            "gpupulse_remediation_incidents_open", "Incidents not yet resolved or closed.", registry=r
+        )
         self.incidents = Counter(
             "gpupulse_remediation_incidents_total",
-            "Incidents closed, by how (automated, human, unresolved).", ["resolution"], registry=r)
+            "Incidents closed, by how (automated, human, unresolved).",
+            ["resolution"],
+            registry=r,
+        )
         self.action_duration = Histogram(
             "gpupulse_remediation_action_duration_seconds",
-            "How long a backend took to carry out an action, by rung.", ["rung"], registry=r)
+            "How long a backend took to carry out an action, by rung.",
+            ["rung"],
+            registry=r,
+        )
