@@ -1,0 +1,1 @@
+"""Attribution: which pod owns which GPU (kubelet pod-resources) and which process (procfs cgroups)."""

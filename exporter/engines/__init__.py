@@ -1,0 +1,1 @@
+"""Inference-engine metrics: discovery, concurrent scraping and per-engine normalization."""

@@ -1,0 +1,144 @@
+"""What a normalizer returns: one reading per served model, in our units, engine-neutral."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from exporter.engines.exposition import Exposition, HistogramSeries, Labels, Sample
+
+# Labels that never identify a model: summed (counters, histograms, count gauges) or averaged away.
+PID_LABEL = "pid"
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """Cumulative buckets (upper bound in seconds, count) ending in +Inf, plus sum and count."""
+
+    buckets: tuple[tuple[float, float], ...]
+    sum: float
+    count: float
+
+
+@dataclass(frozen=True)
+class BatchSource:
+    """Where inference_batch_latency_seconds comes from for one engine."""
+
+    source: str
+    proxy: bool
+
+
+@dataclass
+class ModelReading:
+    """Normalized signals of one model served by one endpoint; None means the engine lacks it."""
+
+    model: str
+    running: float | None = None
+    waiting: float | None = None
+    kv_usage_ratio: float | None = None
+    kv_hits: float | None = None
+    kv_queries: float | None = None
+    kv_unit: str = "tokens"
+    kv_hit_ratio: float | None = None  # passthrough, only when the engine has no counters
+    ttft: Histogram | None = None
+    itl: Histogram | None = None
+    e2e: Histogram | None = None
+    batch: Histogram | None = None
+    batch_source: BatchSource | None = None
+    # A value to be observed exporter-side into a derived batch histogram: (seconds, weight).
+    batch_sample: tuple[float, float] | None = None
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+def _collapse_pid(samples: Sequence[Sample]) -> list[Sample]:
+    """Multiprocess gauges carry a `pid` label per writer process; keep the max per other labels.
+
+    The processes of one engine report the same engine state, so summing would double-count.
+    """
+    best: dict[tuple[tuple[str, str], ...], Sample] = {}
+    for s in samples:
+        key = tuple(sorted((k, v) for k, v in s.labels.items() if k != PID_LABEL))
+        if key not in best or s.value > best[key].value:
+            best[key] = s
+    return list(best.values())
+
+
+def gauge_value(samples: Sequence[Sample], how: str = "sum") -> float | None:
+    """Aggregate gauge samples of one model across ranks/engine indices: sum, mean or max."""
+    vals = [s.value for s in _collapse_pid(samples) if not math.isnan(s.value)]
+    if not vals:
+        return None
+    if how == "mean":
+        return sum(vals) / len(vals)
+    if how == "max":
+        return max(vals)
+    return sum(vals)
+
+
+def counter_value(samples: Sequence[Sample], keep: Callable[[Labels], bool] | None = None) -> float | None:
+    """Sum counter samples (optionally filtered by labels); None when none match."""
+    vals = [s.value for s in samples if keep is None or keep(s.labels)]
+    return sum(vals) if vals else None
+
+
+def merge_histograms(
+    children: Sequence[HistogramSeries], scale: float = 1.0, keep: Callable[[Labels], bool] | None = None
+) -> Histogram | None:
+    """Sum histogram children that share the first child's bucket bounds; scale converts units."""
+    chosen = [c for c in children if keep is None or keep(c.labels)]
+    if not chosen:
+        return None
+    bounds = tuple(b for b, _ in chosen[0].buckets)
+    counts = [0.0] * len(bounds)
+    total_sum = 0.0
+    total_count = 0.0
+    for c in chosen:
+        if tuple(b for b, _ in c.buckets) != bounds:
+            continue  # children with other bounds cannot be added bucket-wise
+        for i, (_, v) in enumerate(c.buckets):
+            counts[i] += v
+        total_sum += 0.0 if math.isnan(c.sum) else c.sum
+        total_count += c.count
+    return Histogram(
+        tuple((b * scale if b != math.inf else math.inf, v) for b, v in zip(bounds, counts, strict=True)),
+        total_sum * scale,
+        total_count,
+    )
+
+
+class ModelView:
+    """The samples of one model inside an exposition, looked up by family name."""
+
+    def __init__(self, expo: Exposition, model_label: str, model: str) -> None:
+        self._expo = expo
+        self._label = model_label
+        self.model = model
+
+    def _mine(self, labels: Labels) -> bool:
+        return labels.get(self._label, "") == self.model
+
+    def gauge(self, name: str) -> list[Sample]:
+        """Gauge samples of this model."""
+        return [s for s in self._expo.gauge(name) if self._mine(s.labels)]
+
+    def counter(self, name: str) -> list[Sample]:
+        """Counter samples of this model."""
+        return [s for s in self._expo.counter(name) if self._mine(s.labels)]
+
+    def histogram(self, name: str) -> list[HistogramSeries]:
+        """Histogram children of this model."""
+        return [c for c in self._expo.histogram(name) if self._mine(c.labels)]
+
+
+def models(expo: Exposition, prefix: str, model_label: str) -> list[str]:
+    """Sorted model label values seen on any family whose name starts with prefix."""
+    seen: set[str] = set()
+    for table in (expo.gauges, expo.counters):
+        for name, samples in table.items():
+            if name.startswith(prefix):
+                seen.update(s.labels.get(model_label, "") for s in samples)
+    for name, children in expo.histograms.items():
+        if name.startswith(prefix):
+            seen.update(c.labels.get(model_label, "") for c in children)
+    return sorted(seen)

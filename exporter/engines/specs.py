@@ -1,0 +1,146 @@
+"""Catalog entries for every family the `engines` collector exports."""
+
+from __future__ import annotations
+
+from exporter.metricspec import MetricSpec
+
+# Identity of one engine: engine kind, served model, owning pod and the GPU(s) it runs on
+# (sorted comma-joined lists for a multi-GPU engine).
+ENGINE_LABELS: tuple[str, ...] = ("engine", "model", "namespace", "pod", "gpu", "uuid")
+# One scrape target; `endpoint` is scheme://host:port/path so static entries without a pod stay apart.
+ENDPOINT_LABELS: tuple[str, ...] = ("engine", "namespace", "pod", "endpoint")
+
+_C = "engines"
+
+ENGINE_METRICS: tuple[MetricSpec, ...] = (
+    MetricSpec(
+        "inference_engine_up",
+        "gauge",
+        "",
+        (*ENGINE_LABELS, "endpoint"),
+        "1 when the last scrape of this inference-engine endpoint succeeded and parsed, else 0.",
+        _C,
+    ),
+    MetricSpec(
+        "inference_engine_gpu_info",
+        "info",
+        "",
+        ENGINE_LABELS,
+        "One row per GPU an inference engine runs on (gpu/uuid hold a single GPU here), for joins.",
+        _C,
+    ),
+    MetricSpec(
+        "inference_engine_scrape_failures_total",
+        "counter",
+        "",
+        (*ENDPOINT_LABELS, "reason"),
+        "Failed scrapes of an engine endpoint by reason (timeout, refused, http_status, too_large, "
+        "parse, no_metrics).",
+        _C,
+    ),
+    MetricSpec(
+        "inference_engine_scrape_duration_seconds",
+        "gauge",
+        "seconds",
+        ENDPOINT_LABELS,
+        "Wall time of the last scrape of an engine endpoint, fetch and parse.",
+        _C,
+    ),
+    MetricSpec(
+        "inference_kv_cache_hits_total",
+        "counter",
+        "",
+        (*ENGINE_LABELS, "unit"),
+        "Prefix/KV-cache hits in `unit` (tokens or blocks) as counted by the engine.",
+        _C,
+    ),
+    MetricSpec(
+        "inference_kv_cache_queries_total",
+        "counter",
+        "",
+        (*ENGINE_LABELS, "unit"),
+        "Prefix/KV-cache lookups in `unit` (tokens or blocks); hit ratio = rate(hits)/rate(queries).",
+        _C,
+    ),
+    MetricSpec(
+        "inference_kv_cache_hit_ratio",
+        "gauge",
+        "ratio",
+        ENGINE_LABELS,
+        "KV-cache hit ratio passed through from engines that only expose a ratio gauge (0-1).",
+        _C,
+    ),
+    MetricSpec(
+        "inference_kv_cache_usage_ratio",
+        "gauge",
+        "ratio",
+        ENGINE_LABELS,
+        "Share of the engine's KV-cache capacity in use (0-1).",
+        _C,
+    ),
+    MetricSpec(
+        "inference_batch_latency_seconds",
+        "histogram",
+        "seconds",
+        ENGINE_LABELS,
+        "Engine step (batch) latency; inference_batch_latency_source_info names the source metric "
+        "and whether it is a proxy.",
+        _C,
+    ),
+    MetricSpec(
+        "inference_batch_latency_source_info",
+        "info",
+        "",
+        ("engine", "source", "proxy"),
+        "Which engine metric feeds inference_batch_latency_seconds and whether it is a proxy.",
+        _C,
+    ),
+    MetricSpec(
+        "inference_requests_running",
+        "gauge",
+        "",
+        ENGINE_LABELS,
+        "Requests in the engine's running batch.",
+        _C,
+    ),
+    MetricSpec(
+        "inference_requests_waiting",
+        "gauge",
+        "",
+        ENGINE_LABELS,
+        "Requests queued in the engine, not yet scheduled.",
+        _C,
+    ),
+    MetricSpec(
+        "inference_time_to_first_token_seconds",
+        "histogram",
+        "seconds",
+        ENGINE_LABELS,
+        "Time from request arrival to the first output token.",
+        _C,
+    ),
+    MetricSpec(
+        "inference_inter_token_latency_seconds",
+        "histogram",
+        "seconds",
+        ENGINE_LABELS,
+        "Time between consecutive output tokens of a request.",
+        _C,
+    ),
+    MetricSpec(
+        "inference_request_latency_seconds",
+        "histogram",
+        "seconds",
+        ENGINE_LABELS,
+        "End-to-end request latency as measured by the engine.",
+        _C,
+    ),
+    MetricSpec(
+        "inference_cold_start_seconds",
+        "gauge",
+        "seconds",
+        ("engine", "model", "namespace", "pod"),
+        "Time from the engine process start to its first successful scrape.",
+        _C,
+    ),
+)

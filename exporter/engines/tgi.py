@@ -1,0 +1,28 @@
+"""Hugging Face TGI 2.x/3.x -> ModelReading.
+
+TGI has no model label (one router per model), no prefix-cache counters and no KV usage gauge; it is
+the one engine with a real batch latency histogram (`tgi_batch_inference_duration{method}`).
+"""
+
+from __future__ import annotations
+
+from exporter.engines.exposition import Exposition
+from exporter.engines.reading import BatchSource, ModelReading, gauge_value, merge_histograms
+
+KIND = "tgi"
+BATCH_SOURCE = "tgi_batch_inference_duration"
+
+
+def normalize(expo: Exposition) -> list[ModelReading]:
+    """Map a TGI exposition to a single reading with an empty model (set by the target override)."""
+    r = ModelReading(model="")
+    r.running = gauge_value(expo.gauge("tgi_batch_current_size"))
+    r.waiting = gauge_value(expo.gauge("tgi_queue_size"))
+    r.e2e = merge_histograms(expo.histogram("tgi_request_duration"))
+    # Per-request mean time per output token: the closest TGI has to an inter-token histogram.
+    r.itl = merge_histograms(expo.histogram("tgi_request_mean_time_per_token_duration"))
+    # Prefill and decode batches together: every forward call of the batcher.
+    r.batch = merge_histograms(expo.histogram(BATCH_SOURCE))
+    if r.batch is not None:
+        r.batch_source = BatchSource(BATCH_SOURCE, proxy=False)
+    return [r]

@@ -1,0 +1,1 @@
+"""Optional OTLP/HTTP push of every snapshot's metric families."""

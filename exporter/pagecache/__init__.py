@@ -1,0 +1,1 @@
+"""Page-cache residency of model weight files (mmap + mincore), sampled on a slow interval."""

@@ -1,0 +1,110 @@
+"""Settings of the decision engine (ladder, loops, safety, scope, pager, backend), with their defaults."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+EngineBackendKind = Literal["local", "kubernetes", "none"]
+EnginePagerKind = Literal["webhook", "pagerduty", "slack", "none"]
+
+
+@dataclass(frozen=True)
+class BudgetSettings:
+    """Global budgets; an action beyond any of them opens the breaker (only a human closes it)."""
+
+    # restart/migrate actions started and not yet finished
+    max_concurrent_actions: int = 4
+    # restart/migrate actions started in the last 60 s
+    max_actions_per_minute: int = 20
+    # distinct nodes touched by a migrate of a gpu/node target within migrate_window_seconds
+    max_nodes_migrated: int = 3
+    # the same as a fraction of known nodes (cluster_node_count, else nodes seen in alerts); 0 disables
+    max_nodes_migrated_fraction: float = 0.2
+    migrate_window_seconds: float = 3600.0
+    # how often new incidents that arrive while the breaker is open are flushed as one grouped page
+    group_page_interval_seconds: float = 60.0
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    """Loop and flapping detection; all counted from the ledger, so it survives restarts."""
+
+    # a workload restarted this many times within restart_window_seconds is not restarted again
+    max_restarts: int = 3
+    restart_window_seconds: float = 3600.0
+    # a new incident on a target migrated within this window goes straight to page
+    migration_recurrence_window_seconds: float = 3600.0
+    # more than this many firing/resolved transitions of one incident key within the window = flapping
+    flap_max_transitions: int = 6
+    flap_window_seconds: float = 1800.0
+
+
+@dataclass(frozen=True)
+class ScopeSettings:
+    """Which targets the engine may act on; others are recorded and never acted on."""
+
+    # empty = every namespace; targets without a namespace (gpu, node) are not limited by it
+    namespaces: tuple[str, ...] = ()
+    # when set, an alert must carry this label (or annotation) with value "true";
+    # Prometheus label names cannot hold "." or "/", so `gpupulse.io/remediate` arrives as e.g.
+    # `label_gpupulse_io_remediate` (kube-state-metrics) or `gpupulse_io_remediate`
+    opt_in_label: str = ""
+
+
+@dataclass(frozen=True)
+class EnginePagerSettings:
+    """Where the page rung goes."""
+
+    kind: EnginePagerKind = "none"
+    url: str = ""  # generic webhook or Slack-compatible webhook URL
+    pagerduty_routing_key: str = field(default="", repr=False)
+    pagerduty_url: str = "https://events.pagerduty.com/v2/enqueue"
+    source: str = "gpupulse-remediation"
+    timeout_seconds: float = 10.0
+    retries: int = 3
+    retry_backoff_seconds: float = 0.5
+
+
+@dataclass(frozen=True)
+class LocalBackendSettings:
+    """The local backend: argv templates (never a shell string) or a signal to a PID."""
+
+    restart_command: tuple[str, ...] = ()
+    migrate_command: tuple[str, ...] = ()
+    timeout_seconds: float = 60.0
+    # signal sent on restart when no restart_command is set (PID from pidfile or the `pid` label)
+    restart_signal: str = "SIGTERM"
+    pidfile: Path | None = None
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """Everything build_engine needs besides the database, metrics, clock and injected backends."""
+
+    # decide and record (outcome dry_run), never call a backend and never send a page
+    dry_run: bool = False
+    # extra signature directories (user library); later directories override earlier ones by name
+    signature_dirs: tuple[Path, ...] = ()
+    include_builtin_signatures: bool = True
+    budgets: BudgetSettings = field(default_factory=BudgetSettings)
+    loops: LoopSettings = field(default_factory=LoopSettings)
+    scope: ScopeSettings = field(default_factory=ScopeSettings)
+    # 0 = unknown: the fraction budget then uses the number of distinct nodes seen in alerts
+    cluster_node_count: int = 0
+    # Prometheus base URL for PromQL verification (signatures with verify_promql); "" disables
+    prometheus_url: str = ""
+    prometheus_timeout_seconds: float = 5.0
+    # retries of an action that raised TemporaryError before the rung counts as failed
+    max_temporary_retries: int = 3
+    # paged incidents that never resolve are closed as unresolved after this long
+    paged_incident_max_age_seconds: float = 7 * 24 * 3600.0
+    # used when a signature has no runbook_url: <base>/<fault_class>
+    runbook_base_url: str = "https://github.com/gpupulse/gpupulse/blob/main/docs/runbooks"
+    pager: EnginePagerSettings = field(default_factory=EnginePagerSettings)
+    backend: EngineBackendKind = "local"
+    local_backend: LocalBackendSettings = field(default_factory=LocalBackendSettings)
+    # OpenTelemetry: OTLP/HTTP traces endpoint (e.g. http://collector:4318/v1/traces); "" = no export
+    otlp_traces_endpoint: str = ""
+    service_name: str = "gpupulse-remediation"

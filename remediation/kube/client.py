@@ -1,0 +1,259 @@
+"""The one module that talks to the Kubernetes API (through kubernetes_asyncio).
+
+Everything else in gpupulse calls `KubeClient`, receives plain JSON-shaped dicts (camelCase keys, as
+`kubectl get -o json` prints them) and sees only the error types defined here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+
+import aiohttp
+from kubernetes_asyncio import client as k8s
+from kubernetes_asyncio import config as k8s_config
+from kubernetes_asyncio.client.exceptions import ApiException
+
+T = TypeVar("T")
+JSON = dict[str, Any]
+
+MERGE_PATCH = "application/merge-patch+json"
+
+
+class KubeError(Exception):
+    """An API call failed; `status` is the HTTP code (0 when no response came back)."""
+
+    def __init__(self, status: int, reason: str, message: str, body: Mapping[str, Any] | None = None) -> None:
+        super().__init__(f"{status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+        self.body: Mapping[str, Any] = body or {}
+
+
+class KubeNotFound(KubeError):
+    """404: the object does not exist (any more)."""
+
+
+class KubeConflict(KubeError):
+    """409: already exists, stale resourceVersion, or a UID precondition that no longer holds."""
+
+
+class KubeTooManyRequests(KubeError):
+    """429: an eviction blocked by a PodDisruptionBudget, or API rate limiting."""
+
+
+class KubeForbidden(KubeError):
+    """401/403: our credentials or RBAC do not allow this call."""
+
+
+class KubeUnavailable(KubeError):
+    """5xx, timeouts, connection failures: the call may succeed later."""
+
+
+class KubeInvalid(KubeError):
+    """400/415/422: the request itself is wrong."""
+
+
+@dataclass(frozen=True)
+class KubeClientSettings:
+    """How the controller reaches the API server."""
+
+    kubeconfig_path: str = ""  # empty: in-cluster service account
+    context: str = ""
+    request_timeout_seconds: float = 10.0
+
+
+def _error_from(exc: ApiException) -> KubeError:
+    status = int(exc.status or 0)
+    body: JSON = {}
+    raw = exc.body
+    if isinstance(raw, bytes | str) and raw:
+        try:
+            parsed = json.loads(raw)
+        except ValueError:
+            parsed = None
+        if isinstance(parsed, dict):
+            body = parsed
+    reason = str(body.get("reason") or exc.reason or "")
+    message = str(body.get("message") or exc.reason or "")
+    kind: type[KubeError]
+    if status == 404:
+        kind = KubeNotFound
+    elif status == 409:
+        kind = KubeConflict
+    elif status == 429:
+        kind = KubeTooManyRequests
+    elif status in (401, 403):
+        kind = KubeForbidden
+    elif status in (400, 415, 422):
+        kind = KubeInvalid
+    else:
+        kind = KubeUnavailable
+    return kind(status, reason, message, body)
+
+
+class KubeClient:
+    """Typed calls for the handful of API operations gpupulse uses."""
+
+    def __init__(self, api_client: k8s.ApiClient, settings: KubeClientSettings | None = None) -> None:
+        self._api = api_client
+        self._settings = settings or KubeClientSettings()
+        self._core = k8s.CoreV1Api(api_client)
+        self._apps = k8s.AppsV1Api(api_client)
+        self._policy = k8s.PolicyV1Api(api_client)
+        self._coordination = k8s.CoordinationV1Api(api_client)
+
+    @classmethod
+    async def connect(cls, settings: KubeClientSettings) -> KubeClient:
+        """Build a client from a kubeconfig file, or from the pod's service account when none is set."""
+        configuration = k8s.Configuration()
+        if settings.kubeconfig_path:
+            await k8s_config.load_kube_config(
+                config_file=str(Path(settings.kubeconfig_path)),
+                context=settings.context or None,
+                client_configuration=configuration,
+                persist_config=False,
+            )
+        else:
+            k8s_config.load_incluster_config(client_configuration=configuration)
+        return cls(k8s.ApiClient(configuration), settings)
+
+    async def close(self) -> None:
+        """Close the HTTP session."""
+        await self._api.close()
+
+    async def __aenter__(self) -> KubeClient:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def _call(self, call: Awaitable[T]) -> T:
+        try:
+            return await call
+        except ApiException as exc:
+            raise _error_from(exc) from exc
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise KubeUnavailable(0, type(exc).__name__, str(exc) or "no response") from exc
+
+    def _json(self, obj: Any) -> JSON:
+        out = self._api.sanitize_for_serialization(obj)
+        return out if isinstance(out, dict) else {}
+
+    @property
+    def _timeout(self) -> float:
+        return self._settings.request_timeout_seconds
+
+    # --- pods
+
+    async def get_pod(self, namespace: str, name: str) -> JSON:
+        """Read one pod."""
+        pod = await self._call(
+            self._core.read_namespaced_pod(name, namespace, _request_timeout=self._timeout)
+        )
+        return self._json(pod)
+
+    async def list_pods_on_node(self, node: str) -> list[JSON]:
+        """All pods bound to `node`, in every namespace."""
+        pods = await self._call(
+            self._core.list_pod_for_all_namespaces(
+                field_selector=f"spec.nodeName={node}", _request_timeout=self._timeout
+            )
+        )
+        return [self._json(p) for p in pods.items or []]
+
+    async def delete_pod(
+        self, namespace: str, name: str, uid: str, grace_period_seconds: int | None = None
+    ) -> None:
+        """Delete a pod only if it is still the one with `uid` (409 otherwise)."""
+        options: JSON = {"preconditions": {"uid": uid}}
+        if grace_period_seconds is not None:
+            options["gracePeriodSeconds"] = grace_period_seconds
+        await self._call(
+            self._core.delete_namespaced_pod(name, namespace, body=options, _request_timeout=self._timeout)
+        )
+
+    async def evict_pod(self, namespace: str, name: str, uid: str) -> None:
+        """Ask for a PodDisruptionBudget-respecting eviction (policy/v1) of the pod with `uid`."""
+        body: JSON = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": namespace},
+            "deleteOptions": {"preconditions": {"uid": uid}},
+        }
+        await self._call(
+            self._core.create_namespaced_pod_eviction(name, namespace, body, _request_timeout=self._timeout)
+        )
+
+    async def list_pod_disruption_budgets(self, namespace: str) -> list[JSON]:
+        """The PodDisruptionBudgets of one namespace."""
+        pdbs = await self._call(
+            self._policy.list_namespaced_pod_disruption_budget(namespace, _request_timeout=self._timeout)
+        )
+        return [self._json(p) for p in pdbs.items or []]
+
+    # --- nodes
+
+    async def get_node(self, name: str) -> JSON:
+        """Read one node."""
+        return self._json(await self._call(self._core.read_node(name, _request_timeout=self._timeout)))
+
+    async def patch_node(self, name: str, patch: Mapping[str, Any]) -> JSON:
+        """JSON merge patch; put metadata.resourceVersion in `patch` to make it conditional."""
+        node = await self._call(
+            self._core.patch_node(
+                name, dict(patch), _content_type=MERGE_PATCH, _request_timeout=self._timeout
+            )
+        )
+        return self._json(node)
+
+    # --- workload owners
+
+    async def get_replica_set(self, namespace: str, name: str) -> JSON:
+        """Read one ReplicaSet (to find the Deployment that owns a pod's ReplicaSet)."""
+        rs = await self._call(
+            self._apps.read_namespaced_replica_set(name, namespace, _request_timeout=self._timeout)
+        )
+        return self._json(rs)
+
+    async def patch_deployment(self, namespace: str, name: str, patch: Mapping[str, Any]) -> JSON:
+        """Merge-patch a Deployment (rollout restart)."""
+        deployment = await self._call(
+            self._apps.patch_namespaced_deployment(
+                name, namespace, dict(patch), _content_type=MERGE_PATCH, _request_timeout=self._timeout
+            )
+        )
+        return self._json(deployment)
+
+    # --- leases
+
+    async def get_lease(self, namespace: str, name: str) -> JSON:
+        """Read one coordination.k8s.io/v1 Lease."""
+        lease = await self._call(
+            self._coordination.read_namespaced_lease(name, namespace, _request_timeout=self._timeout)
+        )
+        return self._json(lease)
+
+    async def create_lease(self, namespace: str, body: Mapping[str, Any]) -> JSON:
+        """Create a Lease (409 when it already exists)."""
+        lease = await self._call(
+            self._coordination.create_namespaced_lease(namespace, dict(body), _request_timeout=self._timeout)
+        )
+        return self._json(lease)
+
+    async def replace_lease(self, namespace: str, name: str, body: Mapping[str, Any]) -> JSON:
+        """Replace a Lease; 409 when body's metadata.resourceVersion is stale."""
+        lease = await self._call(
+            self._coordination.replace_namespaced_lease(
+                name, namespace, dict(body), _request_timeout=self._timeout
+            )
+        )
+        return self._json(lease)
+

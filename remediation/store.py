@@ -1,0 +1,452 @@
+"""Durable inbox of accepted alerts in SQLite (WAL), written by one thread with group commit.
+
+Every part of the controller opens the shared database with `open_db`. The intake owns the `inbox`
+table: one row per (fingerprint, starts_at, status), so a re-delivered notification is stored once.
+All SQLite work runs on two dedicated threads (one writer, one reader); the event loop only awaits
+futures. Concurrent writes are batched into one transaction (one fsync) per writer wake-up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import queue
+import sqlite3
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Generic, TypeVar, cast
+
+from .model import AlertEvent, AlertStatus
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+BUSY_TIMEOUT_MS = 10_000
+MAX_BATCH_JOBS = 1024
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS inbox (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    fingerprint TEXT NOT NULL,
+    starts_at TEXT NOT NULL,
+    status TEXT NOT NULL CHECK (status IN ('firing', 'resolved')),
+    ends_at TEXT,
+    labels TEXT NOT NULL,
+    annotations TEXT NOT NULL,
+    generator_url TEXT NOT NULL,
+    receiver TEXT NOT NULL,
+    group_key TEXT NOT NULL,
+    received_at REAL NOT NULL,
+    raw TEXT NOT NULL,
+    processed_at REAL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    next_attempt_at REAL NOT NULL DEFAULT 0,
+    last_error TEXT,
+    UNIQUE (fingerprint, starts_at, status)
+);
+CREATE INDEX IF NOT EXISTS inbox_unprocessed ON inbox (id) WHERE processed_at IS NULL;
+CREATE INDEX IF NOT EXISTS inbox_processed_at ON inbox (processed_at) WHERE processed_at IS NOT NULL;
+"""
+
+
+class StoreError(Exception):
+    """The inbox could not be read or written (disk full, corrupt file, timeout)."""
+
+
+class QueueFull(Exception):
+    """Accepting these alerts would exceed the pending-work limit; nothing was recorded."""
+
+
+def open_db(path: Path | str, synchronous: str = "FULL") -> sqlite3.Connection:
+    """Open the shared controller database: WAL, given synchronous mode, autocommit, busy timeout."""
+    if synchronous not in ("FULL", "NORMAL"):
+        raise ValueError(f"synchronous must be FULL or NORMAL, not {synchronous!r}")
+    db_path = Path(path)
+    db_path.parent.mkdir(parents=True, exist_ok=True)
+    # isolation_level=None: we issue BEGIN/COMMIT ourselves, so group commit is explicit
+    conn = sqlite3.connect(db_path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute(f"PRAGMA synchronous={synchronous}")
+    conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+    conn.execute("PRAGMA foreign_keys=ON")
+    return conn
+
+
+@dataclass(frozen=True)
+class InboxRecord:
+    """One alert ready to be stored (built by intake from a validated payload)."""
+
+    fingerprint: str
+    status: AlertStatus
+    starts_at: str  # normalised: UTC, datetime.isoformat()
+    ends_at: str | None
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    generator_url: str
+    receiver: str
+    group_key: str
+    received_at: float
+    raw: str
+
+
+@dataclass(frozen=True)
+class InboxRow:
+    """One stored alert as the worker reads it back."""
+
+    id: int
+    fingerprint: str
+    status: AlertStatus
+    starts_at: str
+    ends_at: str | None
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    generator_url: str
+    receiver: str
+    group_key: str
+    received_at: float
+    attempts: int
+    next_attempt_at: float
+
+    def to_event(self) -> AlertEvent:
+        """The engine's view of this row."""
+        return AlertEvent(
+            fingerprint=self.fingerprint,
+            status=self.status,
+            labels=dict(self.labels),
+            annotations=dict(self.annotations),
+            starts_at=datetime.fromisoformat(self.starts_at),
+            ends_at=datetime.fromisoformat(self.ends_at) if self.ends_at else None,
+            generator_url=self.generator_url,
+            receiver=self.receiver,
+            group_key=self.group_key,
+            received_at=datetime.fromtimestamp(self.received_at, tz=UTC),
+            inbox_id=self.id,
+        )
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    inserted: int
+    duplicates: int
+
+
+class _Tx:
+    """State a writer job sees: the pending count including earlier jobs of this batch."""
+
+    def __init__(self, pending: int) -> None:
+        self.pending = pending
+
+
+class _Job(Generic[T]):
+    def __init__(self, fn: Callable[[sqlite3.Connection, _Tx], T], loop: asyncio.AbstractEventLoop) -> None:
+        self.fn = fn
+        self.loop = loop
+        self.future: asyncio.Future[T] = loop.create_future()
+
+    def settle(self, result: T | None, exc: BaseException | None) -> None:
+        self.loop.call_soon_threadsafe(self._settle, result, exc)
+
+    def _settle(self, result: T | None, exc: BaseException | None) -> None:
+        if self.future.done():  # the caller gave up waiting (timeout); the outcome is in the DB anyway
+            return
+        if exc is not None:
+            self.future.set_exception(exc)
+        else:
+            self.future.set_result(cast(T, result))
+
+
+_STOP = object()
+
+
+class _WriterThread(threading.Thread):
+    """Runs write jobs; every job queued while the previous commit ran goes into the next transaction."""
+
+    def __init__(self, conn: sqlite3.Connection, pending: int) -> None:
+        super().__init__(name="gpupulse-inbox-writer", daemon=True)
+        self.conn = conn
+        self.pending = pending
+        self.jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.batches = 0
+        self.jobs_done = 0
+
+    def run(self) -> None:
+        stopping = False
+        while not stopping:
+            first = self.jobs.get()
+            if first is _STOP:
+                break
+            batch: list[_Job[Any]] = [first]
+            while len(batch) < MAX_BATCH_JOBS:
+                try:
+                    nxt = self.jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is _STOP:
+                    stopping = True
+                    break
+                batch.append(nxt)
+            self._run_batch(batch)
+        self.conn.close()
+
+    def _run_batch(self, batch: list[_Job[Any]]) -> None:
+        tx = _Tx(self.pending)
+        outcomes: list[tuple[_Job[Any], Any, BaseException | None]] = []
+        try:
+            self.conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as e:
+            for job in batch:
+                job.settle(None, StoreError(f"begin failed: {e}"))
+            return
+        for job in batch:
+            before = tx.pending
+            self.conn.execute("SAVEPOINT job")
+            try:
+                result = job.fn(self.conn, tx)
+            except BaseException as e:  # one bad job must not fail its neighbours
+                tx.pending = before
+                self.conn.execute("ROLLBACK TO job")
+                self.conn.execute("RELEASE job")
+                outcomes.append((job, None, e if isinstance(e, QueueFull | StoreError) else StoreError(str(e))))
+                continue
+            self.conn.execute("RELEASE job")
+            outcomes.append((job, result, None))
+        try:
+            self.conn.execute("COMMIT")
+        except sqlite3.Error as e:
+            with contextlib.suppress(sqlite3.Error):
+                self.conn.execute("ROLLBACK")
+            self.pending = _count_pending(self.conn)
+            for job in batch:
+                job.settle(None, StoreError(f"commit failed: {e}"))
+            return
+        self.pending = tx.pending
+        self.batches += 1
+        self.jobs_done += len(batch)
+        for job, result, exc in outcomes:
+            job.settle(result, exc)
+
+
+class _ReaderThread(threading.Thread):
+    """Runs read jobs one at a time on its own connection (WAL readers never block the writer)."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        super().__init__(name="gpupulse-inbox-reader", daemon=True)
+        self.conn = conn
+        self.jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+
+    def run(self) -> None:
+        while True:
+            job = self.jobs.get()
+            if job is _STOP:
+                break
+            try:
+                job.settle(job.fn(self.conn, _Tx(0)), None)
+            except BaseException as e:
+                job.settle(None, StoreError(str(e)))
+        self.conn.close()
+
+
+def _count_pending(conn: sqlite3.Connection) -> int:
+    row = conn.execute("SELECT count(*) FROM inbox WHERE processed_at IS NULL").fetchone()
+    return int(row[0])
+
+
+_INSERT = (
+    "INSERT INTO inbox (fingerprint, starts_at, status, ends_at, labels, annotations, generator_url,"
+    " receiver, group_key, received_at, raw) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " ON CONFLICT (fingerprint, starts_at, status) DO NOTHING"
+)
+_ROW_COLUMNS = (
+    "id, fingerprint, status, starts_at, ends_at, labels, annotations, generator_url, receiver,"
+    " group_key, received_at, attempts, next_attempt_at"
+)
+
+
+def _row(r: Sequence[Any]) -> InboxRow:
+    return InboxRow(
+        id=r[0],
+        fingerprint=r[1],
+        status=r[2],
+        starts_at=r[3],
+        ends_at=r[4],
+        labels=json.loads(r[5]),
+        annotations=json.loads(r[6]),
+        generator_url=r[7],
+        receiver=r[8],
+        group_key=r[9],
+        received_at=r[10],
+        attempts=r[11],
+        next_attempt_at=r[12],
+    )
+
+
+class Inbox:
+    """The durable queue between the webhook and the engine."""
+
+    def __init__(self, path: Path, synchronous: str = "FULL", timeout_seconds: float = 5.0) -> None:
+        self.path = path
+        self.synchronous = synchronous
+        self.timeout_seconds = timeout_seconds
+        self._writer: _WriterThread | None = None
+        self._reader: _ReaderThread | None = None
+
+    async def start(self) -> None:
+        """Open the database, create the inbox table, start the writer and reader threads."""
+
+        def _open() -> tuple[sqlite3.Connection, sqlite3.Connection, int]:
+            wconn = open_db(self.path, self.synchronous)
+            wconn.executescript(SCHEMA)
+            return wconn, open_db(self.path, self.synchronous), _count_pending(wconn)
+
+        try:
+            wconn, rconn, pending = await asyncio.wait_for(asyncio.to_thread(_open), self.timeout_seconds * 4)
+        except (sqlite3.Error, OSError) as e:
+            raise StoreError(f"cannot open {self.path}: {e}") from e
+        self._writer = _WriterThread(wconn, pending)
+        self._reader = _ReaderThread(rconn)
+        self._writer.start()
+        self._reader.start()
+
+    async def close(self) -> None:
+        """Finish queued writes, then stop both threads."""
+        for t in (self._writer, self._reader):
+            if t is not None and t.is_alive():
+                t.jobs.put(_STOP)
+                await asyncio.to_thread(t.join, self.timeout_seconds * 4)
+        self._writer = self._reader = None
+
+    @property
+    def running(self) -> bool:
+        return self._writer is not None and self._writer.is_alive()
+
+    @property
+    def pending(self) -> int:
+        """Committed rows not yet processed (exact: every write goes through the writer thread)."""
+        return self._writer.pending if self._writer is not None else 0
+
+    @property
+    def commit_batches(self) -> int:
+        return self._writer.batches if self._writer is not None else 0
+
+    async def _submit(self, thread: _WriterThread | _ReaderThread | None, fn: Callable[[sqlite3.Connection, _Tx], T]) -> T:
+        if thread is None or not thread.is_alive():
+            raise StoreError("inbox is not open")
+        job = _Job(fn, asyncio.get_running_loop())
+        thread.jobs.put(job)
+        try:
+            return await asyncio.wait_for(asyncio.shield(job.future), self.timeout_seconds)
+        except TimeoutError as e:
+            raise StoreError(f"inbox did not answer within {self.timeout_seconds} s") from e
+
+    async def _write(self, fn: Callable[[sqlite3.Connection, _Tx], T]) -> T:
+        return await self._submit(self._writer, fn)
+
+    async def _read(self, fn: Callable[[sqlite3.Connection, _Tx], T]) -> T:
+        return await self._submit(self._reader, fn)
+
+    async def ingest(self, records: Sequence[InboxRecord], max_pending: int) -> IngestResult:
+        """Store new alerts durably (committed on return); raise QueueFull and store none if over limit."""
+        params = [
+            (
+                r.fingerprint,
+                r.starts_at,
+                r.status,
+                r.ends_at,
+                json.dumps(dict(r.labels), sort_keys=True, separators=(",", ":")),
+                json.dumps(dict(r.annotations), sort_keys=True, separators=(",", ":")),
+                r.generator_url,
+                r.receiver,
+                r.group_key,
+                r.received_at,
+                r.raw,
+            )
+            for r in records
+        ]
+
+        def job(conn: sqlite3.Connection, tx: _Tx) -> IngestResult:
+            inserted = conn.executemany(_INSERT, params).rowcount
+            # a lone oversized notification is still let into an empty queue, else it could never land
+            if inserted and tx.pending > 0 and tx.pending + inserted > max_pending:
+                raise QueueFull(f"{tx.pending} alerts pending, limit {max_pending}")
+            tx.pending += inserted
+            return IngestResult(inserted=inserted, duplicates=len(params) - inserted)
+
+        return await self._write(job)
+
+    async def mark_processed(self, ids: Sequence[int], at: float) -> None:
+        """Record that the engine handled these rows."""
+        id_list = list(ids)
+
+        def job(conn: sqlite3.Connection, tx: _Tx) -> None:
+            done = conn.executemany(
+                "UPDATE inbox SET processed_at = ?, last_error = NULL WHERE id = ? AND processed_at IS NULL",
+                [(at, i) for i in id_list],
+            ).rowcount
+            tx.pending -= done
+
+        await self._write(job)
+
+    async def mark_failed(self, row_id: int, error: str, attempts: int, next_attempt_at: float) -> None:
+        """Record a failed attempt; the row stays pending until next_attempt_at."""
+
+        def job(conn: sqlite3.Connection, tx: _Tx) -> None:
+            conn.execute(
+                "UPDATE inbox SET attempts = ?, next_attempt_at = ?, last_error = ? WHERE id = ?",
+                (attempts, next_attempt_at, error[:2000], row_id),
+            )
+
+        await self._write(job)
+
+    async def prune(self, processed_before: float) -> int:
+        """Delete processed rows older than the retention; returns how many."""
+
+        def job(conn: sqlite3.Connection, tx: _Tx) -> int:
+            cur = conn.execute("DELETE FROM inbox WHERE processed_at IS NOT NULL AND processed_at < ?", (processed_before,))
+            return int(cur.rowcount)
+
+        return await self._write(job)
+
+    async def load_ready(self, now: float, limit: int) -> tuple[list[InboxRow], dict[str, int]]:
+        """Pending rows due by `now` in id order, and per fingerprint the first row still backing off."""
+
+        def job(conn: sqlite3.Connection, tx: _Tx) -> tuple[list[InboxRow], dict[str, int]]:
+            conn.execute("BEGIN")  # one snapshot for both queries
+            try:
+                rows = conn.execute(
+                    f"SELECT {_ROW_COLUMNS} FROM inbox WHERE processed_at IS NULL AND next_attempt_at <= ?"
+                    " ORDER BY id LIMIT ?",
+                    (now, limit),
+                ).fetchall()
+                waiting = conn.execute(
+                    "SELECT fingerprint, min(id) FROM inbox WHERE processed_at IS NULL AND next_attempt_at > ?"
+                    " GROUP BY fingerprint",
+                    (now,),
+                ).fetchall()
+            finally:
+                conn.execute("COMMIT")
+            return [_row(r) for r in rows], {fp: int(i) for fp, i in waiting}
+
+        return await self._read(job)
+
+    async def next_due(self) -> float | None:
+        """The earliest next_attempt_at of any pending row, or None when nothing is pending."""
+
+        def job(conn: sqlite3.Connection, tx: _Tx) -> float | None:
+            row = conn.execute("SELECT min(next_attempt_at) FROM inbox WHERE processed_at IS NULL").fetchone()
+            return None if row[0] is None else float(row[0])
+
+        return await self._read(job)
+
+    async def count(self, where: str = "1", params: Sequence[Any] = ()) -> int:
+        """Row count (for tests and the bench); `where` is code, never user input."""
+
+        def job(conn: sqlite3.Connection, tx: _Tx) -> int:
+            return int(conn.execute(f"SELECT count(*) FROM inbox WHERE {where}", tuple(params)).fetchone()[0])
+
+        return await self._read(job)
