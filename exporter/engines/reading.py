@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from exporter.engines.exposition import Exposition, HistogramSeries, Labels, Sample
 
@@ -46,9 +46,10 @@ class ModelReading:
     e2e: Histogram | None = None
     batch: Histogram | None = None
     batch_source: BatchSource | None = None
-    # A value to be observed exporter-side into a derived batch histogram: (seconds, weight).
-    batch_sample: tuple[float, float] | None = None
-    extra: dict[str, float] = field(default_factory=dict)
+    # Engines without a batch histogram feed an exporter-side histogram (see derived.py) from either
+    # a last-iteration gauge sampled once per round, or cumulative (busy seconds, batches) counters.
+    batch_gauge_seconds: float | None = None
+    batch_counters: tuple[float, float] | None = None
 
 
 def _collapse_pid(samples: Sequence[Sample]) -> list[Sample]:

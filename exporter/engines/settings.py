@@ -1,0 +1,49 @@
+"""Settings of the engines collector: one place where defaults live, units in field names."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+
+class Clock(Protocol):
+    """Wall-clock seconds since the epoch; tests pass a manual one."""
+
+    def time(self) -> float: ...
+
+
+class SystemClock:
+    """The real wall clock."""
+
+    def time(self) -> float:
+        """Seconds since the epoch."""
+        return time.time()
+
+
+@dataclass(frozen=True)
+class KubeSettings:
+    """Where and how to list the pods of this node."""
+
+    node_name: str
+    api_url: str = "https://kubernetes.default.svc"
+    token_path: Path = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
+    ca_path: Path | None = Path("/var/run/secrets/kubernetes.io/serviceaccount/ca.crt")
+    refresh_seconds: float = 30.0
+    timeout_seconds: float = 5.0
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """Scrape behaviour of the engines collector."""
+
+    interval_seconds: float = 5.0
+    scrape_timeout_seconds: float = 2.0
+    max_response_bytes: int = 4 * 1024 * 1024
+    max_series: int = 10_000  # all endpoints together
+    max_series_per_endpoint: int = 2_000
+    procfs_path: Path = Path("/proc")
+    # Resolving an engine's PID from its port scans /proc; after a miss, wait this long to retry.
+    pid_retry_seconds: float = 60.0
+    clock_ticks_per_second: int | None = None  # /proc/<pid>/stat time unit; None = sysconf(SC_CLK_TCK)

@@ -1,0 +1,213 @@
+"""Per-engine, per-generation normalization from the reference expositions, and the parser traps."""
+
+from __future__ import annotations
+
+import pytest
+
+from exporter.engines.detect import NORMALIZERS, detect_kind
+from exporter.engines.exposition import ExpositionError, parse_exposition
+from exporter.engines.reading import ModelReading
+
+from .conftest import expo_of, load_fixture
+
+LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
+QWEN = "Qwen/Qwen3-8B"
+
+
+def readings(name: str) -> tuple[str, list[ModelReading]]:
+    expo = expo_of(name)
+    kind = detect_kind(expo)
+    assert kind is not None
+    return kind, NORMALIZERS[kind](expo)
+
+
+def only(name: str) -> ModelReading:
+    _, rs = readings(name)
+    assert len(rs) == 1
+    return rs[0]
+
+
+@pytest.mark.parametrize(
+    ("fixture", "kind"),
+    [
+        ("vllm-0.33.0", "vllm"),
+        ("vllm-0.9.1", "vllm"),
+        ("vllm-v0-0.7.3", "vllm"),
+        ("vllm-ray-0.33.0", "vllm"),
+        ("sglang-0.5.23", "sglang"),
+        ("sglang-ray-0.5.23", "sglang"),
+        ("tgi-3.3", "tgi"),
+        ("triton-trtllm-2.73", "triton"),
+        ("triton-vllm-backend", "triton"),
+        ("trtllm-serve-2026", "trtllm"),
+        ("trtllm-serve-2025", "trtllm"),
+        ("dynamo-frontend", "dynamo"),
+    ],
+)
+def test_engine_kind_detected_from_prefixes_and_labels(fixture: str, kind: str) -> None:
+    assert detect_kind(expo_of(fixture)) == kind
+
+
+def test_vllm_current_generation_maps_every_signal() -> None:
+    r = only("vllm-0.33.0")
+    assert r.model == LLAMA
+    assert (r.running, r.waiting, r.kv_usage_ratio) == (24.0, 3.0, 0.6734)
+    assert (r.kv_hits, r.kv_queries, r.kv_unit) == (1_212_416.0, 1_843_208.0, "tokens")
+    assert r.kv_hit_ratio is None
+    assert r.ttft is not None and r.ttft.count == 1812.0 and r.ttft.buckets[3] == (0.02, 12.0)
+    assert r.itl is not None and r.itl.count == 400_301.0
+    assert r.e2e is not None and r.e2e.count == 1800.0 and r.e2e.buckets[-1] == (float("inf"), 1800.0)
+    assert r.batch == r.itl
+    assert r.batch_source is not None and r.batch_source.source == "vllm:inter_token_latency_seconds"
+    assert r.batch_source.proxy is True
+
+
+def test_counter_total_suffix_trap_counters_found_by_base_name() -> None:
+    expo = expo_of("vllm-0.33.0")
+    # The parser names the family `vllm:prefix_cache_hits`; the wire sample keeps `_total`.
+    assert "vllm:prefix_cache_hits" in expo.counters
+    assert expo.counter("vllm:prefix_cache_hits_total")[0].value == 1_212_416.0
+    # TGI counters carry no `_total` on the wire; the parser adds it to samples.
+    tgi = expo_of("tgi-3.3")
+    assert tgi.counter("tgi_request_count")[0].value == 1806.0
+
+
+def test_histogram_named_total_is_not_a_counter() -> None:
+    expo = expo_of("vllm-0.33.0")
+    assert "vllm:iteration_tokens_total" in expo.histograms
+    assert expo.counter("vllm:iteration_tokens_total") == []
+
+
+def test_created_series_are_ignored() -> None:
+    expo = expo_of("vllm-0.33.0")
+    assert not [n for n in expo.names() if n.endswith("_created")]
+
+
+def test_multiprocess_pid_label_is_not_summed_into_usage() -> None:
+    r = only("vllm-0.10.2-multiproc")
+    assert r.kv_usage_ratio == pytest.approx(0.6734)  # two API servers report the same engine
+
+
+def test_old_and_new_vllm_names_side_by_side_are_counted_once() -> None:
+    r = only("vllm-0.10.2-multiproc")
+    assert (r.kv_hits, r.kv_queries) == (1_212_416.0, 1_843_208.0)
+    assert r.itl is not None and r.itl.count == 400_301.0
+
+
+def test_vllm_091_renamed_families_in_tokens() -> None:
+    r = only("vllm-0.9.1")
+    assert (r.kv_hits, r.kv_queries, r.kv_unit) == (1_212_416.0, 1_843_208.0, "tokens")
+    assert r.kv_usage_ratio == 0.6734
+    assert r.batch_source is not None and r.batch_source.source == "vllm:time_per_output_token_seconds"
+
+
+def test_vllm_085_prefix_cache_counted_in_blocks() -> None:
+    r = only("vllm-0.8.5")
+    assert (r.kv_hits, r.kv_queries, r.kv_unit) == (37_888.0, 57_600.0, "blocks")
+
+
+def test_vllm_v0_passes_through_hit_ratio_only() -> None:
+    r = only("vllm-v0-0.7.3")
+    assert r.kv_hits is None and r.kv_queries is None
+    assert r.kv_hit_ratio == 0.6577
+    assert r.kv_usage_ratio == 0.6734
+
+
+def test_ray_prefix_normalized_to_vllm_names() -> None:
+    ray, plain = only("vllm-ray-0.33.0"), only("vllm-0.33.0")
+    assert expo_of("vllm-ray-0.33.0").ray_prefixed
+    assert (ray.kv_hits, ray.kv_queries, ray.running, ray.kv_usage_ratio) == (
+        plain.kv_hits,
+        plain.kv_queries,
+        plain.running,
+        plain.kv_usage_ratio,
+    )
+    assert ray.ttft == plain.ttft
+
+
+def test_data_parallel_engines_summed_and_usage_averaged() -> None:
+    r = only("vllm-0.33.0-dp2")
+    assert (r.running, r.waiting) == (48.0, 6.0)
+    assert r.kv_hits == 2 * 1_212_416.0
+    assert r.kv_usage_ratio == pytest.approx(0.6734)
+    assert r.itl is not None and r.itl.count == 2 * 400_301.0
+
+
+def test_triton_vllm_backend_keeps_model_label_and_has_no_kv_counters() -> None:
+    kind, rs = readings("triton-vllm-backend")
+    assert kind == "triton"
+    (r,) = rs
+    assert r.model == "vllm_model"
+    assert r.kv_hits is None and r.kv_usage_ratio is None
+    assert r.ttft is not None and r.ttft.buckets[0] == (0.001, 0.0) and len(r.ttft.buckets) == 17
+    assert r.waiting == 2.0
+
+
+@pytest.mark.parametrize("fixture", ["sglang-0.5.23", "sglang-0.5.14", "sglang-0.4.10", "sglang-ray-0.5.23"])
+def test_sglang_generations_give_the_same_token_hit_counters(fixture: str) -> None:
+    r = only(fixture)
+    assert r.model == QWEN
+    assert (r.kv_hits, r.kv_queries, r.kv_unit) == (3_910_112.0, 5_114_542.0, "tokens")
+    assert r.kv_hit_ratio is None
+    assert (r.running, r.waiting, r.kv_usage_ratio) == (37.0, 5.0, 0.41)
+    assert r.batch_source is not None and r.batch_source.proxy
+
+
+def test_sglang_multiprocess_histogram_order_sum_first() -> None:
+    r = only("sglang-0.5.23")
+    assert r.ttft is not None and r.ttft.count == 1800.0
+    assert r.ttft.sum == pytest.approx(588.6812346632702)
+
+
+def test_tgi_batch_latency_is_a_real_histogram_over_prefill_and_decode() -> None:
+    r = only("tgi-3.3")
+    assert r.model == ""
+    assert (r.running, r.waiting) == (24.0, 3.0)
+    assert r.batch is not None and r.batch.count == 912 + 61804
+    assert r.batch.sum == pytest.approx(117.1155152735879 + 1410.139859809763)
+    assert r.batch_source is not None and r.batch_source.proxy is False
+    assert r.kv_usage_ratio is None and r.kv_hits is None
+    assert r.e2e is not None and r.e2e.count == 1800
+
+
+def test_triton_trtllm_backend_reads_labelled_gauges_and_ms_histogram() -> None:
+    kind, rs = readings("triton-trtllm-2.73")
+    assert kind == "triton"
+    (r,) = rs  # the ensemble model carries no LLM families
+    assert r.model == "tensorrt_llm"
+    assert (r.running, r.waiting) == (24.0, 3.0)
+    assert r.kv_usage_ratio == pytest.approx(0.6735493318689365)
+    assert r.kv_hits is None  # only the `reused` numerator exists
+    assert r.ttft is not None and r.ttft.buckets[0] == (0.1, 560.0) and r.ttft.sum == pytest.approx(366.076)
+    assert r.batch_counters == pytest.approx((13187.664021, 1800.0))
+
+
+@pytest.mark.parametrize("fixture", ["trtllm-serve-2026", "trtllm-serve-2025"])
+def test_trtllm_serve_block_counters_and_iteration_gauge(fixture: str) -> None:
+    r = only(fixture)
+    assert r.model == ""  # "undefined" is not a model name
+    assert (r.kv_hits, r.kv_queries, r.kv_unit) == (37_888.0, 57_600.0, "blocks")
+    assert r.kv_hit_ratio is None
+    assert (r.running, r.waiting, r.kv_usage_ratio) == (24.0, 3.0, 0.6735)
+    assert r.batch_gauge_seconds == 0.02317
+    assert r.ttft is not None and r.ttft.count == 1800.0
+
+
+def test_dynamo_does_not_export_the_routers_predicted_hit_rate() -> None:
+    r = only("dynamo-frontend")
+    assert r.model == "qwen3-8b"
+    assert r.kv_hit_ratio == 0.71  # worker kvstats gauge, not router_kv_hit_rate
+    assert (r.running, r.waiting, r.kv_usage_ratio) == (31.0, 4.0, 0.52)
+    assert r.ttft is not None and r.ttft.count == 1800.0
+
+
+@pytest.mark.parametrize("payload", ["<html>not metrics</html>\n", 'vllm:x{a="1" 1\n', "\x00\x01garbage{{{"])
+def test_garbage_payload_raises_exposition_error(payload: str) -> None:
+    with pytest.raises(ExpositionError):
+        parse_exposition(payload)
+
+
+def test_openmetrics_style_values_and_label_orders_accepted() -> None:
+    text = load_fixture("triton-trtllm-2.73")
+    assert "13187664021" in text  # prometheus-cpp %.16g integers parse as floats
+    assert expo_of("triton-trtllm-2.73").counter("nv_inference_compute_infer_duration_us")

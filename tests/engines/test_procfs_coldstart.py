@@ -1,0 +1,64 @@
+"""PID behind a port, process tree and cold start from the procfs fixture tree."""
+
+from __future__ import annotations
+
+import pytest
+
+from exporter.collectors.base import NodeState
+from exporter.engines import procfs
+from exporter.engines.collector import EnginesCollector
+from exporter.engines.settings import EngineSettings
+from exporter.engines.targets import Target
+
+from .conftest import FIXTURES, FakeClock, ListSource, samples, value
+
+ROOT = FIXTURES / "procfs"
+BOOT = 1_700_000_000.0
+
+
+def test_listening_port_resolves_to_owning_pid() -> None:
+    assert procfs.pid_for_port(ROOT, 8000) == 4242  # 0x1F40, inode 98765; the ESTABLISHED row is ignored
+    assert procfs.pid_for_port(ROOT, 22) == 4300
+    assert procfs.pid_for_port(ROOT, 9999) is None
+    assert procfs.pid_for_port(ROOT, 8000, candidates=[4300]) is None
+
+
+def test_listener_in_a_pod_network_namespace_found_through_its_processes() -> None:
+    # Port 9000 (0x2328) is only in 4250's own net/tcp, as for a pod with its own network namespace.
+    assert procfs.pid_for_port(ROOT, 9000, candidates=[4242, 4250]) == 4250
+    assert procfs.pid_for_port(ROOT, 9000) is None
+
+
+def test_process_tree_and_start_time() -> None:
+    assert procfs.descendants(4242, procfs.parent_map(ROOT)) == {4242, 4250}
+    assert procfs.process_start_seconds(ROOT, 4242, clock_ticks_per_second=100) == BOOT + 10.0
+    assert procfs.process_start_seconds(ROOT, 99999) is None
+
+
+SETTINGS = EngineSettings(procfs_path=ROOT, clock_ticks_per_second=100)  # fixture starttime in 1/100 s
+
+
+async def test_cold_start_is_first_success_minus_process_start(fake_engines: str) -> None:
+    clock = FakeClock(BOOT + 5.0)  # the exporter was up before the engine started (BOOT + 10)
+    target = Target(f"{fake_engines}/vllm-0.33.0", namespace="serving", pod="llama-0", pid=4242)
+    collector = EnginesCollector([ListSource([target])], SETTINGS, clock)
+    try:
+        clock.now = BOOT + 55.5
+        metrics = list(await collector.collect(NodeState()))
+        assert value(metrics, "inference_cold_start_seconds", pod="llama-0") == pytest.approx(45.5)
+        clock.now += 30  # later rounds keep the first measurement
+        metrics = list(await collector.collect(NodeState()))
+        assert value(metrics, "inference_cold_start_seconds", pod="llama-0") == pytest.approx(45.5)
+    finally:
+        await collector.close()
+
+
+async def test_engine_running_before_the_exporter_has_no_cold_start(fake_engines: str) -> None:
+    clock = FakeClock(BOOT + 3600.0)
+    target = Target(f"{fake_engines}/vllm-0.33.0", pod="llama-0", pid=4242)
+    collector = EnginesCollector([ListSource([target])], SETTINGS, clock)
+    try:
+        metrics = list(await collector.collect(NodeState()))
+    finally:
+        await collector.close()
+    assert not samples(metrics, "inference_cold_start_seconds")
