@@ -103,10 +103,10 @@ class KubeClient:
     def __init__(self, api_client: k8s.ApiClient, settings: KubeClientSettings | None = None) -> None:
         self._api = api_client
         self._settings = settings or KubeClientSettings()
-        self._core = k8s.CoreV1Api(api_client)
-        self._apps = k8s.AppsV1Api(api_client)
-        self._policy = k8s.PolicyV1Api(api_client)
-        self._coordination = k8s.CoordinationV1Api(api_client)
+        # Any: we send JSON dicts as bodies and force content types, which the generated stubs do not model
+        self._core: Any = k8s.CoreV1Api(api_client)
+        self._apps: Any = k8s.AppsV1Api(api_client)
+        self._coordination: Any = k8s.CoordinationV1Api(api_client)
 
     @classmethod
     async def connect(cls, settings: KubeClientSettings) -> KubeClient:
@@ -120,7 +120,8 @@ class KubeClient:
                 persist_config=False,
             )
         else:
-            k8s_config.load_incluster_config(client_configuration=configuration)
+            load_incluster: Any = k8s_config.load_incluster_config
+            load_incluster(client_configuration=configuration)
         return cls(k8s.ApiClient(configuration), settings)
 
     async def close(self) -> None:
@@ -192,13 +193,6 @@ class KubeClient:
             self._core.create_namespaced_pod_eviction(name, namespace, body, _request_timeout=self._timeout)
         )
 
-    async def list_pod_disruption_budgets(self, namespace: str) -> list[JSON]:
-        """The PodDisruptionBudgets of one namespace."""
-        pdbs = await self._call(
-            self._policy.list_namespaced_pod_disruption_budget(namespace, _request_timeout=self._timeout)
-        )
-        return [self._json(p) for p in pdbs.items or []]
-
     # --- nodes
 
     async def get_node(self, name: str) -> JSON:
@@ -256,4 +250,3 @@ class KubeClient:
             )
         )
         return self._json(lease)
-

@@ -1,0 +1,375 @@
+"""The ladder's restart and migrate rungs carried out on Kubernetes.
+
+restart deletes the pod (with a UID precondition) so its controller replaces it, or rolls its
+Deployment; migrate cordons and taints the node and evicts the affected pods through the Eviction
+API. Every action holds the node's Lease, and every write first checks that this replica may act.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from remediation.kube.client import (
+    KubeClient,
+    KubeConflict,
+    KubeError,
+    KubeForbidden,
+    KubeInvalid,
+    KubeNotFound,
+    KubeTooManyRequests,
+)
+from remediation.kube.eviction import DeadlinePolicy, EvictionSettings, evict_pods
+from remediation.kube.lease import LeaseStore
+from remediation.kube.nodelock import NodeBusy, NodeLock
+from remediation.kube.nodes import NodeConflict, cordon_and_taint, taint_value, uncordon
+from remediation.kube.pods import (
+    JSON,
+    PodRef,
+    controller_owner,
+    is_mirror_pod,
+    is_terminating,
+    pods_using_gpu,
+    requests_gpu,
+    skip_reason,
+)
+from remediation.kube.timing import Clock, SystemClock, micro_time
+from remediation.model import ActionResult, PermanentError, Target, TemporaryError
+
+log = logging.getLogger(__name__)
+
+RESTARTED_AT = "kubectl.kubernetes.io/restartedAt"
+
+
+@dataclass(frozen=True)
+class KubernetesBackendSettings:
+    """What the backend may do and how long it waits; defaults are the conservative choice."""
+
+    namespace: str  # the controller's namespace: node Leases live here
+    identity: str  # this replica (the pod name); node Lease holders are <identity>/<random>
+    # Deployment pods: delete the one pod, or roll the whole Deployment (kubectl rollout restart)
+    deployment_restart: Literal["delete_pod", "rollout_restart"] = "delete_pod"
+    allow_bare_pods: bool = False  # a pod without a controller never comes back once deleted
+    pod_delete_grace_period_seconds: int | None = None  # None: the pod's own terminationGracePeriod
+    taint_key: str = "gpupulse.io/remediation"
+    eviction_deadline_seconds: float = 300.0
+    eviction_backoff_initial_seconds: float = 1.0
+    eviction_backoff_max_seconds: float = 30.0
+    eviction_concurrency: int = 8
+    # what happens to pods a PodDisruptionBudget still protects at the deadline
+    on_eviction_deadline: DeadlinePolicy = "fail"
+    blocked_retry_delay_seconds: float = 60.0
+    auto_uncordon: bool = False
+    # target_kind node: evict only GPU pods, or everything evictable (kubectl drain)
+    node_scope: Literal["gpu_pods", "all_pods"] = "gpu_pods"
+    gpu_resource_prefixes: tuple[str, ...] = ("nvidia.com/gpu", "nvidia.com/mig-")
+    gpu_uuid_annotation: str = "gpupulse.io/gpu-uuids"
+    node_lease_duration_seconds: int = 900
+    node_patch_attempts: int = 5
+    api_retry_delay_seconds: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.node_lease_duration_seconds <= self.eviction_deadline_seconds:
+            raise ValueError("node_lease_duration_seconds must outlast eviction_deadline_seconds")
+        if self.on_eviction_deadline not in ("fail", "delete"):
+            raise ValueError("on_eviction_deadline must be 'fail' or 'delete'")
+
+
+class KubernetesBackend:
+    """ActionBackend for pods and nodes of a Kubernetes cluster."""
+
+    name = "kubernetes"
+
+    def __init__(
+        self,
+        client: KubeClient,
+        settings: KubernetesBackendSettings,
+        clock: Clock | None = None,
+        may_act: Callable[[], bool] | None = None,
+    ) -> None:
+        self._client = client
+        self._settings = settings
+        self._clock = clock or SystemClock()
+        # with leader election: LeaderElector.is_leader, checked before every write
+        self._may_act = may_act or (lambda: True)
+        self._lock = NodeLock(
+            LeaseStore(client, settings.namespace),
+            settings.identity,
+            self._clock,
+            settings.node_lease_duration_seconds,
+        )
+
+    def _guard(self) -> None:
+        if not self._may_act():
+            raise TemporaryError(
+                "this replica is not the leader: not acting", self._settings.api_retry_delay_seconds
+            )
+
+    # --- restart
+
+    async def restart(self, target: Target, reason: str) -> ActionResult:
+        """Replace the target's pod(s) through their controller; never touches a bare pod unless allowed."""
+        self._guard()
+        async with self._errors("restart", target):
+            pods = await self._restart_candidates(target)
+            node = target.node or PodRef.of(pods[0]).node
+            async with self._node_lock(node):
+                done = [await self._restart_pod(pod, reason) for pod in pods]
+        summary = "; ".join(str(d["summary"]) for d in done)
+        return ActionResult(
+            done=True, summary=summary, details={"node": node, "pods": done, "reason": reason}
+        )
+
+    async def _restart_candidates(self, target: Target) -> list[JSON]:
+        if target.kind == "exporter":
+            raise PermanentError("exporter targets are not restarted by the Kubernetes backend")
+        if target.namespace and target.pod:
+            try:
+                return [await self._client.get_pod(target.namespace, target.pod)]
+            except KubeNotFound as exc:
+                raise PermanentError(f"pod {target.namespace}/{target.pod} no longer exists") from exc
+        if target.kind == "gpu" and target.node and target.uuid:
+            s = self._settings
+            on_node = await self._client.list_pods_on_node(target.node)
+            live: list[JSON] = [p for p in on_node if not skip_reason(p)]
+            pods, exact = pods_using_gpu(live, target.uuid, s.gpu_resource_prefixes, s.gpu_uuid_annotation)
+            if exact and pods:
+                return pods
+            raise PermanentError(
+                f"cannot tell which pod on {target.node} uses GPU {target.uuid} "
+                f"(no {s.gpu_uuid_annotation} annotation): restart needs a pod identity"
+            )
+        raise PermanentError(f"restart needs a pod identity (namespace and pod) for {target.key}")
+
+    async def _restart_pod(self, pod: JSON, reason: str) -> dict[str, Any]:
+        ref = PodRef.of(pod)
+        if is_mirror_pod(pod):
+            raise PermanentError(f"pod {ref.key} is a static (mirror) pod: the kubelet owns it")
+        if is_terminating(pod):
+            return {
+                "pod": ref.key,
+                "uid": ref.uid,
+                "action": "none",
+                "summary": f"{ref.key} already terminating",
+            }
+        owner = controller_owner(pod)
+        if owner is None and not self._settings.allow_bare_pods:
+            raise PermanentError(f"pod {ref.key} has no controller: deleting it would not bring it back")
+        owner_kind = str(owner.get("kind")) if owner else ""
+        owner_name = str(owner.get("name")) if owner else ""
+        if owner_kind == "ReplicaSet" and self._settings.deployment_restart == "rollout_restart":
+            deployment = await self._deployment_of(ref.namespace, owner_name)
+            if deployment:
+                self._guard()
+                now = micro_time(self._clock.now())
+                patch = {"spec": {"template": {"metadata": {"annotations": {RESTARTED_AT: now}}}}}
+                await self._client.patch_deployment(ref.namespace, deployment, patch)
+                return {
+                    "pod": ref.key,
+                    "uid": ref.uid,
+                    "action": "rollout_restart",
+                    "owner": f"Deployment/{deployment}",
+                    "summary": f"rolled Deployment {ref.namespace}/{deployment} ({RESTARTED_AT}={now})",
+                }
+        self._guard()
+        try:
+            await self._client.delete_pod(
+                ref.namespace, ref.name, ref.uid, self._settings.pod_delete_grace_period_seconds
+            )
+            outcome = "deleted"
+        except (KubeNotFound, KubeConflict):
+            outcome = "already_replaced"  # gone, or the name now belongs to a replacement: never delete that
+        return {
+            "pod": ref.key,
+            "uid": ref.uid,
+            "action": "delete_pod",
+            "owner": f"{owner_kind}/{owner_name}" if owner else "",
+            "outcome": outcome,
+            "summary": f"{outcome.replace('_', ' ')} pod {ref.key} (owner {owner_kind or 'none'})",
+        }
+
+    async def _deployment_of(self, namespace: str, replica_set: str) -> str:
+        try:
+            rs = await self._client.get_replica_set(namespace, replica_set)
+        except KubeNotFound:
+            return ""
+        owner = controller_owner(rs)
+        return str(owner.get("name")) if owner and owner.get("kind") == "Deployment" else ""
+
+    # --- migrate
+
+    async def migrate(self, target: Target, reason: str) -> ActionResult:
+        """Cordon and taint the node, then evict the affected pods, honouring PodDisruptionBudgets."""
+        self._guard()
+        s = self._settings
+        async with self._errors("migrate", target):
+            node = await self._node_of(target)
+            async with self._node_lock(node):
+                change = await cordon_and_taint(
+                    self._client, node, s.taint_key, reason, self._clock, s.node_patch_attempts, self._guard
+                )
+                pods, skipped, scope = await self._pods_to_move(target, node)
+                report = await evict_pods(
+                    self._client,
+                    [PodRef.of(p) for p in pods],
+                    EvictionSettings(
+                        deadline_seconds=s.eviction_deadline_seconds,
+                        backoff_initial_seconds=s.eviction_backoff_initial_seconds,
+                        backoff_max_seconds=s.eviction_backoff_max_seconds,
+                        concurrency=s.eviction_concurrency,
+                    ),
+                    self._clock,
+                    self._guard,
+                )
+                forced: list[str] = []
+                if report.blocked and s.on_eviction_deadline == "delete":
+                    forced = await self._force_delete(pods, set(report.blocked))
+        details: dict[str, Any] = {
+            "node": node,
+            "cordoned": True,
+            "node_changed": change.changed,
+            "taint": f"{s.taint_key}={taint_value(reason)}:NoSchedule",
+            "scope": scope,
+            "evicted": sorted(report.evicted),
+            "gone": sorted(report.gone),
+            "skipped": skipped,
+            "forced_delete": sorted(forced),
+            "blocked": dict(sorted(report.blocked.items())) if not forced else {},
+            "misconfigured": dict(sorted(report.misconfigured.items())),
+            "eviction_attempts": report.attempts,
+        }
+        if report.misconfigured:
+            raise PermanentError(
+                f"node {node} cordoned; eviction refused as misconfigured for "
+                f"{', '.join(sorted(report.misconfigured))}: {next(iter(report.misconfigured.values()))}"
+            )
+        if report.blocked and not forced:
+            raise TemporaryError(
+                f"node {node} cordoned; eviction of {', '.join(sorted(report.blocked))} still refused "
+                f"after {s.eviction_deadline_seconds:.0f}s "
+                f"({len(report.evicted)} evicted): {next(iter(report.blocked.values()))}",
+                s.blocked_retry_delay_seconds,
+            )
+        summary = (
+            f"cordoned {node}, evicted {len(report.evicted)} pod(s)"
+            + (f", force-deleted {len(forced)} past the PDB deadline" if forced else "")
+            + (f", skipped {len(skipped)}" if skipped else "")
+        )
+        return ActionResult(done=True, summary=summary, details=details)
+
+    async def _node_of(self, target: Target) -> str:
+        if target.kind == "exporter":
+            raise PermanentError("exporter targets are not migrated by the Kubernetes backend")
+        if target.node:
+            return target.node
+        if target.namespace and target.pod:
+            try:
+                node = PodRef.of(await self._client.get_pod(target.namespace, target.pod)).node
+            except KubeNotFound as exc:
+                raise PermanentError(f"pod {target.namespace}/{target.pod} no longer exists") from exc
+            if node:
+                return node
+        raise PermanentError(f"cannot tell which node {target.key} runs on")
+
+    async def _pods_to_move(self, target: Target, node: str) -> tuple[list[JSON], dict[str, str], str]:
+        s = self._settings
+        on_node = await self._client.list_pods_on_node(node)
+        skipped = {PodRef.of(p).key: why for p in on_node if (why := skip_reason(p))}
+        live: list[JSON] = [p for p in on_node if not skip_reason(p)]
+        if target.kind == "pod" or (target.namespace and target.pod):
+            wanted = f"{target.namespace}/{target.pod}"
+            return [p for p in live if PodRef.of(p).key == wanted], skipped, f"pod {wanted}"
+        if target.kind == "gpu":
+            pods, exact = pods_using_gpu(live, target.uuid, s.gpu_resource_prefixes, s.gpu_uuid_annotation)
+            how = "annotated" if exact else "all GPU pods on the node"
+            return pods, skipped, f"pods using GPU {target.uuid or '?'} ({how})"
+        if s.node_scope == "gpu_pods":
+            return (
+                [p for p in live if requests_gpu(p, s.gpu_resource_prefixes)],
+                skipped,
+                "GPU pods on the node",
+            )
+        return live, skipped, "all evictable pods on the node"
+
+    async def _force_delete(self, pods: list[JSON], keys: set[str]) -> list[str]:
+        forced = []
+        for pod in pods:
+            ref = PodRef.of(pod)
+            if ref.key not in keys:
+                continue
+            self._guard()
+            try:
+                await self._client.delete_pod(
+                    ref.namespace, ref.name, ref.uid, self._settings.pod_delete_grace_period_seconds
+                )
+            except (KubeNotFound, KubeConflict):
+                pass
+            forced.append(ref.key)
+        return forced
+
+    # --- uncordon (only when configured; otherwise a human's call)
+
+    async def uncordon(self, target: Target, reason: str) -> ActionResult:
+        """Remove our taint and cordon after verified recovery, if auto_uncordon is configured."""
+        s = self._settings
+        if not s.auto_uncordon:
+            raise PermanentError("auto_uncordon is off: uncordoning is a human's decision")
+        self._guard()
+        async with self._errors("uncordon", target):
+            node = await self._node_of(target)
+            async with self._node_lock(node):
+                change = await uncordon(self._client, node, s.taint_key, s.node_patch_attempts, self._guard)
+        verb = "uncordoned" if change.changed else "left alone (not cordoned by gpupulse)"
+        return ActionResult(
+            done=True, summary=f"{verb} {node}", details={"node": node, "changed": change.changed}
+        )
+
+    # --- shared
+
+    @asynccontextmanager
+    async def _node_lock(self, node: str) -> AsyncIterator[None]:
+        if not node:
+            yield
+            return
+        try:
+            async with self._lock.hold(node):
+                yield
+        except NodeBusy as exc:
+            delay = max(1.0, min(exc.seconds_left, self._settings.api_retry_delay_seconds))
+            raise TemporaryError(str(exc), delay) from exc
+
+    @asynccontextmanager
+    async def _errors(self, action: str, target: Target) -> AsyncIterator[None]:
+        """Turn API failures into the ladder's permanent / temporary outcomes."""
+        delay = self._settings.api_retry_delay_seconds
+        try:
+            yield
+        except NodeConflict as exc:
+            raise TemporaryError(str(exc), delay) from exc
+        except KubeForbidden as exc:
+            raise PermanentError(
+                f"{action} {target.key}: forbidden by the API server (RBAC?): {exc}"
+            ) from exc
+        except KubeInvalid as exc:
+            raise PermanentError(f"{action} {target.key}: request rejected: {exc}") from exc
+        except KubeNotFound as exc:
+            raise PermanentError(f"{action} {target.key}: object gone: {exc}") from exc
+        except (KubeConflict, KubeTooManyRequests) as exc:
+            raise TemporaryError(f"{action} {target.key}: {exc}", delay) from exc
+        except KubeError as exc:
+            raise TemporaryError(f"{action} {target.key}: API unavailable: {exc}", delay) from exc
+
+
+def settings_from_mapping(raw: Mapping[str, Any]) -> KubernetesBackendSettings:
+    """Build settings from a config mapping (unknown keys are an error, not ignored)."""
+    known = set(KubernetesBackendSettings.__dataclass_fields__)
+    unknown = set(raw) - known
+    if unknown:
+        raise ValueError(f"unknown kubernetes backend settings: {', '.join(sorted(unknown))}")
+    values = dict(raw)
+    if "gpu_resource_prefixes" in values:
+        values["gpu_resource_prefixes"] = tuple(values["gpu_resource_prefixes"])
+    return KubernetesBackendSettings(**values)

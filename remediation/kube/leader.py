@@ -1,0 +1,199 @@
+"""Leader election on a coordination.k8s.io/v1 Lease, with client-go's timing rules.
+
+Followers judge expiry by when *they* last saw the record change (not by the holder's renewTime), so
+clock skew between replicas does not matter. The leader steps down as soon as it has not renewed for
+`renew_deadline_seconds`, which is shorter than the lease duration: it stops acting before anyone else
+may start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, replace
+from typing import Any
+
+from remediation.kube.client import KubeClient, KubeConflict, KubeError
+from remediation.kube.lease import LeaseRecord, LeaseStore
+from remediation.kube.timing import Clock, SystemClock
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LeaderElectionSettings:
+    """Lease location and timing (defaults as draino and client-go use them)."""
+
+    namespace: str
+    identity: str
+    lease_name: str = "gpupulse-remediation-leader"
+    lease_duration_seconds: int = 15
+    renew_deadline_seconds: float = 10.0
+    retry_period_seconds: float = 2.0
+    release_on_cancel: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.identity:
+            raise ValueError("leader election needs a non-empty identity (the pod name)")
+        if not self.lease_duration_seconds > self.renew_deadline_seconds > self.retry_period_seconds > 0:
+            raise ValueError(
+                "need lease_duration_seconds > renew_deadline_seconds > retry_period_seconds > 0"
+            )
+
+
+class LeaderElector:
+    """Campaigns for the Lease, runs a callback while leading, cancels it the moment leadership ends."""
+
+    def __init__(
+        self, client: KubeClient, settings: LeaderElectionSettings, clock: Clock | None = None
+    ) -> None:
+        self._store = LeaseStore(client, settings.namespace)
+        self._settings = settings
+        self._clock = clock or SystemClock()
+        self._observed: LeaseRecord | None = None
+        self._observed_at = 0.0
+        self._last_renew: float | None = None
+
+    @property
+    def identity(self) -> str:
+        """This candidate's holderIdentity."""
+        return self._settings.identity
+
+    @property
+    def is_leader(self) -> bool:
+        """True only while we hold the Lease and renewed it within the renew deadline."""
+        if self._last_renew is None:
+            return False
+        return self._clock.monotonic() - self._last_renew < self._settings.renew_deadline_seconds
+
+    @property
+    def observed_holder(self) -> str:
+        """Who held the Lease when we last read it."""
+        return self._observed.holder_identity if self._observed else ""
+
+    async def run(
+        self,
+        on_started_leading: Callable[[], Coroutine[Any, Any, None]],
+        on_stopped_leading: Callable[[], Awaitable[None]],
+    ) -> None:
+        """Campaign; lead while renewals succeed, then campaign again. Cancel the call to stop."""
+        while True:
+            await self._acquire()
+            work = asyncio.create_task(on_started_leading(), name=f"leading:{self.identity}")
+            renewing = asyncio.create_task(self._renew_until_lost(), name=f"renewing:{self.identity}")
+            try:
+                done, _ = await asyncio.wait({work, renewing}, return_when=asyncio.FIRST_COMPLETED)
+                if work in done and not work.cancelled() and work.exception() is None:
+                    await renewing  # the work ended on its own: keep the Lease until it is lost
+            finally:
+                self._last_renew = None  # is_leader turns false before anything else happens
+                for task in (work, renewing):
+                    task.cancel()
+                for task in (work, renewing):
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+                try:
+                    await on_stopped_leading()
+                finally:
+                    failed = work.done() and not work.cancelled() and work.exception() is not None
+                    if self._settings.release_on_cancel and (_cancelling() or failed):
+                        await self._release()
+            error = work.exception() if work.done() and not work.cancelled() else None
+            if error is not None:
+                raise error
+
+    async def _acquire(self) -> None:
+        while not await self._try_acquire_or_renew():
+            await self._clock.sleep(self._settings.retry_period_seconds)
+        log.info("%s became leader of %s", self.identity, self._settings.lease_name)
+
+    async def _renew_until_lost(self) -> None:
+        s = self._settings
+        while True:
+            await self._clock.sleep(s.retry_period_seconds)
+            left = s.renew_deadline_seconds - (self._clock.monotonic() - (self._last_renew or 0.0))
+            try:
+                await asyncio.wait_for(self._try_acquire_or_renew(), max(left, 0.001))
+            except TimeoutError:
+                pass
+            if self.observed_holder not in ("", s.identity):
+                self._last_renew = None  # someone else holds it: never act beside them
+            if not self.is_leader:
+                log.warning("%s lost leadership of %s", self.identity, s.lease_name)
+                return
+
+    async def _try_acquire_or_renew(self) -> bool:
+        s = self._settings
+        now = self._clock.now()
+        mono = self._clock.monotonic()
+        mine = LeaseRecord(
+            holder_identity=s.identity,
+            lease_duration_seconds=s.lease_duration_seconds,
+            acquire_time=now,
+            renew_time=now,
+        )
+        try:
+            current = await self._store.get(s.lease_name)
+            if current is None:
+                self._note(await self._store.create(s.lease_name, mine), mono)
+                self._last_renew = mono
+                return True
+            if self._observed is None or _changed(self._observed, current):
+                self._observed, self._observed_at = current, mono
+            held_by_other = current.holder_identity not in ("", s.identity)
+            if held_by_other and mono - self._observed_at < current.lease_duration_seconds:
+                return False
+            if current.holder_identity == s.identity:
+                record = replace(current, renew_time=now, lease_duration_seconds=s.lease_duration_seconds)
+            else:
+                record = replace(
+                    mine,
+                    lease_transitions=current.lease_transitions + 1,
+                    resource_version=current.resource_version,
+                )
+            self._note(await self._store.swap(s.lease_name, record), mono)
+            self._last_renew = mono
+            return True
+        except KubeConflict:
+            return False
+        except KubeError as exc:
+            log.warning("%s: lease %s call failed: %s", s.identity, s.lease_name, exc)
+            return False
+
+    def _note(self, record: LeaseRecord, mono: float) -> None:
+        self._observed, self._observed_at = record, mono
+
+    async def _release(self) -> None:
+        """Give the Lease up on a clean stop so a follower need not wait out the duration."""
+        try:
+            current = await asyncio.wait_for(
+                self._store.get(self._settings.lease_name), self._settings.retry_period_seconds
+            )
+            if current is None or current.holder_identity != self.identity:
+                return
+            await asyncio.wait_for(
+                self._store.swap(
+                    self._settings.lease_name,
+                    replace(
+                        current, holder_identity="", lease_duration_seconds=1, renew_time=self._clock.now()
+                    ),
+                ),
+                self._settings.retry_period_seconds,
+            )
+        except (KubeError, TimeoutError) as exc:
+            log.warning("%s could not release %s: %s", self.identity, self._settings.lease_name, exc)
+
+
+def _changed(old: LeaseRecord, new: LeaseRecord) -> bool:
+    return (old.holder_identity, old.renew_time, old.resource_version) != (
+        new.holder_identity,
+        new.renew_time,
+        new.resource_version,
+    )
+
+
+def _cancelling() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0

@@ -1,0 +1,616 @@
+"""An in-process Kubernetes API server (aiohttp) speaking the REST paths and semantics gpupulse uses.
+
+Served: pods get/list/delete (DeleteOptions preconditions), pods/eviction (policy/v1, PDB evaluation),
+nodes get/patch (merge and strategic-merge patch, resourceVersion conflicts), Leases get/create/replace,
+ReplicaSets get, Deployments get/patch, PodDisruptionBudgets list. Errors are real `Status` bodies.
+Tests reach it through kubernetes_asyncio with a kubeconfig written by `write_kubeconfig`.
+
+Standalone, for proofs that run the controller as a separate process:
+    python -m tests.fakes.kube_api --kubeconfig /tmp/kc --seed cluster.json
+prints its URL, serves until SIGTERM/SIGINT, and exposes (token-protected) `GET /_fake/requests` (the
+request log) and `GET /_fake/state` (nodes, pods, leases, deletions) for the proof to check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import copy
+import json
+import re
+import signal
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+JSON = dict[str, Any]
+Key = tuple[str, str]
+
+MERGE_PATCH_TYPES = ("application/merge-patch+json", "application/strategic-merge-patch+json")
+
+
+def status_body(code: int, reason: str, message: str, details: JSON | None = None) -> JSON:
+    """A metav1.Status failure body as the API server sends it."""
+    body: JSON = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
+    if details is not None:
+        body["details"] = details
+    return body
+
+
+async def _body(request: web.Request) -> Any:
+    raw = await request.read()  # cached by aiohttp after the middleware's first read
+    return json.loads(raw) if raw else None
+
+
+class ApiError(Exception):
+    """Raised inside handlers; turned into a Status response."""
+
+    def __init__(self, code: int, reason: str, message: str, details: JSON | None = None) -> None:
+        super().__init__(message)
+        self.body = status_body(code, reason, message, details)
+        self.code = code
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch (null deletes, objects merge, everything else replaces)."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge_patch(out.get(key), value)
+    return out
+
+
+def _labels_match(selector: JSON, labels: JSON) -> bool:
+    match = selector.get("matchLabels") or {}
+    if any(labels.get(k) != v for k, v in match.items()):
+        return False
+    for expr in selector.get("matchExpressions") or []:
+        value = labels.get(expr["key"])
+        values = expr.get("values") or []
+        op = expr["operator"]
+        if (op == "In" and value not in values) or (op == "NotIn" and value in values):
+            return False
+        if (op == "Exists" and value is None) or (op == "DoesNotExist" and value is not None):
+            return False
+    return True
+
+
+@dataclass
+class Fault:
+    """Answer the next `times` requests matching method + path regex with this error."""
+
+    method: str
+    path: str
+    code: int
+    reason: str
+    message: str = "injected fault"
+    times: int = 1
+
+
+@dataclass
+class Recorded:
+    method: str
+    path: str
+    query: dict[str, str]
+    body: Any
+    content_type: str
+
+
+@dataclass
+class FakeKubeAPI:
+    """State plus the aiohttp app; `url` is set once started."""
+
+    token: str = "gpupulse-test-token"
+    pods: dict[Key, JSON] = field(default_factory=dict)
+    nodes: dict[str, JSON] = field(default_factory=dict)
+    leases: dict[Key, JSON] = field(default_factory=dict)
+    replicasets: dict[Key, JSON] = field(default_factory=dict)
+    deployments: dict[Key, JSON] = field(default_factory=dict)
+    pdbs: dict[Key, JSON] = field(default_factory=dict)
+    requests: list[Recorded] = field(default_factory=list)
+    deleted: list[tuple[str, str, str]] = field(default_factory=list)  # (ns/name, uid, "delete"|"eviction")
+    faults: list[Fault] = field(default_factory=list)
+    # run before a request is handled (after auth): lets a test act as a concurrent writer
+    before: list[Callable[[str, str], None]] = field(default_factory=list)
+    url: str = ""
+    _rv: int = 1000
+    _runner: web.AppRunner | None = None
+
+    # --- lifecycle
+
+    async def start(self, port: int = 0) -> str:
+        """Serve on 127.0.0.1 (a free port unless `port` is given)."""
+        app = web.Application(middlewares=[self._middleware])
+        r = app.router
+        r.add_get("/api/v1/pods", self._list_all_pods)
+        r.add_get("/api/v1/namespaces/{ns}/pods", self._list_pods)
+        r.add_get("/api/v1/namespaces/{ns}/pods/{name}", self._get_pod)
+        r.add_delete("/api/v1/namespaces/{ns}/pods/{name}", self._delete_pod)
+        r.add_post("/api/v1/namespaces/{ns}/pods/{name}/eviction", self._evict)
+        r.add_get("/api/v1/nodes/{name}", self._get_node)
+        r.add_patch("/api/v1/nodes/{name}", self._patch_node)
+        lease_base = "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"
+        r.add_post(lease_base, self._create_lease)
+        r.add_get(lease_base + "/{name}", self._get_lease)
+        r.add_put(lease_base + "/{name}", self._replace_lease)
+        r.add_get("/apis/apps/v1/namespaces/{ns}/replicasets/{name}", self._get_replicaset)
+        r.add_get("/apis/apps/v1/namespaces/{ns}/deployments/{name}", self._get_deployment)
+        r.add_patch("/apis/apps/v1/namespaces/{ns}/deployments/{name}", self._patch_deployment)
+        r.add_get("/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets", self._list_pdbs)
+        r.add_get("/_fake/requests", self._debug_requests)
+        r.add_get("/_fake/state", self._debug_state)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", port)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.url = f"http://127.0.0.1:{port}"
+        return self.url
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    def write_kubeconfig(self, path: Path) -> Path:
+        """A kubeconfig with token auth pointing at this server."""
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+            "users": [{"name": "gpupulse", "user": {"token": self.token}}],
+            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "gpupulse"}}],
+            "current-context": "fake",
+        }
+        path.write_text(json.dumps(config))  # JSON is valid YAML
+        return path
+
+    # --- seeding helpers
+
+    def next_rv(self) -> str:
+        self._rv += 1
+        return str(self._rv)
+
+    def _meta(self, name: str, namespace: str | None, **extra: Any) -> JSON:
+        meta: JSON = {
+            "name": name,
+            "uid": str(uuid.uuid4()),
+            "resourceVersion": self.next_rv(),
+            "creationTimestamp": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        }
+        if namespace is not None:
+            meta["namespace"] = namespace
+        meta.update({k: v for k, v in extra.items() if v is not None})
+        return meta
+
+    def add_node(self, name: str, unschedulable: bool = False, taints: list[JSON] | None = None) -> JSON:
+        spec: JSON = {}
+        if unschedulable:
+            spec["unschedulable"] = True
+        if taints:
+            spec["taints"] = taints
+        node = {"apiVersion": "v1", "kind": "Node", "metadata": self._meta(name, None), "spec": spec}
+        self.nodes[name] = node
+        return node
+
+    def add_pod(
+        self,
+        namespace: str,
+        name: str,
+        node: str,
+        owner: tuple[str, str] | None = None,
+        labels: dict[str, str] | None = None,
+        annotations: dict[str, str] | None = None,
+        gpus: int = 0,
+        phase: str = "Running",
+    ) -> JSON:
+        """A pod bound to `node`; owner is (kind, name) of its controller."""
+        owners = None
+        if owner is not None:
+            api = "v1" if owner[0] == "ReplicationController" else "apps/v1"
+            api = "batch/v1" if owner[0] == "Job" else api
+            owners = [
+                {
+                    "apiVersion": api,
+                    "kind": owner[0],
+                    "name": owner[1],
+                    "uid": str(uuid.uuid4()),
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ]
+        resources: JSON = {"limits": {"nvidia.com/gpu": str(gpus)}} if gpus else {}
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": self._meta(
+                name, namespace, labels=labels, annotations=annotations, ownerReferences=owners
+            ),
+            "spec": {
+                "nodeName": node,
+                "containers": [{"name": "main", "image": "registry.example/app:1", "resources": resources}],
+            },
+            "status": {"phase": phase},
+        }
+        self.pods[(namespace, name)] = pod
+        return pod
+
+    def add_replicaset(self, namespace: str, name: str, deployment: str | None) -> None:
+        owners = (
+            [
+                {
+                    "apiVersion": "apps/v1",
+                    "kind": "Deployment",
+                    "name": deployment,
+                    "uid": "d",
+                    "controller": True,
+                }
+            ]
+            if deployment
+            else None
+        )
+        self.replicasets[(namespace, name)] = {
+            "apiVersion": "apps/v1",
+            "kind": "ReplicaSet",
+            "metadata": self._meta(name, namespace, ownerReferences=owners),
+            "spec": {"replicas": 1, "selector": {"matchLabels": {"app": name}}},
+        }
+
+    def add_deployment(self, namespace: str, name: str) -> None:
+        self.deployments[(namespace, name)] = {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": self._meta(name, namespace),
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": {"app": name}},
+                "template": {"metadata": {"labels": {"app": name}}, "spec": {"containers": []}},
+            },
+        }
+
+    def add_pdb(
+        self, namespace: str, name: str, match_labels: dict[str, str], disruptions_allowed: int
+    ) -> JSON:
+        pdb = {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": self._meta(name, namespace),
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": match_labels}},
+            "status": {
+                "disruptionsAllowed": disruptions_allowed,
+                "currentHealthy": 1,
+                "desiredHealthy": 1,
+                "expectedPods": 1,
+                "observedGeneration": 1,
+            },
+        }
+        self.pdbs[(namespace, name)] = pdb
+        return pdb
+
+    def seed(self, doc: dict[str, Any]) -> None:
+        """Load nodes, pods, ReplicaSets, Deployments and PDBs from a JSON-shaped document."""
+        for n in doc.get("nodes") or []:
+            self.add_node(n["name"], bool(n.get("unschedulable")), n.get("taints"))
+        for d in doc.get("deployments") or []:
+            self.add_deployment(d["namespace"], d["name"])
+        for rs in doc.get("replicasets") or []:
+            self.add_replicaset(rs["namespace"], rs["name"], rs.get("deployment"))
+        for p in doc.get("pods") or []:
+            owner = tuple(p["owner"]) if p.get("owner") else None
+            self.add_pod(
+                p["namespace"],
+                p["name"],
+                p["node"],
+                owner=owner,  # type: ignore[arg-type]
+                labels=p.get("labels"),
+                annotations=p.get("annotations"),
+                gpus=int(p.get("gpus", 0)),
+            )
+        for b in doc.get("pdbs") or []:
+            self.add_pdb(b["namespace"], b["name"], b["match_labels"], int(b["disruptions_allowed"]))
+
+    def fail(self, method: str, path: str, code: int, reason: str, times: int = 1, message: str = "") -> None:
+        """Inject `times` failures for requests whose path matches the regex `path`."""
+        self.faults.append(Fault(method, path, code, reason, message or f"injected {reason}", times))
+
+    def calls(self, method: str, path_regex: str) -> list[Recorded]:
+        return [r for r in self.requests if r.method == method and re.search(path_regex, r.path)]
+
+    # --- plumbing
+
+    @web.middleware
+    async def _middleware(
+        self, request: web.Request, handler: Callable[[web.Request], Any]
+    ) -> web.StreamResponse:
+        auth = request.headers.get("Authorization", "")
+        if auth != f"Bearer {self.token}":
+            return web.json_response(status_body(401, "Unauthorized", "Unauthorized"), status=401)
+        raw = await request.read()
+        body = json.loads(raw) if raw else None
+        self.requests.append(
+            Recorded(request.method, request.path, dict(request.query), body, request.content_type)
+        )
+        for hook in list(self.before):
+            hook(request.method, request.path)
+        for fault in self.faults:
+            if fault.times > 0 and fault.method == request.method and re.search(fault.path, request.path):
+                fault.times -= 1
+                return web.json_response(
+                    status_body(fault.code, fault.reason, fault.message), status=fault.code
+                )
+        try:
+            result: web.StreamResponse = await handler(request)
+        except ApiError as err:
+            return web.json_response(err.body, status=err.code)
+        return result
+
+    @staticmethod
+    def _not_found(resource: str, name: str) -> ApiError:
+        return ApiError(404, "NotFound", f'{resource} "{name}" not found', {"name": name, "kind": resource})
+
+    @staticmethod
+    def _conflict(resource: str, name: str) -> ApiError:
+        return ApiError(
+            409,
+            "Conflict",
+            f'Operation cannot be fulfilled on {resource} "{name}": the object has been modified; '
+            "please apply your changes to the latest version and try again",
+            {"name": name, "kind": resource},
+        )
+
+    def _pod(self, request: web.Request) -> JSON:
+        key = (request.match_info["ns"], request.match_info["name"])
+        if key not in self.pods:
+            raise self._not_found("pods", key[1])
+        return self.pods[key]
+
+    @staticmethod
+    def _list(kind: str, items: list[JSON], rv: str) -> web.Response:
+        return web.json_response(
+            {"kind": kind, "apiVersion": "v1", "metadata": {"resourceVersion": rv}, "items": items}
+        )
+
+    @staticmethod
+    def _check_preconditions(obj: JSON, options: JSON | None) -> None:
+        pre = (options or {}).get("preconditions") or {}
+        meta = obj["metadata"]
+        if pre.get("uid") and pre["uid"] != meta["uid"]:
+            raise ApiError(
+                409,
+                "Conflict",
+                f"Precondition failed: UID in precondition: {pre['uid']}, UID in object meta: {meta['uid']}",
+                {"name": meta["name"], "kind": "pods"},
+            )
+        if pre.get("resourceVersion") and pre["resourceVersion"] != meta["resourceVersion"]:
+            raise ApiError(409, "Conflict", "Precondition failed: resourceVersion", {"name": meta["name"]})
+
+    def _remove_pod(self, pod: JSON, via: str) -> None:
+        meta = pod["metadata"]
+        del self.pods[(meta["namespace"], meta["name"])]
+        self.deleted.append((f"{meta['namespace']}/{meta['name']}", meta["uid"], via))
+
+    # --- pods
+
+    async def _list_all_pods(self, request: web.Request) -> web.Response:
+        selector = request.query.get("fieldSelector", "")
+        node = selector.removeprefix("spec.nodeName=") if selector.startswith("spec.nodeName=") else None
+        items = [p for p in self.pods.values() if node is None or p["spec"].get("nodeName") == node]
+        return self._list("PodList", copy.deepcopy(items), str(self._rv))
+
+    async def _list_pods(self, request: web.Request) -> web.Response:
+        ns = request.match_info["ns"]
+        items = [p for (pns, _), p in self.pods.items() if pns == ns]
+        return self._list("PodList", copy.deepcopy(items), str(self._rv))
+
+    async def _get_pod(self, request: web.Request) -> web.Response:
+        return web.json_response(self._pod(request))
+
+    async def _delete_pod(self, request: web.Request) -> web.Response:
+        pod = self._pod(request)
+        self._check_preconditions(pod, await _body(request))
+        self._remove_pod(pod, "delete")
+        return web.json_response(pod)
+
+    async def _evict(self, request: web.Request) -> web.Response:
+        pod = self._pod(request)
+        body = await _body(request) or {}
+        if body.get("kind") != "Eviction" or body.get("apiVersion") != "policy/v1":
+            raise ApiError(400, "BadRequest", "expected a policy/v1 Eviction")
+        self._check_preconditions(pod, body.get("deleteOptions"))
+        ns, labels = pod["metadata"]["namespace"], pod["metadata"].get("labels") or {}
+        matching = [
+            p
+            for (pns, _), p in self.pdbs.items()
+            if pns == ns and _labels_match(p["spec"]["selector"], labels)
+        ]
+        if len(matching) > 1:
+            raise ApiError(
+                500,
+                "InternalError",
+                "This pod has more than one PodDisruptionBudget, "
+                "which the eviction subresource does not support.",
+            )
+        if matching:
+            pdb = matching[0]
+            if pdb["status"]["disruptionsAllowed"] <= 0:
+                raise ApiError(
+                    429,
+                    "TooManyRequests",
+                    "Cannot evict pod as it would violate the pod's disruption budget.",
+                    {
+                        "causes": [
+                            {
+                                "reason": "DisruptionBudget",
+                                "message": f"The disruption budget {pdb['metadata']['name']} needs "
+                                f"{pdb['status']['desiredHealthy']} healthy pods and has "
+                                f"{pdb['status']['currentHealthy']} currently",
+                            }
+                        ]
+                    },
+                )
+            pdb["status"]["disruptionsAllowed"] -= 1
+        self._remove_pod(pod, "eviction")
+        return web.json_response(
+            {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201},
+            status=201,
+        )
+
+    # --- nodes
+
+    def _node(self, name: str) -> JSON:
+        if name not in self.nodes:
+            raise self._not_found("nodes", name)
+        return self.nodes[name]
+
+    async def _get_node(self, request: web.Request) -> web.Response:
+        return web.json_response(self._node(request.match_info["name"]))
+
+    async def _apply_patch(self, obj: JSON, request: web.Request, resource: str) -> JSON:
+        if request.content_type not in MERGE_PATCH_TYPES:
+            raise ApiError(415, "UnsupportedMediaType", f"the fake does not support {request.content_type}")
+        patch = copy.deepcopy(await _body(request) or {})
+        meta_patch = patch.get("metadata") or {}
+        wanted_rv = meta_patch.pop("resourceVersion", None)
+        if wanted_rv is not None and wanted_rv != obj["metadata"]["resourceVersion"]:
+            raise self._conflict(resource, obj["metadata"]["name"])
+        # strategic merge treats node taints (no patchMergeKey) and our other fields like a merge patch
+        patched: JSON = merge_patch(obj, patch)
+        patched["metadata"]["resourceVersion"] = self.next_rv()
+        return patched
+
+    async def _patch_node(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        self.nodes[name] = await self._apply_patch(self._node(name), request, "nodes")
+        return web.json_response(self.nodes[name])
+
+    # --- leases
+
+    def _lease(self, ns: str, name: str) -> JSON:
+        if (ns, name) not in self.leases:
+            raise self._not_found("leases.coordination.k8s.io", name)
+        return self.leases[(ns, name)]
+
+    async def _get_lease(self, request: web.Request) -> web.Response:
+        return web.json_response(self._lease(request.match_info["ns"], request.match_info["name"]))
+
+    async def _create_lease(self, request: web.Request) -> web.Response:
+        ns = request.match_info["ns"]
+        body = copy.deepcopy(await _body(request) or {})
+        name = body.get("metadata", {}).get("name", "")
+        if (ns, name) in self.leases:
+            raise ApiError(
+                409,
+                "AlreadyExists",
+                f'leases.coordination.k8s.io "{name}" already exists',
+                {"name": name, "group": "coordination.k8s.io", "kind": "leases"},
+            )
+        body["metadata"] = self._meta(name, ns)
+        body.setdefault("apiVersion", "coordination.k8s.io/v1")
+        body.setdefault("kind", "Lease")
+        self.leases[(ns, name)] = body
+        return web.json_response(body, status=201)
+
+    async def _replace_lease(self, request: web.Request) -> web.Response:
+        ns, name = request.match_info["ns"], request.match_info["name"]
+        current = self._lease(ns, name)
+        body = copy.deepcopy(await _body(request) or {})
+        wanted_rv = (body.get("metadata") or {}).get("resourceVersion")
+        if wanted_rv and wanted_rv != current["metadata"]["resourceVersion"]:
+            raise self._conflict("leases.coordination.k8s.io", name)
+        body["metadata"] = {**current["metadata"], "resourceVersion": self.next_rv()}
+        self.leases[(ns, name)] = body
+        return web.json_response(body)
+
+    # --- apps and policy
+
+    async def _get_replicaset(self, request: web.Request) -> web.Response:
+        key = (request.match_info["ns"], request.match_info["name"])
+        if key not in self.replicasets:
+            raise self._not_found("replicasets.apps", key[1])
+        return web.json_response(self.replicasets[key])
+
+    def _deployment(self, request: web.Request) -> JSON:
+        key = (request.match_info["ns"], request.match_info["name"])
+        if key not in self.deployments:
+            raise self._not_found("deployments.apps", key[1])
+        return self.deployments[key]
+
+    async def _get_deployment(self, request: web.Request) -> web.Response:
+        return web.json_response(self._deployment(request))
+
+    async def _patch_deployment(self, request: web.Request) -> web.Response:
+        deployment = await self._apply_patch(self._deployment(request), request, "deployments.apps")
+        key = (request.match_info["ns"], request.match_info["name"])
+        self.deployments[key] = deployment
+        return web.json_response(deployment)
+
+    async def _list_pdbs(self, request: web.Request) -> web.Response:
+        ns = request.match_info["ns"]
+        items = [p for (pns, _), p in self.pdbs.items() if pns == ns]
+        return self._list("PodDisruptionBudgetList", copy.deepcopy(items), str(self._rv))
+
+    # --- debug endpoints for out-of-process proofs
+
+    async def _debug_requests(self, request: web.Request) -> web.Response:
+        log = [r for r in self.requests if not r.path.startswith("/_fake/")]
+        return web.json_response(
+            [{"method": r.method, "path": r.path, "query": r.query, "body": r.body} for r in log]
+        )
+
+    async def _debug_state(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "nodes": self.nodes,
+                "pods": {f"{ns}/{name}": p for (ns, name), p in self.pods.items()},
+                "leases": {f"{ns}/{name}": lease for (ns, name), lease in self.leases.items()},
+                "deleted": [list(d) for d in self.deleted],
+            }
+        )
+
+
+async def _serve(args: argparse.Namespace, seed: dict[str, Any]) -> None:
+    api = FakeKubeAPI(token=args.token)
+    api.seed(seed)
+    url = await api.start(args.port)
+    api.write_kubeconfig(Path(args.kubeconfig))
+    print(url, flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await api.stop()
+
+
+def main() -> None:
+    """Run the fake API server as a process."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--token", default="gpupulse-test-token")
+    parser.add_argument("--kubeconfig", required=True, help="where to write a kubeconfig for this server")
+    parser.add_argument(
+        "--seed", default="", help="JSON document: nodes, pods, replicasets, deployments, pdbs"
+    )
+    args = parser.parse_args()
+    seed = json.loads(Path(args.seed).read_text()) if args.seed else {}
+    asyncio.run(_serve(args, seed))
+
+
+if __name__ == "__main__":
+    main()
