@@ -1,0 +1,1 @@
+"""Scenario files shipped with the package (see docs/design/nvml-sim.md)."""

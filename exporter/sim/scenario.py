@@ -1,0 +1,803 @@
+"""Scenario files: load, validate strictly, and turn into typed, precomputed specs."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from exporter.sim.curve import Curve
+from exporter.sim.models import ALIASES, MODELS, GpuModel, lookup_model
+
+SCENARIO_DIR = Path(__file__).resolve().parent.parent / "scenarios"
+INF = float("inf")
+
+# Sections other helpers own: kept raw in Scenario.extra
+FOREIGN_SECTIONS = ("pods", "engines", "page_cache")
+
+# Clock-event reason names (scenario spelling) -> NVML bit (nvmlClocksEventReason*)
+CLOCK_EVENT_REASONS: dict[str, int] = {
+    "gpu_idle": 0x1,
+    "applications_clocks_setting": 0x2,
+    "sw_power_cap": 0x4,
+    "hw_slowdown": 0x8,
+    "sync_boost": 0x10,
+    "sw_thermal_slowdown": 0x20,
+    "hw_thermal_slowdown": 0x40,
+    "hw_power_brake_slowdown": 0x80,
+    "display_clock_setting": 0x100,
+}
+
+# Fault error names -> nvmlReturn_t codes
+FAULT_ERRORS: dict[str, int] = {
+    "GPU_IS_LOST": 15,
+    "UNKNOWN": 999,
+    "NOT_SUPPORTED": 3,
+    "TIMEOUT": 10,
+}
+FAULT_KINDS = ("hang", "slow", "error")
+PROCESS_TYPES = ("compute", "graphics", "mps")
+
+_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(B|KiB|MiB|GiB|TiB|KB|MB|GB|TB)\s*$")
+_SIZE_UNITS = {
+    "B": 1,
+    "KiB": 1 << 10,
+    "MiB": 1 << 20,
+    "GiB": 1 << 30,
+    "TiB": 1 << 40,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+}
+_FLOAT_RE = re.compile(r"^[-+]?[0-9]+(\.[0-9]*)?[eE][-+]?[0-9]+$")
+_BUS_ID_RE = re.compile(r"^[0-9A-Fa-f]{8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f]$")
+# Default bus numbers of an 8-GPU HGX board, then sequential
+_HGX_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
+
+
+class ScenarioError(ValueError):
+    """A scenario file is missing, unreadable or invalid; the message names file and field."""
+
+    def __init__(self, source: str, field_path: str, problem: str) -> None:
+        self.source = source
+        self.field_path = field_path
+        self.problem = problem
+        where = f"{source}: {field_path}" if field_path else source
+        super().__init__(f"{where}: {problem}")
+
+
+@dataclass(frozen=True)
+class ClockEventWindow:
+    """Clock-event reasons active during [from_seconds, until_seconds)."""
+
+    from_seconds: float
+    until_seconds: float
+    reasons: tuple[str, ...]
+    mask: int
+
+
+@dataclass(frozen=True)
+class EccIncrement:
+    """ECC error counts added at `at_seconds`."""
+
+    at_seconds: float
+    corrected: int
+    uncorrected: int
+
+
+@dataclass(frozen=True)
+class RemapState:
+    """Row-remapper state from `at_seconds` on (absolute values, not increments)."""
+
+    at_seconds: float
+    correctable: int
+    uncorrectable: int
+    pending: bool
+    failed: bool
+
+
+@dataclass(frozen=True)
+class MigInstanceSpec:
+    """One MIG device (a compute instance inside a GPU instance)."""
+
+    index: int
+    profile: str
+    gpu_instance_id: int
+    compute_instance_id: int
+    uuid: str
+    memory_total_bytes: int
+    memory_used_bytes: Curve | None
+    sm_active: Curve
+    sm_occupancy: Curve
+    tensor_active: Curve
+    dram_active: Curve
+
+
+@dataclass(frozen=True)
+class NvLinkPeer:
+    """A direct NVLink from `link` to the GPU with index `peer_gpu_index`."""
+
+    link: int
+    peer_gpu_index: int
+
+
+@dataclass(frozen=True)
+class NvLinkSpec:
+    """NVLink wiring of one GPU: direct peers, or every link to an NVSwitch."""
+
+    links: int
+    peers: tuple[NvLinkPeer, ...]
+    switch: bool
+    down_links: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """One simulated GPU, all curves resolved (defaults filled in)."""
+
+    index: int
+    model: GpuModel
+    uuid: str
+    pci_bus_id: str
+    serial: str
+    vbios_version: str
+    utilization: Curve
+    memory_utilization: Curve
+    sm_active: Curve
+    sm_occupancy: Curve
+    tensor_active: Curve
+    dram_active: Curve
+    memory_used_bytes: Curve | None
+    memory_base_bytes: int
+    temperature_celsius: Curve
+    memory_temperature_celsius: Curve
+    power_watts: Curve
+    sm_clock_hertz: Curve
+    memory_clock_hertz: Curve
+    pcie_link_generation: Curve
+    pcie_link_width: Curve
+    pcie_replay_count: Curve
+    pcie_tx_bytes_per_second: Curve
+    pcie_rx_bytes_per_second: Curve
+    nvlink_tx_bytes_per_second: Curve
+    nvlink_rx_bytes_per_second: Curve
+    clock_event_reasons: tuple[ClockEventWindow, ...]
+    ecc: tuple[EccIncrement, ...]
+    remapped_rows: tuple[RemapState, ...]
+    lost_at_seconds: float | None
+    xid_on_loss: bool
+    mig: tuple[MigInstanceSpec, ...] | None
+    nvlink: NvLinkSpec | None
+    not_supported: frozenset[str]
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    """A process using one GPU (or one MIG device) during [start_seconds, end_seconds)."""
+
+    pid: int
+    gpu: int
+    mig_instance: int | None
+    name: str
+    start_seconds: float
+    end_seconds: float
+    memory_bytes: Curve
+    sm_utilization: Curve
+    type: str
+
+
+@dataclass(frozen=True)
+class XidEvent:
+    """`count` XID events with code `xid` on GPU `gpu`, deliverable from `at_seconds`."""
+
+    at_seconds: float
+    gpu: int
+    xid: int
+    count: int
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    """A misbehaving NVML call on one GPU during [from_seconds, until_seconds)."""
+
+    gpu: int
+    call: str
+    from_seconds: float
+    until_seconds: float
+    kind: str
+    seconds: float
+    error: int | None
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A whole validated scenario file."""
+
+    name: str
+    description: str
+    duration_seconds: float
+    node: str
+    driver_version: str
+    cuda_driver_version: int
+    gpus: tuple[GpuSpec, ...]
+    processes: tuple[ProcessSpec, ...]
+    events: tuple[XidEvent, ...]
+    faults: tuple[FaultSpec, ...]
+    extra: dict[str, Any] = field(default_factory=dict)
+    source: str = "<memory>"
+
+
+def list_scenarios() -> list[str]:
+    """Names of the scenarios shipped in exporter/scenarios/."""
+    return sorted(p.stem for p in SCENARIO_DIR.glob("*.yaml"))
+
+
+def load_scenario(name_or_path: str) -> Scenario:
+    """Load a shipped scenario by name, or a scenario file by path; raises ScenarioError."""
+    path = Path(name_or_path)
+    # A bare word is a shipped scenario, even if a directory of that name exists here
+    if path.suffix not in (".yaml", ".yml") and len(path.parts) == 1:
+        path = SCENARIO_DIR / f"{name_or_path}.yaml"
+        if not path.exists():
+            raise ScenarioError(
+                name_or_path, "", f"no such scenario; shipped ones: {', '.join(list_scenarios())}"
+            )
+    source = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ScenarioError(source, "", f"cannot read file: {exc}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ScenarioError(source, "", f"invalid YAML: {exc}") from exc
+    return parse_scenario(data, source=source, default_name=path.stem)
+
+
+def parse_scenario(data: Any, *, source: str = "<memory>", default_name: str = "scenario") -> Scenario:
+    """Validate an already-parsed YAML document; raises ScenarioError."""
+    return _Parser(source).scenario(data, default_name)
+
+
+class _Parser:
+    """Strict field-by-field validation with paths in every error."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def fail(self, path: str, problem: str) -> ScenarioError:
+        return ScenarioError(self.source, path, problem)
+
+    # ---- primitives -------------------------------------------------------------------------
+    def mapping(
+        self, value: Any, path: str, allowed: tuple[str, ...], required: tuple[str, ...] = ()
+    ) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise self.fail(path, f"expected a mapping, got {_kind(value)}")
+        for key in value:
+            # top-level `x-` keys only hold YAML anchors for reuse, as in compose files
+            if key not in allowed and not (path == "" and str(key).startswith("x-")):
+                raise self.fail(_join(path, str(key)), f"unknown field (allowed: {', '.join(allowed)})")
+        for key in required:
+            if key not in value:
+                raise self.fail(_join(path, key), "required field is missing")
+        return value
+
+    def seq(self, value: Any, path: str) -> list[Any]:
+        if value is None:
+            return []
+        if not isinstance(value, list):
+            raise self.fail(path, f"expected a list, got {_kind(value)}")
+        return value
+
+    def num(self, value: Any, path: str, low: float | None = None, high: float | None = None) -> float:
+        # YAML 1.1 reads 1.98e9 (no sign in the exponent) as a string
+        if isinstance(value, str) and _FLOAT_RE.match(value):
+            value = float(value)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise self.fail(path, f"expected a number, got {_kind(value)}")
+        v = float(value)
+        if v != v:
+            raise self.fail(path, "NaN is not allowed")
+        if low is not None and v < low:
+            raise self.fail(path, f"must be >= {low:g}, got {v:g}")
+        if high is not None and v > high:
+            raise self.fail(path, f"must be <= {high:g}, got {v:g}")
+        return v
+
+    def integer(self, value: Any, path: str, low: int | None = None, high: int | None = None) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.fail(path, f"expected an integer, got {_kind(value)}")
+        if low is not None and value < low:
+            raise self.fail(path, f"must be >= {low}, got {value}")
+        if high is not None and value > high:
+            raise self.fail(path, f"must be <= {high}, got {value}")
+        return value
+
+    def string(self, value: Any, path: str) -> str:
+        if not isinstance(value, str) or not value:
+            raise self.fail(path, f"expected a non-empty string, got {_kind(value)}")
+        return value
+
+    def boolean(self, value: Any, path: str) -> bool:
+        if not isinstance(value, bool):
+            raise self.fail(path, f"expected true or false, got {_kind(value)}")
+        return value
+
+    def size(self, value: Any, path: str) -> float:
+        if isinstance(value, str):
+            m = _SIZE_RE.match(value)
+            if not m:
+                raise self.fail(path, f"expected bytes as a number or like '12GiB', got {value!r}")
+            return float(m.group(1)) * _SIZE_UNITS[m.group(2)]
+        return self.num(value, path, low=0)
+
+    def curve(
+        self, value: Any, path: str, low: float | None = None, high: float | None = None, sizes: bool = False
+    ) -> Curve:
+        def scalar(v: Any, p: str) -> float:
+            x = self.size(v, p) if sizes else self.num(v, p)
+            if low is not None and x < low:
+                raise self.fail(p, f"must be >= {low:g}, got {x:g}")
+            if high is not None and x > high:
+                raise self.fail(p, f"must be <= {high:g}, got {x:g}")
+            return x
+
+        if not isinstance(value, list):
+            return Curve.constant(scalar(value, path))
+        if not value:
+            raise self.fail(path, "a curve needs a number or at least one [t, value] point")
+        points: list[tuple[float, float]] = []
+        for i, point in enumerate(value):
+            p = f"{path}[{i}]"
+            if not isinstance(point, list) or len(point) != 2:
+                raise self.fail(p, f"expected a [t, value] pair, got {point!r}")
+            t = self.num(point[0], f"{p}[0]", low=0)
+            if points and t < points[-1][0]:
+                raise self.fail(f"{p}[0]", f"times must not decrease ({t:g} after {points[-1][0]:g})")
+            points.append((t, scalar(point[1], f"{p}[1]")))
+        return Curve(points)
+
+    def symbol(self, value: Any, path: str) -> str:
+        from exporter.sim.library import implemented_symbols  # late: the registry imports pynvml
+
+        name = self.string(value, path)
+        if name not in implemented_symbols():
+            raise self.fail(path, f"{name!r} is not a C symbol the simulation implements (a typo?)")
+        return name
+
+    def opt_time(self, d: dict[str, Any], key: str, path: str, default: float) -> float:
+        if key not in d or d[key] is None:
+            return default
+        return self.num(d[key], _join(path, key), low=0)
+
+    # ---- sections ---------------------------------------------------------------------------
+    def scenario(self, data: Any, default_name: str) -> Scenario:
+        top = (
+            "name", "description", "duration_seconds", "node", "driver_version", "cuda_driver_version",
+            "gpus", "processes", "events", "faults", *FOREIGN_SECTIONS,
+        )  # fmt: skip
+        d = self.mapping(data, "", top, required=("gpus",))
+        name = self.string(d["name"], "name") if "name" in d else default_name
+        description = str(d.get("description") or "")
+        duration = self.num(d.get("duration_seconds", 600), "duration_seconds", low=1)
+        node = self.string(d.get("node", "sim-node-0"), "node")
+        driver = self.string(str(d.get("driver_version", "570.133.20")), "driver_version")
+        cuda = self.cuda_version(d.get("cuda_driver_version", 12080), "cuda_driver_version")
+        gpu_items = self.seq(d["gpus"], "gpus")
+        if not gpu_items:
+            raise self.fail("gpus", "a scenario needs at least one GPU")
+        gpus = [self.gpu(g, i, node, f"gpus[{i}]") for i, g in enumerate(gpu_items)]
+        self.check_unique([g.uuid for g in gpus], "gpus", "uuid")
+        self.check_unique([g.pci_bus_id.upper() for g in gpus], "gpus", "pci_bus_id")
+        for g in gpus:
+            self.check_nvlink(g, len(gpus))
+        processes = [
+            self.process(p, gpus, f"processes[{i}]")
+            for i, p in enumerate(self.seq(d.get("processes"), "processes"))
+        ]
+        events = [
+            self.event(e, len(gpus), f"events[{i}]")
+            for i, e in enumerate(self.seq(d.get("events"), "events"))
+        ]
+        faults = [
+            self.fault(f, len(gpus), f"faults[{i}]")
+            for i, f in enumerate(self.seq(d.get("faults"), "faults"))
+        ]
+        extra = {k: d[k] for k in FOREIGN_SECTIONS if k in d}
+        return Scenario(
+            name=name, description=description, duration_seconds=duration, node=node,
+            driver_version=driver, cuda_driver_version=cuda, gpus=tuple(gpus), processes=tuple(processes),
+            events=tuple(sorted(events, key=lambda e: e.at_seconds)), faults=tuple(faults), extra=extra,
+            source=self.source,
+        )  # fmt: skip
+
+    def cuda_version(self, value: Any, path: str) -> int:
+        if isinstance(value, str):
+            m = re.match(r"^(\d+)\.(\d+)$", value.strip())
+            if not m:
+                raise self.fail(path, f"expected like '12.8' or 12080, got {value!r}")
+            return int(m.group(1)) * 1000 + int(m.group(2)) * 10
+        return self.integer(value, path, low=1000)
+
+    def check_unique(self, values: list[str], path: str, key: str) -> None:
+        seen: dict[str, int] = {}
+        for i, v in enumerate(values):
+            if v in seen:
+                raise self.fail(f"{path}[{i}].{key}", f"duplicates {path}[{seen[v]}].{key} ({v})")
+            seen[v] = i
+
+    def gpu(self, value: Any, index: int, node: str, path: str) -> GpuSpec:
+        allowed = (
+            "model", "uuid", "pci_bus_id", "serial", "vbios_version",
+            "utilization", "memory_utilization", "sm_active", "sm_occupancy", "tensor_active", "dram_active",
+            "memory_used_bytes", "memory_base_bytes", "temperature_celsius", "memory_temperature_celsius",
+            "power_watts", "sm_clock_hertz", "memory_clock_hertz", "pcie_link_generation", "pcie_link_width",
+            "pcie_replay_count", "pcie_tx_bytes_per_second", "pcie_rx_bytes_per_second",
+            "nvlink_tx_bytes_per_second", "nvlink_rx_bytes_per_second", "clock_event_reasons", "ecc",
+            "remapped_rows", "lost_at", "xid_on_loss", "mig", "nvlink", "not_supported",
+        )  # fmt: skip
+        d = self.mapping(value, path, allowed, required=("model",))
+        key = self.string(d["model"], f"{path}.model")
+        model = lookup_model(key)
+        if model is None:
+            known = sorted([*MODELS, *ALIASES])
+            raise self.fail(f"{path}.model", f"unknown GPU model {key!r} (known: {', '.join(known)})")
+
+        def c(name: str, default: Curve, low: float | None = 0.0, high: float | None = None) -> Curve:
+            if name not in d:
+                return default
+            return self.curve(d[name], f"{path}.{name}", low, high)
+
+        util = c("utilization", Curve.constant(0.0), 0.0, 1.0)
+        mem_util = c("memory_utilization", util.affine(0.0, 0.45), 0.0, 1.0)
+        sm_active = c("sm_active", util.affine(0.0, 0.8), 0.0, 1.0)
+        sm_occ = c("sm_occupancy", sm_active.affine(0.0, 0.55), 0.0, 1.0)
+        tensor = c("tensor_active", sm_active.affine(0.0, 0.5), 0.0, 1.0)
+        dram = c("dram_active", mem_util, 0.0, 1.0)
+        total = model.memory_total_bytes - model.memory_reserved_bytes
+        used = None
+        if "memory_used_bytes" in d:
+            used = self.curve(d["memory_used_bytes"], f"{path}.memory_used_bytes", 0, total, sizes=True)
+        base = 0
+        if "memory_base_bytes" in d:
+            base = int(self.size(d["memory_base_bytes"], f"{path}.memory_base_bytes"))
+        temp = c("temperature_celsius", util.affine(32.0, 38.0), -40.0, 130.0)
+        mem_temp = c("memory_temperature_celsius", temp.affine(4.0, 1.0), -40.0, 130.0)
+        power = c(
+            "power_watts",
+            util.affine(model.power_idle_watts, model.power_limit_watts * 0.85 - model.power_idle_watts),
+            0.0,
+            model.power_limit_watts * 1.5,
+        )
+        sm_clock = c(
+            "sm_clock_hertz", Curve.constant(model.sm_clock_max_hertz), 0.0, model.sm_clock_max_hertz * 1.2
+        )
+        mem_clock = c("memory_clock_hertz", Curve.constant(model.memory_clock_max_hertz), 0.0)
+        gen = c(
+            "pcie_link_generation", Curve.constant(model.pcie_generation_max), 1.0, model.pcie_generation_max
+        )
+        width = c("pcie_link_width", Curve.constant(model.pcie_width_max), 1.0, model.pcie_width_max)
+        replay = c("pcie_replay_count", Curve.constant(0.0), 0.0)
+
+        def rate(name: str, default: Curve) -> Curve:
+            return self.curve(d[name], f"{path}.{name}", 0.0, sizes=True) if name in d else default
+
+        pcie_tx = rate("pcie_tx_bytes_per_second", util.affine(0.0, 0.5e9))
+        pcie_rx = rate("pcie_rx_bytes_per_second", util.affine(0.0, 1.0e9))
+        link_busy = util.affine(0.0, 0.0 if d.get("nvlink") is None else 20e9)
+        nvlink_tx = rate("nvlink_tx_bytes_per_second", link_busy)
+        nvlink_rx = rate("nvlink_rx_bytes_per_second", link_busy)
+        lost_at = None
+        if d.get("lost_at") is not None:
+            lost_at = self.num(d["lost_at"], f"{path}.lost_at", low=0)
+        xid_on_loss = self.boolean(d.get("xid_on_loss", False), f"{path}.xid_on_loss")
+        if xid_on_loss and lost_at is None:
+            raise self.fail(f"{path}.xid_on_loss", "needs lost_at")
+        gpu_uuid = (
+            self.string(d["uuid"], f"{path}.uuid")
+            if "uuid" in d
+            else "GPU-" + str(uuid.uuid5(uuid.NAMESPACE_DNS, f"gpupulse-sim/{node}/{index}"))
+        )
+        if not gpu_uuid.startswith("GPU-"):
+            raise self.fail(f"{path}.uuid", f"a GPU UUID starts with 'GPU-', got {gpu_uuid!r}")
+        bus = _HGX_BUSES[index] if index < len(_HGX_BUSES) else 0xE0 + index - len(_HGX_BUSES)
+        bus_id = (
+            self.string(d["pci_bus_id"], f"{path}.pci_bus_id")
+            if "pci_bus_id" in d
+            else f"00000000:{bus:02X}:00.0"
+        )
+        if not _BUS_ID_RE.match(bus_id):
+            raise self.fail(f"{path}.pci_bus_id", f"expected like '00000000:18:00.0', got {bus_id!r}")
+        serial = str(d.get("serial", f"{1650923000000 + index * 7919}"))
+        vbios = str(d.get("vbios_version", "96.00.99.00.01"))
+        not_supported = frozenset(
+            self.symbol(s, f"{path}.not_supported[{i}]")
+            for i, s in enumerate(self.seq(d.get("not_supported"), f"{path}.not_supported"))
+        )
+        windows = self.clock_windows(d.get("clock_event_reasons"), f"{path}.clock_event_reasons")
+        return GpuSpec(
+            index=index, model=model, uuid=gpu_uuid, pci_bus_id=bus_id.upper(), serial=serial,
+            vbios_version=vbios,
+            utilization=util, memory_utilization=mem_util, sm_active=sm_active, sm_occupancy=sm_occ,
+            tensor_active=tensor, dram_active=dram, memory_used_bytes=used, memory_base_bytes=base,
+            temperature_celsius=temp, memory_temperature_celsius=mem_temp, power_watts=power,
+            sm_clock_hertz=sm_clock, memory_clock_hertz=mem_clock, pcie_link_generation=gen,
+            pcie_link_width=width, pcie_replay_count=replay, pcie_tx_bytes_per_second=pcie_tx,
+            pcie_rx_bytes_per_second=pcie_rx, nvlink_tx_bytes_per_second=nvlink_tx,
+            nvlink_rx_bytes_per_second=nvlink_rx,
+            clock_event_reasons=windows,
+            ecc=self.ecc(d.get("ecc"), f"{path}.ecc"),
+            remapped_rows=self.remaps(d.get("remapped_rows"), model, f"{path}.remapped_rows"),
+            lost_at_seconds=lost_at, xid_on_loss=xid_on_loss,
+            mig=self.mig(d.get("mig"), model, gpu_uuid, f"{path}.mig"),
+            nvlink=self.nvlink(d.get("nvlink"), model, f"{path}.nvlink"),
+            not_supported=not_supported,
+        )  # fmt: skip
+
+    def clock_windows(self, value: Any, path: str) -> tuple[ClockEventWindow, ...]:
+        out = []
+        for i, item in enumerate(self.seq(value, path)):
+            p = f"{path}[{i}]"
+            d = self.mapping(item, p, ("from", "until", "reasons"), required=("reasons",))
+            start = self.opt_time(d, "from", p, 0.0)
+            until = self.opt_time(d, "until", p, INF)
+            if until <= start:
+                raise self.fail(f"{p}.until", f"must be after from ({until:g} <= {start:g})")
+            reasons = []
+            mask = 0
+            for j, r in enumerate(self.seq(d["reasons"], f"{p}.reasons")):
+                if r not in CLOCK_EVENT_REASONS:
+                    raise self.fail(
+                        f"{p}.reasons[{j}]", f"unknown reason {r!r} (known: {', '.join(CLOCK_EVENT_REASONS)})"
+                    )
+                reasons.append(r)
+                mask |= CLOCK_EVENT_REASONS[r]
+            out.append(ClockEventWindow(start, until, tuple(reasons), mask))
+        return tuple(out)
+
+    def ecc(self, value: Any, path: str) -> tuple[EccIncrement, ...]:
+        out = []
+        for i, item in enumerate(self.seq(value, path)):
+            p = f"{path}[{i}]"
+            d = self.mapping(item, p, ("at", "corrected", "uncorrected"), required=("at",))
+            out.append(
+                EccIncrement(
+                    self.num(d["at"], f"{p}.at", low=0),
+                    self.integer(d.get("corrected", 0), f"{p}.corrected", low=0),
+                    self.integer(d.get("uncorrected", 0), f"{p}.uncorrected", low=0),
+                )
+            )
+        return tuple(sorted(out, key=lambda e: e.at_seconds))
+
+    def remaps(self, value: Any, model: GpuModel, path: str) -> tuple[RemapState, ...]:
+        items = self.seq(value, path)
+        if items and not model.row_remap_supported:
+            raise self.fail(path, f"{model.key} has no row remapper (Ampere and newer only)")
+        out = []
+        for i, item in enumerate(items):
+            p = f"{path}[{i}]"
+            d = self.mapping(
+                item, p, ("at", "correctable", "uncorrectable", "pending", "failed"), required=("at",)
+            )
+            out.append(
+                RemapState(
+                    self.num(d["at"], f"{p}.at", low=0),
+                    self.integer(d.get("correctable", 0), f"{p}.correctable", low=0),
+                    self.integer(d.get("uncorrectable", 0), f"{p}.uncorrectable", low=0),
+                    self.boolean(d.get("pending", False), f"{p}.pending"),
+                    self.boolean(d.get("failed", False), f"{p}.failed"),
+                )
+            )
+        return tuple(sorted(out, key=lambda r: r.at_seconds))
+
+    def mig(
+        self, value: Any, model: GpuModel, gpu_uuid: str, path: str
+    ) -> tuple[MigInstanceSpec, ...] | None:
+        if value is None:
+            return None
+        d = self.mapping(value, path, ("enabled", "instances"))
+        if not self.boolean(d.get("enabled", True), f"{path}.enabled"):
+            return None
+        if not model.mig_supported:
+            raise self.fail(path, f"{model.key} does not support MIG")
+        items = self.seq(d.get("instances"), f"{path}.instances")
+        if len(items) > model.mig_max_devices:
+            raise self.fail(
+                f"{path}.instances", f"{model.key} has at most {model.mig_max_devices} MIG devices"
+            )
+        profiles = {p.name: p for p in model.mig_profiles}
+        out: list[MigInstanceSpec] = []
+        seen: set[tuple[int, int]] = set()
+        for i, item in enumerate(items):
+            p = f"{path}.instances[{i}]"
+            allowed = (
+                "profile", "gpu_instance_id", "compute_instance_id", "uuid", "memory_total_bytes",
+                "memory_used_bytes", "sm_active", "sm_occupancy", "tensor_active", "dram_active",
+            )  # fmt: skip
+            m = self.mapping(item, p, allowed, required=("profile",))
+            prof_name = self.string(m["profile"], f"{p}.profile")
+            prof = profiles.get(prof_name)
+            if prof is None:
+                raise self.fail(
+                    f"{p}.profile", f"unknown profile for {model.key} (known: {', '.join(profiles)})"
+                )
+            gi = self.integer(m.get("gpu_instance_id", i + 1), f"{p}.gpu_instance_id", low=0)
+            ci = self.integer(m.get("compute_instance_id", 0), f"{p}.compute_instance_id", low=0)
+            if (gi, ci) in seen:
+                raise self.fail(p, f"duplicate gpu_instance_id/compute_instance_id ({gi}, {ci})")
+            seen.add((gi, ci))
+            total = (
+                int(self.size(m["memory_total_bytes"], f"{p}.memory_total_bytes"))
+                if "memory_total_bytes" in m
+                else prof.memory_bytes
+            )
+            used = (
+                self.curve(m["memory_used_bytes"], f"{p}.memory_used_bytes", 0, total, sizes=True)
+                if "memory_used_bytes" in m
+                else None
+            )
+            sm = self.curve(m.get("sm_active", 0.0), f"{p}.sm_active", 0.0, 1.0)
+            occ = (
+                self.curve(m["sm_occupancy"], f"{p}.sm_occupancy", 0.0, 1.0)
+                if "sm_occupancy" in m
+                else sm.affine(0.0, 0.55)
+            )
+            ten = (
+                self.curve(m["tensor_active"], f"{p}.tensor_active", 0.0, 1.0)
+                if "tensor_active" in m
+                else sm.affine(0.0, 0.5)
+            )
+            dram = (
+                self.curve(m["dram_active"], f"{p}.dram_active", 0.0, 1.0)
+                if "dram_active" in m
+                else sm.affine(0.0, 0.4)
+            )
+            mig_uuid = (
+                self.string(m["uuid"], f"{p}.uuid")
+                if "uuid" in m
+                else "MIG-" + str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{gpu_uuid}/{gi}/{ci}"))
+            )
+            out.append(MigInstanceSpec(i, prof_name, gi, ci, mig_uuid, total, used, sm, occ, ten, dram))
+        return tuple(out)
+
+    def nvlink(self, value: Any, model: GpuModel, path: str) -> NvLinkSpec | None:
+        if value is None:
+            return None
+        d = self.mapping(value, path, ("links", "peers", "switch", "down_links"))
+        if model.nvlink_count == 0:
+            raise self.fail(path, f"{model.key} has no NVLink")
+        links = self.integer(
+            d.get("links", model.nvlink_count), f"{path}.links", low=0, high=model.nvlink_count
+        )
+        switch = self.boolean(d.get("switch", False), f"{path}.switch")
+        peers = []
+        for i, item in enumerate(self.seq(d.get("peers"), f"{path}.peers")):
+            p = f"{path}.peers[{i}]"
+            m = self.mapping(item, p, ("link", "peer_gpu_index"), required=("link", "peer_gpu_index"))
+            peers.append(
+                NvLinkPeer(
+                    self.integer(m["link"], f"{p}.link", low=0, high=links - 1),
+                    self.integer(m["peer_gpu_index"], f"{p}.peer_gpu_index", low=0),
+                )
+            )
+        if switch and peers:
+            raise self.fail(f"{path}.peers", "give either peers or switch: true, not both")
+        down = tuple(
+            self.integer(x, f"{path}.down_links[{i}]", low=0, high=max(links - 1, 0))
+            for i, x in enumerate(self.seq(d.get("down_links"), f"{path}.down_links"))
+        )
+        return NvLinkSpec(links, tuple(peers), switch, down)
+
+    def check_nvlink(self, gpu: GpuSpec, n_gpus: int) -> None:
+        if gpu.nvlink is None:
+            return
+        used: set[int] = set()
+        for i, peer in enumerate(gpu.nvlink.peers):
+            p = f"gpus[{gpu.index}].nvlink.peers[{i}]"
+            if peer.peer_gpu_index >= n_gpus or peer.peer_gpu_index == gpu.index:
+                raise self.fail(f"{p}.peer_gpu_index", f"no other GPU with index {peer.peer_gpu_index}")
+            if peer.link in used:
+                raise self.fail(f"{p}.link", f"link {peer.link} is listed twice")
+            used.add(peer.link)
+
+    def process(self, value: Any, gpus: list[GpuSpec], path: str) -> ProcessSpec:
+        allowed = (
+            "pid",
+            "gpu",
+            "mig_instance",
+            "name",
+            "start",
+            "end",
+            "memory_bytes",
+            "sm_utilization",
+            "type",
+        )
+        d = self.mapping(value, path, allowed, required=("pid", "gpu"))
+        pid = self.integer(d["pid"], f"{path}.pid", low=1)
+        gpu = self.integer(d["gpu"], f"{path}.gpu", low=0, high=len(gpus) - 1)
+        mig_instance = None
+        if d.get("mig_instance") is not None:
+            instances = gpus[gpu].mig
+            if instances is None:
+                raise self.fail(f"{path}.mig_instance", f"GPU {gpu} is not in MIG mode")
+            mig_instance = self.integer(
+                d["mig_instance"], f"{path}.mig_instance", low=0, high=len(instances) - 1
+            )
+        elif gpus[gpu].mig is not None:
+            raise self.fail(f"{path}.mig_instance", f"GPU {gpu} is in MIG mode: say which instance (index)")
+        start = self.opt_time(d, "start", path, 0.0)
+        end = self.opt_time(d, "end", path, INF)
+        if end <= start:
+            raise self.fail(f"{path}.end", f"must be after start ({end:g} <= {start:g})")
+        ptype = d.get("type", "compute")
+        if ptype not in PROCESS_TYPES:
+            raise self.fail(f"{path}.type", f"expected one of {', '.join(PROCESS_TYPES)}, got {ptype!r}")
+        return ProcessSpec(
+            pid=pid, gpu=gpu, mig_instance=mig_instance, name=str(d.get("name", f"python{pid}")),
+            start_seconds=start, end_seconds=end,
+            memory_bytes=self.curve(d.get("memory_bytes", 0), f"{path}.memory_bytes", 0, sizes=True),
+            sm_utilization=self.curve(d.get("sm_utilization", 0.0), f"{path}.sm_utilization", 0.0, 1.0),
+            type=ptype,
+        )  # fmt: skip
+
+    def event(self, value: Any, n_gpus: int, path: str) -> XidEvent:
+        d = self.mapping(value, path, ("at", "gpu", "xid", "count"), required=("at", "gpu", "xid"))
+        return XidEvent(
+            self.num(d["at"], f"{path}.at", low=0),
+            self.integer(d["gpu"], f"{path}.gpu", low=0, high=n_gpus - 1),
+            self.integer(d["xid"], f"{path}.xid", low=1),
+            self.integer(d.get("count", 1), f"{path}.count", low=1, high=10000),
+        )
+
+    def fault(self, value: Any, n_gpus: int, path: str) -> FaultSpec:
+        allowed = ("gpu", "call", "from", "until", "kind", "seconds", "error")
+        d = self.mapping(value, path, allowed, required=("gpu", "call", "kind"))
+        kind = d["kind"]
+        if kind not in FAULT_KINDS:
+            raise self.fail(f"{path}.kind", f"expected one of {', '.join(FAULT_KINDS)}, got {kind!r}")
+        start = self.opt_time(d, "from", path, 0.0)
+        until = self.opt_time(d, "until", path, INF)
+        if until <= start:
+            raise self.fail(f"{path}.until", f"must be after from ({until:g} <= {start:g})")
+        seconds = 0.0
+        if kind == "slow":
+            if "seconds" not in d:
+                raise self.fail(f"{path}.seconds", "a slow fault needs seconds (added latency)")
+            seconds = self.num(d["seconds"], f"{path}.seconds", low=0, high=600)
+        error = None
+        if kind == "error":
+            name = d.get("error")
+            if name not in FAULT_ERRORS:
+                raise self.fail(f"{path}.error", f"expected one of {', '.join(FAULT_ERRORS)}, got {name!r}")
+            error = FAULT_ERRORS[name]
+        elif "error" in d:
+            raise self.fail(f"{path}.error", f"only an error fault takes error (this one is {kind})")
+        call = "*" if d["call"] == "*" else self.symbol(d["call"], f"{path}.call")
+        return FaultSpec(
+            gpu=self.integer(d["gpu"], f"{path}.gpu", low=0, high=n_gpus - 1), call=call,
+            from_seconds=start, until_seconds=until, kind=kind, seconds=seconds, error=error,
+        )  # fmt: skip
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "nothing"
+    if isinstance(value, bool):
+        return f"boolean {value}"
+    if isinstance(value, str):
+        return f"string {value!r}"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "a mapping"
+    return f"{type(value).__name__} {value!r}"

@@ -1,0 +1,118 @@
+"""XID events through the event-set API, on the scenario clock."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pynvml as N
+import pytest
+
+from exporter.sim import ManualClock
+from tests.sim.helpers import Installer, handles
+
+
+def _event_set(hs: list[object]) -> object:
+    es = N.nvmlEventSetCreate()
+    for h in hs:
+        mask = N.nvmlDeviceGetSupportedEventTypes(h) & N.nvmlEventTypeXidCriticalError
+        N.nvmlDeviceRegisterEvents(h, mask, es)
+    return es
+
+
+def test_xids_are_delivered_in_order_at_their_time(sim: Installer, clock: ManualClock) -> None:
+    sim("faults")
+    hs = handles()
+    es = _event_set(hs)
+    with pytest.raises(N.NVMLError_Timeout):
+        N.nvmlEventSetWait_v2(es, 0)
+    clock.set(15.7)
+    got = []
+    for _ in range(2):
+        ev = N.nvmlEventSetWait_v2(es, 0)
+        got.append((N.nvmlDeviceGetIndex(ev.device), ev.eventType, ev.eventData, ev.gpuInstanceId))
+    assert got == [
+        (0, N.nvmlEventTypeXidCriticalError, 13, 0xFFFFFFFF),
+        (0, N.nvmlEventTypeXidCriticalError, 31, 0xFFFFFFFF),
+    ]
+    with pytest.raises(N.NVMLError_Timeout):
+        N.nvmlEventSetWait_v2(es, 10)  # XID 48 is due at t=16
+    clock.set(30)
+    assert N.nvmlEventSetWait_v2(es, 0).eventData == 48
+    ev = N.nvmlEventSetWait_v2(es, 0)  # GPU 1 fell off the bus at t=20
+    assert ev.eventData == 79
+    with pytest.raises(N.NVMLError_GpuIsLost):
+        N.nvmlDeviceGetIndex(ev.device)
+    with pytest.raises(N.NVMLError_Timeout):
+        N.nvmlEventSetWait_v2(es, 0)
+    N.nvmlEventSetFree(es)
+
+
+def test_events_before_registration_are_not_recorded(sim: Installer, clock: ManualClock) -> None:
+    sim("faults")
+    clock.set(15.6)
+    es = _event_set(handles())
+    clock.set(16)
+    assert N.nvmlEventSetWait_v2(es, 0).eventData == 48
+
+
+def test_count_repeats_an_event(sim: Installer, clock: ManualClock) -> None:
+    sim({"gpus": [{"model": "H100"}], "events": [{"at": 1, "gpu": 0, "xid": 94, "count": 3}]})
+    es = _event_set(handles())
+    clock.set(1)
+    assert [N.nvmlEventSetWait_v2(es, 0).eventData for _ in range(3)] == [94, 94, 94]
+    with pytest.raises(N.NVMLError_Timeout):
+        N.nvmlEventSetWait_v2(es, 0)
+
+
+def test_a_blocked_wait_wakes_when_the_clock_reaches_the_event(sim: Installer, clock: ManualClock) -> None:
+    sim("faults")
+    es = _event_set(handles())
+    clock.set(14)
+    got: list[int] = []
+    waiting = threading.Event()
+
+    def waiter() -> None:
+        waiting.set()
+        got.append(N.nvmlEventSetWait_v2(es, 30_000).eventData)
+
+    thread = threading.Thread(target=waiter, daemon=True)
+    thread.start()
+    assert waiting.wait(5)
+    thread.join(0.2)
+    assert thread.is_alive()  # nothing due yet
+    started = time.monotonic()
+    clock.set(15)
+    thread.join(5)
+    assert not thread.is_alive() and got == [13]
+    assert time.monotonic() - started < 5
+
+
+def test_wait_times_out_in_real_time(sim: Installer) -> None:
+    sim("basic")
+    es = _event_set(handles())
+    started = time.monotonic()
+    with pytest.raises(N.NVMLError_Timeout):
+        N.nvmlEventSetWait_v2(es, 150)
+    assert 0.14 <= time.monotonic() - started < 2.0
+
+
+def test_uninstall_releases_a_blocked_wait(sim: Installer) -> None:
+    nv = sim("basic")
+    es = _event_set(handles())
+    errors: list[BaseException] = []
+
+    def waiter() -> None:
+        try:
+            N.nvmlEventSetWait_v2(es, 60_000)
+        except N.NVMLError as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=waiter, daemon=True)
+    thread.start()
+    thread.join(0.2)
+    assert thread.is_alive()
+    nv.uninstall()
+    thread.join(5)
+    assert not thread.is_alive()
+    assert len(errors) == 1
