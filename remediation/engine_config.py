@@ -98,6 +98,14 @@ class EngineSettings:
     prometheus_timeout_seconds: float = 5.0
     # retries of an action that raised TemporaryError before the rung counts as failed
     max_temporary_retries: int = 3
+    # an action still running after this long counts as a temporary failure
+    action_timeout_seconds: float = 600.0
+    # a page that could not be delivered is retried after this long
+    page_retry_seconds: float = 30.0
+    # a resolved PromQL-verified incident re-runs its query at most this often
+    promql_recheck_seconds: float = 15.0
+    # handled dedup keys are forgotten after this long (well beyond the inbox retention)
+    handled_keys_retention_seconds: float = 30 * 24 * 3600.0
     # paged incidents that never resolve are closed as unresolved after this long
     paged_incident_max_age_seconds: float = 7 * 24 * 3600.0
     # used when a signature has no runbook_url: <base>/<fault_class>
@@ -108,3 +116,33 @@ class EngineSettings:
     # OpenTelemetry: OTLP/HTTP traces endpoint (e.g. http://collector:4318/v1/traces); "" = no export
     otlp_traces_endpoint: str = ""
     service_name: str = "gpupulse-remediation"
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first setting that cannot work."""
+        b, lp = self.budgets, self.loops
+        positive = {
+            "budgets.max_concurrent_actions": b.max_concurrent_actions,
+            "budgets.max_actions_per_minute": b.max_actions_per_minute,
+            "budgets.max_nodes_migrated": b.max_nodes_migrated,
+            "budgets.migrate_window_seconds": b.migrate_window_seconds,
+            "loops.max_restarts": lp.max_restarts,
+            "loops.restart_window_seconds": lp.restart_window_seconds,
+            "loops.flap_max_transitions": lp.flap_max_transitions,
+            "loops.flap_window_seconds": lp.flap_window_seconds,
+            "action_timeout_seconds": self.action_timeout_seconds,
+            "local_backend.timeout_seconds": self.local_backend.timeout_seconds,
+            "pager.timeout_seconds": self.pager.timeout_seconds,
+        }
+        for name, value in positive.items():
+            if value <= 0:
+                raise ValueError(f"engine setting {name} must be positive, got {value}")
+        if not 0.0 <= b.max_nodes_migrated_fraction <= 1.0:
+            raise ValueError("engine setting budgets.max_nodes_migrated_fraction must be within [0, 1]")
+        if self.max_temporary_retries < 0 or self.cluster_node_count < 0:
+            raise ValueError(
+                "engine settings max_temporary_retries and cluster_node_count must not be negative"
+            )
+        if self.pager.kind in ("webhook", "slack") and not self.pager.url:
+            raise ValueError(f"pager {self.pager.kind} needs a URL")
+        if self.pager.kind == "pagerduty" and not self.pager.pagerduty_routing_key:
+            raise ValueError("pager pagerduty needs a routing key")

@@ -75,7 +75,7 @@ _LADDER_FIELDS = {
 }
 
 
-class SignatureError(Exception):
+class SignatureError(ValueError):
     """A signature file is invalid; the message names the file, signature and field."""
 
 
@@ -277,23 +277,23 @@ def _str(ctx: _Ctx, d: Mapping[str, Any], key: str, required: bool = False) -> s
     return value
 
 
-def _number(ctx: _Ctx, d: Mapping[str, Any], key: str, default: float) -> float:
+def _number(ctx: _Ctx, d: Mapping[str, Any], key: str, default: float, prefix: str = "ladder.") -> float:
     if key not in d:
         return default
     value = d[key]
     if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise ctx.fail(key, "must be a non-negative number of seconds")
+        raise ctx.fail(prefix + key, "must be a non-negative number of seconds")
     return float(value)
 
 
-def _str_map(ctx: _Ctx, d: Mapping[str, Any], key: str) -> dict[str, str]:
+def _str_map(ctx: _Ctx, d: Mapping[str, Any], key: str, prefix: str = "match.") -> dict[str, str]:
     raw = d.get(key, {})
     if not isinstance(raw, dict):
-        raise ctx.fail(key, "must be a mapping of label name to string")
+        raise ctx.fail(prefix + key, "must be a mapping of label name to string")
     out: dict[str, str] = {}
     for k, v in raw.items():
         if not isinstance(k, str) or isinstance(v, bool) or not isinstance(v, str | int):
-            raise ctx.fail(f"{key}.{k}", "must map a name to a string")
+            raise ctx.fail(f"{prefix}{key}.{k}", "must map a name to a string")
         out[k] = str(v)  # `xid: 79` in YAML is an int; labels are strings
     return out
 
@@ -304,7 +304,7 @@ def _regex_map(ctx: _Ctx, d: Mapping[str, Any], key: str) -> dict[str, re.Patter
         try:
             out[k] = re.compile(v)
         except re.error as exc:
-            raise ctx.fail(f"{key}.{k}", f"invalid regular expression: {exc}") from exc
+            raise ctx.fail(f"match.{key}.{k}", f"invalid regular expression: {exc}") from exc
     return out
 
 
@@ -395,7 +395,8 @@ def parse_signature(raw: Any, path: str, origin: str) -> Signature:
     fault_class = _str(ctx, raw, "fault_class", required=True)
     if fault_class not in KNOWN_FAULT_CLASSES:
         raise ctx.fail(
-            "fault_class", f"unknown fault_class {fault_class!r}; docs/alerts.md lists {sorted(KNOWN_FAULT_CLASSES)}"
+            "fault_class",
+            f"unknown fault_class {fault_class!r}; docs/alerts.md lists {sorted(KNOWN_FAULT_CLASSES)}",
         )
     if "match" not in raw:
         raise ctx.fail("match", "is required")
@@ -491,7 +492,9 @@ def load_library(dirs: Sequence[Path] = (), include_builtin: bool = True) -> Sig
         for path in _yaml_files(directory):
             for sig in parse_document(path.read_text(encoding="utf-8"), str(path), "user"):
                 if sig.name in names:
-                    raise SignatureError(f"{path}: signature {sig.name!r} is also defined in {names[sig.name]}")
+                    raise SignatureError(
+                        f"{path}: signature {sig.name!r} is also defined in {names[sig.name]}"
+                    )
                 names[sig.name] = str(path)
                 sigs.append(sig)
     return SignatureLibrary(sigs)

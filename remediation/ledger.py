@@ -1,0 +1,397 @@
+"""The engine's durable state in SQLite: incidents, their ledger (intent before action, outcome after),
+handled dedup keys, alert transitions, detected loops and the operator switches (breaker, pause).
+
+Tables are created with CREATE TABLE IF NOT EXISTS on a connection from `remediation.store.open_db`
+(autocommit mode: every write goes through `Ledger.transaction()`, one BEGIN IMMEDIATE ... COMMIT).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sqlite3
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from remediation.store import open_db
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS rem_incidents (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    key TEXT NOT NULL,
+    signature TEXT NOT NULL,
+    fault_class TEXT NOT NULL,
+    alertname TEXT NOT NULL,
+    target_kind TEXT NOT NULL,
+    target_node TEXT NOT NULL,
+    target_namespace TEXT NOT NULL,
+    target_pod TEXT NOT NULL,
+    target_uuid TEXT NOT NULL,
+    loop_key TEXT NOT NULL,
+    state TEXT NOT NULL,
+    rung TEXT NOT NULL DEFAULT '',
+    attempt INTEGER NOT NULL DEFAULT 0,
+    rung_started_at REAL,
+    temp_retries INTEGER NOT NULL DEFAULT 0,
+    next_at REAL,
+    firing_fps TEXT NOT NULL DEFAULT '[]',
+    resolved_at REAL,
+    opened_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    closed_at REAL,
+    resolution TEXT NOT NULL DEFAULT '',
+    reason TEXT NOT NULL DEFAULT '',
+    labels TEXT NOT NULL,
+    annotations TEXT NOT NULL,
+    page_pending INTEGER NOT NULL DEFAULT 0,
+    page_next_at REAL NOT NULL DEFAULT 0,
+    paged INTEGER NOT NULL DEFAULT 0,
+    page_group TEXT NOT NULL DEFAULT '',
+    group_sent INTEGER NOT NULL DEFAULT 0,
+    trace_id TEXT NOT NULL DEFAULT '',
+    span_id TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX IF NOT EXISTS rem_incidents_key ON rem_incidents (key, state);
+CREATE INDEX IF NOT EXISTS rem_incidents_timer ON rem_incidents (state, next_at);
+CREATE INDEX IF NOT EXISTS rem_incidents_group ON rem_incidents (page_group, group_sent);
+CREATE TABLE IF NOT EXISTS rem_ledger (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    incident_id INTEGER NOT NULL,
+    at REAL NOT NULL,
+    kind TEXT NOT NULL CHECK (kind IN ('event', 'action')),
+    rung TEXT NOT NULL DEFAULT '',
+    attempt INTEGER NOT NULL DEFAULT 0,
+    status TEXT NOT NULL,
+    finished_at REAL,
+    summary TEXT NOT NULL DEFAULT '',
+    details TEXT NOT NULL DEFAULT '{}',
+    target_kind TEXT NOT NULL DEFAULT '',
+    loop_key TEXT NOT NULL DEFAULT '',
+    node TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX IF NOT EXISTS rem_ledger_incident ON rem_ledger (incident_id, id);
+CREATE INDEX IF NOT EXISTS rem_ledger_actions ON rem_ledger (kind, rung, status, at);
+CREATE INDEX IF NOT EXISTS rem_ledger_loop ON rem_ledger (loop_key, rung, at);
+CREATE TABLE IF NOT EXISTS rem_handled (
+    dedup_key TEXT PRIMARY KEY,
+    incident_id INTEGER,
+    at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS rem_transitions (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    key TEXT NOT NULL,
+    status TEXT NOT NULL,
+    at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS rem_transitions_key ON rem_transitions (key, at);
+CREATE TABLE IF NOT EXISTS rem_loops (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    loop_key TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    incident_id INTEGER NOT NULL,
+    at REAL NOT NULL,
+    details TEXT NOT NULL DEFAULT '{}'
+);
+CREATE TABLE IF NOT EXISTS rem_state (
+    name TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS rem_nodes (
+    node TEXT PRIMARY KEY,
+    last_seen REAL NOT NULL
+);
+"""
+
+OPEN_STATES = ("open", "acting", "verifying", "cooldown", "retry_wait", "paged")
+ACTION_RUNGS = ("restart", "migrate")
+# ledger statuses of actions that count as "really done or possibly done" for loops and budgets
+REAL_ACTION_STATUSES = ("started", "success", "failed", "temporary", "interrupted")
+
+
+def connect(db_path: Path) -> sqlite3.Connection:
+    """Open the shared database (intake's open_db: WAL, synchronous=FULL) and create our tables."""
+    conn = open_db(db_path)
+    conn.row_factory = sqlite3.Row
+    conn.executescript(SCHEMA)
+    return conn
+
+
+def _loads(text: str) -> Any:
+    return json.loads(text) if text else {}
+
+
+class Ledger:
+    """Typed access to the engine tables on one connection (one thread uses one Ledger)."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        """One atomic write: BEGIN IMMEDIATE ... COMMIT (ROLLBACK on any error)."""
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+        self.conn.execute("COMMIT")
+
+    # -- handled keys ---------------------------------------------------------------------------
+
+    def is_handled(self, dedup_key: str) -> bool:
+        row = self.conn.execute("SELECT 1 FROM rem_handled WHERE dedup_key = ?", (dedup_key,)).fetchone()
+        return row is not None
+
+    def mark_handled(self, dedup_key: str, incident_id: int | None, at: float) -> None:
+        self.conn.execute(
+            "INSERT OR IGNORE INTO rem_handled (dedup_key, incident_id, at) VALUES (?, ?, ?)",
+            (dedup_key, incident_id, at),
+        )
+
+    # -- incidents --------------------------------------------------------------------------------
+
+    def insert_incident(self, fields: Mapping[str, Any]) -> int:
+        cols = ", ".join(fields)
+        marks = ", ".join("?" for _ in fields)
+        cur = self.conn.execute(
+            f"INSERT INTO rem_incidents ({cols}) VALUES ({marks})", tuple(fields.values())
+        )
+        assert cur.lastrowid is not None
+        return int(cur.lastrowid)
+
+    def update_incident(self, incident_id: int, **fields: Any) -> None:
+        sets = ", ".join(f"{k} = ?" for k in fields)
+        self.conn.execute(f"UPDATE rem_incidents SET {sets} WHERE id = ?", (*fields.values(), incident_id))
+
+    def incident(self, incident_id: int) -> sqlite3.Row | None:
+        row: sqlite3.Row | None = self.conn.execute(
+            "SELECT * FROM rem_incidents WHERE id = ?", (incident_id,)
+        ).fetchone()
+        return row
+
+    def open_incident_for(self, key: str) -> sqlite3.Row | None:
+        marks = ", ".join("?" for _ in OPEN_STATES)
+        row: sqlite3.Row | None = self.conn.execute(
+            f"SELECT * FROM rem_incidents WHERE key = ? AND state IN ({marks}) ORDER BY id DESC LIMIT 1",
+            (key, *OPEN_STATES),
+        ).fetchone()
+        return row
+
+    def due_incidents(self, now: float) -> list[sqlite3.Row]:
+        return list(
+            self.conn.execute(
+                "SELECT * FROM rem_incidents WHERE next_at IS NOT NULL AND next_at <= ? "
+                "AND state IN ('open', 'verifying', 'cooldown', 'retry_wait', 'paged') ORDER BY next_at, id",
+                (now,),
+            )
+        )
+
+    def pending_pages(self, now: float) -> list[sqlite3.Row]:
+        return list(
+            self.conn.execute(
+                "SELECT * FROM rem_incidents WHERE page_pending = 1 AND page_next_at <= ? ORDER BY id", (now,)
+            )
+        )
+
+    def count_open(self) -> int:
+        marks = ", ".join("?" for _ in OPEN_STATES)
+        row = self.conn.execute(f"SELECT COUNT(*) FROM rem_incidents WHERE state IN ({marks})", OPEN_STATES)
+        return int(row.fetchone()[0])
+
+    def list_incidents(self, state: str | None, limit: int) -> list[sqlite3.Row]:
+        if state is None:
+            return list(self.conn.execute("SELECT * FROM rem_incidents ORDER BY id DESC LIMIT ?", (limit,)))
+        if state == "active":
+            marks = ", ".join("?" for _ in OPEN_STATES)
+            return list(
+                self.conn.execute(
+                    f"SELECT * FROM rem_incidents WHERE state IN ({marks}) ORDER BY id DESC LIMIT ?",
+                    (*OPEN_STATES, limit),
+                )
+            )
+        return list(
+            self.conn.execute(
+                "SELECT * FROM rem_incidents WHERE state = ? ORDER BY id DESC LIMIT ?", (state, limit)
+            )
+        )
+
+    def group_members(self, group: str, unsent_only: bool) -> list[sqlite3.Row]:
+        sql = "SELECT * FROM rem_incidents WHERE page_group = ?"
+        if unsent_only:
+            sql += " AND group_sent = 0"
+        return list(self.conn.execute(sql + " ORDER BY id", (group,)))
+
+    # -- ledger entries ---------------------------------------------------------------------------
+
+    def add_entry(
+        self,
+        incident_id: int,
+        at: float,
+        kind: str,
+        status: str,
+        summary: str,
+        *,
+        rung: str = "",
+        attempt: int = 0,
+        details: Mapping[str, Any] | None = None,
+        target_kind: str = "",
+        loop_key: str = "",
+        node: str = "",
+        finished_at: float | None = None,
+    ) -> int:
+        cur = self.conn.execute(
+            "INSERT INTO rem_ledger (incident_id, at, kind, rung, attempt, status, finished_at, summary, "
+            "details, target_kind, loop_key, node) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                incident_id,
+                at,
+                kind,
+                rung,
+                attempt,
+                status,
+                finished_at,
+                summary,
+                json.dumps(dict(details or {}), sort_keys=True, default=str),
+                target_kind,
+                loop_key,
+                node,
+            ),
+        )
+        assert cur.lastrowid is not None
+        return int(cur.lastrowid)
+
+    def finish_entry(
+        self, entry_id: int, status: str, at: float, summary: str, details: Mapping[str, Any]
+    ) -> None:
+        self.conn.execute(
+            "UPDATE rem_ledger SET status = ?, finished_at = ?, summary = ?, details = ? WHERE id = ?",
+            (status, at, summary, json.dumps(dict(details), sort_keys=True, default=str), entry_id),
+        )
+
+    def entry(self, entry_id: int) -> sqlite3.Row | None:
+        row: sqlite3.Row | None = self.conn.execute(
+            "SELECT * FROM rem_ledger WHERE id = ?", (entry_id,)
+        ).fetchone()
+        return row
+
+    def history(self, incident_id: int) -> list[dict[str, Any]]:
+        """The ledger of one incident, oldest first, as plain dicts (for pages and the API)."""
+        rows = self.conn.execute("SELECT * FROM rem_ledger WHERE incident_id = ? ORDER BY id", (incident_id,))
+        out: list[dict[str, Any]] = []
+        for r in rows:
+            out.append(
+                {
+                    "at": r["at"],
+                    "kind": r["kind"],
+                    "rung": r["rung"],
+                    "attempt": r["attempt"],
+                    "status": r["status"],
+                    "finished_at": r["finished_at"],
+                    "summary": r["summary"],
+                    "details": _loads(r["details"]),
+                }
+            )
+        return out
+
+    def started_actions(self) -> list[sqlite3.Row]:
+        return list(
+            self.conn.execute("SELECT * FROM rem_ledger WHERE kind = 'action' AND status = 'started'")
+        )
+
+    def count_actions(self, rungs: Sequence[str], since: float, *, statuses: Sequence[str]) -> int:
+        rm = ", ".join("?" for _ in rungs)
+        sm = ", ".join("?" for _ in statuses)
+        row = self.conn.execute(
+            f"SELECT COUNT(*) FROM rem_ledger WHERE kind = 'action' AND rung IN ({rm}) AND status IN ({sm}) "
+            "AND at >= ?",
+            (*rungs, *statuses, since),
+        ).fetchone()
+        return int(row[0])
+
+    def count_loop_actions(self, loop_key: str, rung: str, since: float) -> int:
+        sm = ", ".join("?" for _ in REAL_ACTION_STATUSES)
+        row = self.conn.execute(
+            f"SELECT COUNT(*) FROM rem_ledger WHERE kind = 'action' AND loop_key = ? AND rung = ? "
+            f"AND status IN ({sm}) AND at >= ?",
+            (loop_key, rung, *REAL_ACTION_STATUSES, since),
+        ).fetchone()
+        return int(row[0])
+
+    def migrated_nodes(self, since: float) -> set[str]:
+        sm = ", ".join("?" for _ in REAL_ACTION_STATUSES)
+        rows = self.conn.execute(
+            f"SELECT DISTINCT node FROM rem_ledger WHERE kind = 'action' AND rung = 'migrate' "
+            f"AND target_kind IN ('gpu', 'node') AND node != '' AND status IN ({sm}) AND at >= ?",
+            (*REAL_ACTION_STATUSES, since),
+        )
+        return {str(r[0]) for r in rows}
+
+    # -- transitions, loops, nodes ----------------------------------------------------------------
+
+    def add_transition(self, key: str, status: str, at: float) -> None:
+        self.conn.execute("INSERT INTO rem_transitions (key, status, at) VALUES (?, ?, ?)", (key, status, at))
+
+    def count_transitions(self, key: str, since: float) -> int:
+        row = self.conn.execute(
+            "SELECT COUNT(*) FROM rem_transitions WHERE key = ? AND at >= ?", (key, since)
+        ).fetchone()
+        return int(row[0])
+
+    def prune(self, transitions_before: float, handled_before: float) -> None:
+        self.conn.execute("DELETE FROM rem_transitions WHERE at < ?", (transitions_before,))
+        self.conn.execute("DELETE FROM rem_handled WHERE at < ?", (handled_before,))
+
+    def add_loop(
+        self, loop_key: str, kind: str, incident_id: int, at: float, details: Mapping[str, Any]
+    ) -> None:
+        self.conn.execute(
+            "INSERT INTO rem_loops (loop_key, kind, incident_id, at, details) VALUES (?, ?, ?, ?, ?)",
+            (loop_key, kind, incident_id, at, json.dumps(dict(details), sort_keys=True)),
+        )
+
+    def loops(self, limit: int = 100) -> list[sqlite3.Row]:
+        return list(self.conn.execute("SELECT * FROM rem_loops ORDER BY id DESC LIMIT ?", (limit,)))
+
+    def see_node(self, node: str, at: float) -> None:
+        self.conn.execute(
+            "INSERT INTO rem_nodes (node, last_seen) VALUES (?, ?) "
+            "ON CONFLICT(node) DO UPDATE SET last_seen = excluded.last_seen",
+            (node, at),
+        )
+
+    def known_nodes(self) -> int:
+        return int(self.conn.execute("SELECT COUNT(*) FROM rem_nodes").fetchone()[0])
+
+    # -- operator switches ------------------------------------------------------------------------
+
+    def get_state(self, name: str) -> dict[str, Any]:
+        row = self.conn.execute("SELECT value FROM rem_state WHERE name = ?", (name,)).fetchone()
+        return dict(json.loads(row[0])) if row is not None else {}
+
+    def set_state(self, name: str, value: Mapping[str, Any]) -> None:
+        self.conn.execute(
+            "INSERT INTO rem_state (name, value) VALUES (?, ?) "
+            "ON CONFLICT(name) DO UPDATE SET value = excluded.value",
+            (name, json.dumps(dict(value), sort_keys=True)),
+        )
+
+    # -- statistics -------------------------------------------------------------------------------
+
+    def resolution_counts(self) -> dict[str, int]:
+        rows = self.conn.execute(
+            "SELECT resolution, COUNT(*) FROM rem_incidents WHERE state IN ('closed', 'ignored') "
+            "GROUP BY resolution"
+        )
+        return {str(r[0]): int(r[1]) for r in rows}
+
+    def resolution_by_signature(self) -> dict[str, dict[str, int]]:
+        rows = self.conn.execute(
+            "SELECT signature, resolution, COUNT(*) FROM rem_incidents WHERE state = 'closed' "
+            "GROUP BY signature, resolution"
+        )
+        out: dict[str, dict[str, int]] = {}
+        for r in rows:
+            out.setdefault(str(r[0]), {})[str(r[1])] = int(r[2])
+        return out

@@ -1,0 +1,107 @@
+"""Safety rails: scope (namespace allowlist, opt-in label), budgets and the breaker.
+
+The breaker opens when an action would exceed a budget; from then on every incident pages as part
+of one grouped page per burst, and only a human closes it (`reset_breaker`). Its state lives in the
+ledger database, so a restart does not close it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from remediation.engine_config import BudgetSettings, ScopeSettings
+from remediation.ledger import ACTION_RUNGS, Ledger
+from remediation.model import Target
+
+BREAKER = "breaker"
+PAUSE = "paused"
+
+
+def in_scope(
+    settings: ScopeSettings, target: Target, labels: Mapping[str, str], annotations: Mapping[str, str]
+) -> str:
+    """Empty string when the target may be acted on, else why not."""
+    if settings.namespaces and target.namespace and target.namespace not in settings.namespaces:
+        return f"namespace {target.namespace!r} is not in the allowlist {list(settings.namespaces)}"
+    if settings.namespaces and target.kind == "pod" and not target.namespace:
+        return "pod target without a namespace while a namespace allowlist is configured"
+    if settings.opt_in_label:
+        value = labels.get(settings.opt_in_label, annotations.get(settings.opt_in_label, ""))
+        if value.lower() != "true":
+            return f'target has not opted in ({settings.opt_in_label}="true" missing)'
+    return ""
+
+
+@dataclass(frozen=True)
+class BudgetCheck:
+    """Result of checking one planned action against the budgets."""
+
+    exceeded: str = ""  # empty = within budget
+
+
+class SafetyGate:
+    """Budgets and breaker state over one Ledger."""
+
+    def __init__(self, ledger: Ledger, budgets: BudgetSettings, cluster_node_count: int) -> None:
+        self.ledger = ledger
+        self.budgets = budgets
+        self.cluster_node_count = cluster_node_count
+
+    def breaker(self) -> dict[str, object]:
+        return self.ledger.get_state(BREAKER)
+
+    def breaker_open(self) -> bool:
+        return bool(self.breaker().get("open"))
+
+    def paused(self) -> bool:
+        return bool(self.ledger.get_state(PAUSE).get("paused"))
+
+    def check(self, rung: str, target: Target, now: float) -> BudgetCheck:
+        """Would starting this action exceed a budget? (call inside the deciding transaction)"""
+        b = self.budgets
+        running = self.ledger.count_actions(ACTION_RUNGS, 0.0, statuses=("started",))
+        if running + 1 > b.max_concurrent_actions:
+            return BudgetCheck(f"concurrent actions {running + 1} > {b.max_concurrent_actions}")
+        recent = self.ledger.count_actions(
+            ACTION_RUNGS, now - 60.0, statuses=("started", "success", "failed", "temporary", "interrupted")
+        )
+        if recent + 1 > b.max_actions_per_minute:
+            return BudgetCheck(f"actions in the last minute {recent + 1} > {b.max_actions_per_minute}")
+        if rung == "migrate" and target.kind in ("gpu", "node") and target.node:
+            nodes = self.ledger.migrated_nodes(now - b.migrate_window_seconds) | {target.node}
+            if len(nodes) > b.max_nodes_migrated:
+                return BudgetCheck(
+                    f"nodes migrated within {b.migrate_window_seconds:.0f} s: "
+                    f"{len(nodes)} > {b.max_nodes_migrated}"
+                )
+            known = self.cluster_node_count or self.ledger.known_nodes()
+            if b.max_nodes_migrated_fraction > 0 and known:
+                # at least one node may always move, or a small cluster could never migrate at all
+                allowed = max(1, math.floor(b.max_nodes_migrated_fraction * known))
+                if len(nodes) > allowed:
+                    return BudgetCheck(
+                        f"nodes migrated {len(nodes)} of {known} known > fraction "
+                        f"{b.max_nodes_migrated_fraction} (allowed {allowed})"
+                    )
+        return BudgetCheck()
+
+    def open_breaker(self, reason: str, now: float) -> str:
+        """Open the breaker (idempotent); returns the group id pages of this burst share."""
+        state = self.breaker()
+        if state.get("open"):
+            return str(state.get("group", ""))
+        group = f"breaker-{int(now)}"
+        self.ledger.set_state(
+            BREAKER,
+            {"open": True, "opened_at": now, "reason": reason, "group": group, "last_group_page_at": 0.0},
+        )
+        return group
+
+    def close_breaker(self, by: str, now: float) -> None:
+        state = self.breaker()
+        self.ledger.set_state(
+            BREAKER,
+            {"open": False, "closed_at": now, "closed_by": by, "last_reason": state.get("reason", "")},
+        )

@@ -1,0 +1,123 @@
+"""Verification by PromQL (optional): a resolved alert only counts once the health query holds."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from remediation.engine_config import EngineSettings
+from remediation.signatures import SignatureLibrary, load_library, parse_document
+from remediation.verify import PromQLVerifier, VerifyError, render_query
+from tests.remediation.test_engine_support import LEAK, Rig, events
+
+VERIFIED_LEAK = """
+signatures:
+  - name: leak-verified
+    fault_class: memory_leak
+    priority: 100
+    match: {labels: {fault_class: memory_leak}}
+    ladder: {rungs: [restart, migrate, page], verify_window_seconds: 300, cooldown_seconds: 600}
+    restart_fixes: true
+    reason: test
+    verify_promql: 'max(gpu_memory_used_bytes{uuid="{uuid}"}) < bool 1e10'
+"""
+
+
+class FakePrometheus:
+    def __init__(self) -> None:
+        self.queries: list[str] = []
+        self.value = "0"
+        self.status = 200
+        self.port = 0
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_get("/api/v1/query", self._query)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        assert site._server is not None
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
+
+    async def stop(self) -> None:
+        assert self._runner is not None
+        await self._runner.cleanup()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def _query(self, request: web.Request) -> web.Response:
+        self.queries.append(request.query["query"])
+        if self.status != 200:
+            return web.json_response({"status": "error", "error": "bad"}, status=self.status)
+        body: dict[str, Any] = {
+            "status": "success",
+            "data": {"resultType": "vector", "result": [{"metric": {}, "value": [1.0, self.value]}]},
+        }
+        return web.json_response(body)
+
+
+@pytest.fixture
+async def prom() -> AsyncIterator[FakePrometheus]:
+    p = FakePrometheus()
+    await p.start()
+    yield p
+    await p.stop()
+
+
+def test_render_query_escapes_label_values() -> None:
+    q = render_query('up{pod="{pod}", uuid="{uuid}"}', {"pod": 'a"}) or vector(1) #', "uuid": "GPU-1"})
+    assert q == 'up{pod="a\\"}) or vector(1) #", uuid="GPU-1"}'
+
+
+async def test_verifier_reads_vector_results(prom: FakePrometheus) -> None:
+    v = PromQLVerifier(prom.url)
+    prom.value = "1"
+    assert await v.healthy("x") is True
+    prom.value = "0"
+    assert await v.healthy("x") is False
+    prom.status = 400
+    with pytest.raises(VerifyError):
+        await v.healthy("x")
+
+
+async def test_resolved_alert_counts_only_when_promql_holds(tmp_path: Path, prom: FakePrometheus) -> None:
+    rig = Rig(tmp_path, EngineSettings(prometheus_url=prom.url, promql_recheck_seconds=15))
+    rig.library = SignatureLibrary([*load_library(), *parse_document(VERIFIED_LEAK, "t.yaml", "user")])
+    rig.build()
+    try:
+        ev = await rig.fire(LEAK)
+        assert rig.backend.rungs == ["restart"]
+        prom.value = "0"  # memory still high although the alert resolved (e.g. a `for:` gap)
+        await rig.resolve(ev)
+        assert prom.queries == ['max(gpu_memory_used_bytes{uuid="GPU-aaaa"}) < bool 1e10']
+        assert rig.only_incident()["state"] == "verifying"
+        prom.value = "1"
+        await rig.advance(16)
+        inc = rig.only_incident()
+        assert inc["state"] == "cooldown"
+        assert events(inc).count("promql") == 2
+        await rig.advance(601)
+        assert rig.only_incident()["resolution"] == "automated"
+    finally:
+        await rig.engine.aclose()
+
+
+async def test_promql_never_healthy_escalates_after_window(tmp_path: Path, prom: FakePrometheus) -> None:
+    rig = Rig(tmp_path, EngineSettings(prometheus_url=prom.url))
+    rig.library = SignatureLibrary([*load_library(), *parse_document(VERIFIED_LEAK, "t.yaml", "user")])
+    rig.build()
+    try:
+        ev = await rig.fire(LEAK)
+        await rig.resolve(ev)
+        await rig.advance(301)
+        assert rig.backend.rungs == ["restart", "migrate"]
+    finally:
+        await rig.engine.aclose()

@@ -1,0 +1,143 @@
+"""Loop detection: restart loops stop, recurrence after migration pages, flapping pages; all persisted."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from remediation.engine_config import EngineSettings, LoopSettings
+from remediation.ladder import loop_identity, target_from_labels, workload_name
+from remediation.signatures import load_library, parse_document
+from tests.remediation.test_engine_support import LEAK, Rig, events, pod
+
+RESTART_THEN_PAGE = """
+signatures:
+  - name: leak-restart-only
+    fault_class: memory_leak
+    priority: 100
+    match: {labels: {fault_class: memory_leak}}
+    ladder: {rungs: [restart, page], verify_window_seconds: 300, cooldown_seconds: 60}
+    restart_fixes: true
+    reason: test ladder without migrate
+"""
+
+
+@pytest.fixture
+async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
+    r = Rig(tmp_path, EngineSettings(loops=LoopSettings(max_restarts=3, restart_window_seconds=3600)))
+    r.build()
+    yield r
+    await r.engine.aclose()
+
+
+async def _fixed_by_restart(rig: Rig, pod_name: str) -> None:
+    ev = await rig.fire(pod(LEAK, pod_name))
+    await rig.resolve(ev)
+    await rig.advance(901)
+
+
+def test_workload_identity_survives_a_restart() -> None:
+    assert workload_name("vllm-7d9f8b6c5d-x2x4z") == "vllm"
+    assert workload_name("vllm-7d9f8b6c5d-bcdfg") == "vllm"
+    assert workload_name("my-redis") == "my-redis"  # vowels: not a generated suffix
+    assert workload_name("trainer-0") == "trainer-0"
+    a, _ = target_from_labels(pod(LEAK, "vllm-7d9f8b6c5d-x2x4z"))
+    b, _ = target_from_labels(pod(LEAK, "vllm-7d9f8b6c5d-m9k2p"))
+    assert a != b and loop_identity(a) == loop_identity(b) == "pod:llm/vllm"
+
+
+async def test_restart_loop_is_stopped_and_escalates(rig: Rig) -> None:
+    for name in ("vllm-7d9f8b6c5d-x2x4z", "vllm-7d9f8b6c5d-m9k2p", "vllm-7d9f8b6c5d-q7w8r"):
+        await _fixed_by_restart(rig, name)
+    assert rig.backend.rungs == ["restart"] * 3
+    await rig.fire(pod(LEAK, "vllm-7d9f8b6c5d-z5x6c"))
+    assert rig.backend.rungs == ["restart"] * 3 + ["migrate"]
+    newest = rig.engine.get_incident(int(rig.incidents()[0]["id"]))
+    assert newest is not None and "restart_loop" in events(newest)
+    assert rig.metric("gpupulse_remediation_loops_detected_total") == 1
+    assert rig.metric("gpupulse_remediation_actions_total", rung="restart", outcome="skipped") == 1
+
+
+async def test_restart_loop_pages_when_no_migrate_rung(tmp_path: Path) -> None:
+    lib_sigs = parse_document(RESTART_THEN_PAGE, "test.yaml", "user")
+    r = Rig(tmp_path, EngineSettings(loops=LoopSettings(max_restarts=2)))
+    from remediation.signatures import SignatureLibrary
+
+    r.library = SignatureLibrary([*load_library(), *lib_sigs])
+    r.build()
+    try:
+        for name in ("vllm-7d9f8b6c5d-x2x4z", "vllm-7d9f8b6c5d-m9k2p"):
+            ev = await r.fire(pod(LEAK, name))
+            await r.resolve(ev)
+            await r.advance(61)
+        await r.fire(pod(LEAK, "vllm-7d9f8b6c5d-q7w8r"))
+        assert r.backend.rungs == ["restart", "restart"]
+        assert r.incidents()[0]["state"] == "paged"
+        assert len(r.pager.firing) == 1
+    finally:
+        await r.engine.aclose()
+
+
+async def test_restart_window_forgets_old_restarts(rig: Rig) -> None:
+    for name in ("vllm-7d9f8b6c5d-x2x4z", "vllm-7d9f8b6c5d-m9k2p", "vllm-7d9f8b6c5d-q7w8r"):
+        await _fixed_by_restart(rig, name)
+    rig.clock.advance(3600)
+    await rig.fire(pod(LEAK, "vllm-7d9f8b6c5d-z5x6c"))
+    assert rig.backend.rungs == ["restart"] * 4
+
+
+async def test_restart_loop_survives_controller_restart(rig: Rig) -> None:
+    for name in ("vllm-7d9f8b6c5d-x2x4z", "vllm-7d9f8b6c5d-m9k2p", "vllm-7d9f8b6c5d-q7w8r"):
+        await _fixed_by_restart(rig, name)
+    await rig.restart_controller()
+    await rig.fire(pod(LEAK, "vllm-7d9f8b6c5d-z5x6c"))
+    assert rig.backend.rungs == ["migrate"]
+
+
+async def test_flapping_alert_pages_instead_of_acting(tmp_path: Path) -> None:
+    settings = EngineSettings(loops=LoopSettings(flap_max_transitions=4, flap_window_seconds=600))
+    r = Rig(tmp_path, settings)
+    r.build()
+    try:
+        thermal = {**LEAK, "alertname": "GPUTemperatureHigh", "fault_class": "thermal", "target_kind": "gpu"}
+        fp = "thermal-1"
+        for _ in range(2):  # fire/resolve quickly: nothing to act on yet (thermal waits 900 s)
+            ev = await r.fire(thermal, fingerprint=fp)
+            r.clock.advance(30)
+            await r.resolve(ev)
+            r.clock.advance(30)
+        await r.fire(thermal, fingerprint=fp)  # fifth transition within 600 s
+        newest = r.incidents()[0]
+        assert newest["state"] == "paged"
+        assert "changed state 5 times" in newest["reason"]
+        assert r.metric("gpupulse_remediation_flapping_alerts_total") == 1
+        await r.advance(1000)
+        assert r.backend.calls == []  # recognised as flapping: never migrated
+    finally:
+        await r.engine.aclose()
+
+
+async def test_flapping_during_ladder_stops_acting(tmp_path: Path) -> None:
+    settings = EngineSettings(loops=LoopSettings(flap_max_transitions=2, flap_window_seconds=600))
+    r = Rig(tmp_path, settings)
+    r.build()
+    try:
+        ev = await r.fire(LEAK)
+        assert r.backend.rungs == ["restart"]
+        r.clock.advance(10)
+        await r.resolve(ev)
+        r.clock.advance(10)
+        await r.fire(LEAK, fingerprint=ev.fingerprint)  # third transition: flapping, not a recurrence
+        assert r.backend.rungs == ["restart"]
+        assert r.only_incident()["state"] == "paged"
+    finally:
+        await r.engine.aclose()
+
+
+def test_loop_settings_defaults_are_documented_values() -> None:
+    s = LoopSettings()
+    assert (s.max_restarts, s.restart_window_seconds) == (3, 3600.0)
+    assert replace(s, max_restarts=5).max_restarts == 5

@@ -1,0 +1,195 @@
+"""Safety rails: budgets and the breaker (one grouped page per burst), dry-run, pause, scope."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from remediation.engine_config import BudgetSettings, EngineSettings, ScopeSettings
+from tests.remediation.test_engine_support import CORRUPT_MODEL, LEAK, XID_RESET, Rig, statuses
+
+
+async def _rig(tmp_path: Path, settings: EngineSettings) -> Rig:
+    r = Rig(tmp_path, settings)
+    r.build()
+    return r
+
+
+@pytest.fixture
+async def burst_rig(tmp_path: Path) -> AsyncIterator[Rig]:
+    settings = EngineSettings(
+        budgets=BudgetSettings(max_actions_per_minute=2, group_page_interval_seconds=60)
+    )
+    r = await _rig(tmp_path, settings)
+    yield r
+    await r.engine.aclose()
+
+
+async def _burst(rig: Rig, count: int, start: int = 0) -> None:
+    for i in range(start, start + count):
+        await rig.engine.handle(rig.event({**LEAK, "pod": f"worker-{i}", "node": f"node-{i}"}))
+    await rig.engine.wait_idle()
+
+
+async def test_breaker_opens_under_burst_and_pages_once_as_a_group(burst_rig: Rig) -> None:
+    rig = burst_rig
+    await _burst(rig, 50)
+    assert len(rig.backend.calls) == 2  # the budget allowed two restarts
+    assert rig.metric("gpupulse_remediation_breaker_open") == 1
+    assert rig.pager.pages == []  # nothing paged per incident
+    await rig.advance(1)
+    assert len(rig.pager.pages) == 1
+    page = rig.pager.pages[0]
+    assert page.signature == "safety-breaker"
+    assert len(page.history) == 48
+    assert {h["target"] for h in page.history} >= {"pod:llm/worker-2", "pod:llm/worker-49"}
+    assert rig.engine.stats()["breaker"]["open"] is True
+    assert rig.metric("gpupulse_remediation_actions_total", rung="restart", outcome="blocked") == 48
+
+    # more alerts during the same burst join the group: one update later, same dedup key
+    await _burst(rig, 10, start=50)
+    await rig.advance(1)
+    assert len(rig.pager.pages) == 1  # within group_page_interval: held back
+    await rig.advance(60)
+    assert len(rig.pager.pages) == 2
+    assert rig.pager.pages[1].dedup_key == page.dedup_key
+    assert len(rig.pager.pages[1].history) == 58
+    await rig.advance(60)
+    assert len(rig.pager.pages) == 2  # nothing new joined: no page
+    # the two restarted pods never recovered: their next rung (migrate) is blocked and joins the group
+    await rig.advance(300)
+    assert len(rig.pager.pages) == 3
+    assert len(rig.pager.pages[2].history) == 60
+    assert len(rig.backend.calls) == 2
+
+
+async def test_concurrent_actions_budget_opens_breaker(tmp_path: Path) -> None:
+    rig = await _rig(tmp_path, EngineSettings(budgets=BudgetSettings(max_concurrent_actions=2)))
+    rig.backend.gate = asyncio.Event()  # actions hang, so they pile up
+    try:
+        for i in range(3):
+            await rig.engine.handle(rig.event({**LEAK, "pod": f"p{i}"}))
+        assert rig.metric("gpupulse_remediation_breaker_open") == 1
+        rig.backend.gate.set()
+        await rig.engine.wait_idle()
+        assert len(rig.backend.calls) == 2
+        assert rig.metric("gpupulse_remediation_breaker_open") == 1
+        assert "concurrent" in rig.engine.stats()["breaker"]["reason"]
+    finally:
+        await rig.engine.aclose()
+
+
+async def test_breaker_stays_open_across_restart_until_a_human_resets_it(burst_rig: Rig) -> None:
+    rig = burst_rig
+    await _burst(rig, 3)
+    assert rig.metric("gpupulse_remediation_breaker_open") == 1
+    await rig.restart_controller()
+    assert rig.metric("gpupulse_remediation_breaker_open") == 1
+    rig.clock.advance(120)  # the per-minute budget has room again; the breaker still holds
+    await rig.fire({**LEAK, "pod": "after-restart"})
+    assert rig.backend.calls == []
+    rig.engine.reset_breaker("alice")
+    assert rig.metric("gpupulse_remediation_breaker_open") == 0
+    assert rig.engine.stats()["breaker"]["closed_by"] == "alice"
+    await rig.fire({**LEAK, "pod": "after-reset"})
+    assert [t.pod for _, t in rig.backend.calls] == ["after-reset"]
+
+
+async def test_actions_per_minute_budget(tmp_path: Path) -> None:
+    rig = await _rig(tmp_path, EngineSettings(budgets=BudgetSettings(max_actions_per_minute=3)))
+    try:
+        for i in range(4):
+            await rig.fire({**LEAK, "pod": f"p{i}"})
+        assert len(rig.backend.calls) == 3
+        assert rig.metric("gpupulse_remediation_breaker_open") == 1
+        assert "last minute" in rig.engine.stats()["breaker"]["reason"]
+    finally:
+        await rig.engine.aclose()
+
+
+async def test_nodes_migrated_budget_absolute_and_fraction(tmp_path: Path) -> None:
+    rig = await _rig(
+        tmp_path, EngineSettings(budgets=BudgetSettings(max_nodes_migrated=2, max_nodes_migrated_fraction=0))
+    )
+    try:
+        for n in ("n1", "n2", "n3"):
+            await rig.fire({**XID_RESET, "node": n, "uuid": f"GPU-{n}"})
+        assert [t.node for _, t in rig.backend.calls] == ["n1", "n2"]
+        assert "nodes migrated" in rig.engine.stats()["breaker"]["reason"]
+    finally:
+        await rig.engine.aclose()
+
+    frac = EngineSettings(
+        budgets=BudgetSettings(max_nodes_migrated=100, max_nodes_migrated_fraction=0.2), cluster_node_count=10
+    )
+    rig = await _rig(tmp_path / "frac", frac)
+    try:
+        for n in ("n1", "n2", "n3"):
+            await rig.fire({**XID_RESET, "node": n, "uuid": f"GPU-{n}"})
+        assert len(rig.backend.calls) == 2  # 20 % of 10 nodes
+    finally:
+        await rig.engine.aclose()
+
+
+async def test_dry_run_never_calls_backends_or_pagers(tmp_path: Path) -> None:
+    rig = await _rig(tmp_path, EngineSettings(dry_run=True))
+    try:
+        await rig.fire(LEAK)
+        await rig.advance(301)  # not resolved: the ladder moves on, still dry
+        await rig.advance(301)
+        await rig.fire(CORRUPT_MODEL)
+        assert rig.backend.calls == []
+        assert rig.pager.pages == []
+        leak = rig.engine.get_incident(int(rig.incidents()[1]["id"]))
+        assert leak is not None
+        assert statuses(leak) == [("restart", "dry_run"), ("migrate", "dry_run"), ("page", "dry_run")]
+        assert rig.metric("gpupulse_remediation_actions_total", rung="restart", outcome="dry_run") == 1
+        assert rig.engine.stats()["dry_run"] is True
+    finally:
+        await rig.engine.aclose()
+
+
+async def test_pause_blocks_actions_and_pages_until_resume(tmp_path: Path) -> None:
+    rig = await _rig(tmp_path, EngineSettings())
+    try:
+        rig.engine.pause("bob")
+        assert rig.metric("gpupulse_remediation_paused") == 1
+        await rig.fire(LEAK)
+        assert rig.backend.calls == []
+        assert rig.only_incident()["state"] == "paged"
+        assert "paused by bob" in rig.pager.firing[0].summary
+        rig.engine.resume("bob")
+        assert rig.metric("gpupulse_remediation_paused") == 0
+        await rig.fire({**LEAK, "pod": "later"})
+        assert rig.backend.rungs == ["restart"]
+    finally:
+        await rig.engine.aclose()
+
+
+async def test_out_of_scope_namespace_is_recorded_never_acted_on(tmp_path: Path) -> None:
+    rig = await _rig(tmp_path, EngineSettings(scope=ScopeSettings(namespaces=("prod",))))
+    try:
+        await rig.fire({**LEAK, "namespace": "dev"})
+        assert rig.backend.calls == [] and rig.pager.pages == []
+        inc = rig.only_incident()
+        assert (inc["state"], inc["resolution"]) == ("ignored", "out_of_scope")
+        assert "allowlist" in inc["reason"]
+        await rig.fire({**LEAK, "namespace": "prod"})
+        assert rig.backend.rungs == ["restart"]
+    finally:
+        await rig.engine.aclose()
+
+
+async def test_opt_in_label_required_when_configured(tmp_path: Path) -> None:
+    rig = await _rig(tmp_path, EngineSettings(scope=ScopeSettings(opt_in_label="gpupulse_io_remediate")))
+    try:
+        await rig.fire(LEAK)
+        assert rig.backend.calls == []
+        assert rig.only_incident()["resolution"] == "out_of_scope"
+        await rig.fire({**LEAK, "pod": "opted-in", "gpupulse_io_remediate": "true"})
+        assert rig.backend.rungs == ["restart"]
+    finally:
+        await rig.engine.aclose()
