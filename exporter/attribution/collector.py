@@ -1,0 +1,284 @@
+"""The `attribution` collector: GPU -> pod from pod-resources, process -> pod and host CPU from procfs."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from prometheus_client.core import Metric
+
+from exporter.attribution import specs
+from exporter.attribution.clock import Clock, SystemClock
+from exporter.attribution.devices import allocation_map, allocations_from_pods, resolve, resource_matcher
+from exporter.attribution.families import PartialCollectorError, add_info, add_value, new_family
+from exporter.attribution.flags import add_procfs_argument, collector_enabled, csv_list
+from exporter.attribution.kubelet import (
+    DEFAULT_SOCKET_PATH,
+    PodResourcesClient,
+    PodResourcesTracker,
+    PodResourcesView,
+    TrackerSettings,
+)
+from exporter.attribution.poddir import DEFAULT_PODS_DIR, PodDirectory
+from exporter.attribution.procfs import DEFAULT_PROCFS, ProcessInfo, Procfs
+from exporter.attribution.resolve import PodResolver, ProcessDevices
+from exporter.collectors.base import CollectorError, GpuProcess, NodeState, PodRef
+
+NAME = "attribution"
+AUTO = "auto"
+log = logging.getLogger(__name__)
+
+
+def resolve_socket(value: str, environ: Mapping[str, str], exists: Callable[[str], bool]) -> str:
+    """The socket to use: `auto` means the kubelet default, off on hosts that are not Kubernetes nodes.
+
+    Inside a pod (KUBERNETES_SERVICE_HOST set) a missing socket is an error to report: it is the
+    missing hostPath mount behind most "no pod labels" reports against dcgm-exporter.
+    """
+    if value != AUTO:
+        return value
+    if exists(DEFAULT_SOCKET_PATH) or "KUBERNETES_SERVICE_HOST" in environ:
+        return DEFAULT_SOCKET_PATH
+    log.info(
+        "no kubelet pod-resources socket at %s and not in a pod: GPU -> pod attribution off",
+        DEFAULT_SOCKET_PATH,
+    )
+    return ""
+
+
+@dataclass(frozen=True)
+class AttributionSettings:
+    interval_seconds: float = 5.0
+    kubelet_socket_path: str = DEFAULT_SOCKET_PATH  # "" turns GPU -> pod off (see resolve_socket)
+    kubelet_refresh_interval_seconds: float = 10.0
+    kubelet_timeout_seconds: float = 5.0
+    kubelet_max_stale_seconds: float = 60.0
+    # How long the first round waits for the first kubelet answer, so it starts with allocations.
+    kubelet_first_wait_seconds: float = 1.0
+    kubelet_pods_dir: str = DEFAULT_PODS_DIR  # "" turns UID -> name hints off
+    extra_resource_names: tuple[str, ...] = ()
+    procfs_path: str = DEFAULT_PROCFS
+    # Below the sampler's --collector.timeout (2 s), so our own message names the cause.
+    procfs_timeout_seconds: float = 1.5
+    max_processes: int = 1000
+
+
+@dataclass(frozen=True)
+class _ProcfsRound:
+    infos: dict[int, ProcessInfo]
+    pid_pods: dict[int, PodRef]
+
+
+class AttributionCollector:
+    """Publishes NodeState.allocations and .pid_pods; exports allocation rows and host CPU per process."""
+
+    name = NAME
+
+    def __init__(
+        self,
+        settings: AttributionSettings,
+        clock: Clock | None = None,
+        procfs: Procfs | None = None,
+    ) -> None:
+        self.settings = settings
+        self.interval_seconds: float | None = settings.interval_seconds
+        self._matcher = resource_matcher(settings.extra_resource_names)
+        self._procfs = procfs or Procfs(settings.procfs_path)
+        directory = PodDirectory(settings.kubelet_pods_dir) if settings.kubelet_pods_dir else None
+        self._resolver = PodResolver(directory.lookup if directory is not None else None)
+        self._tracker: PodResourcesTracker | None = None
+        if settings.kubelet_socket_path:
+            client = PodResourcesClient(settings.kubelet_socket_path, settings.kubelet_timeout_seconds)
+            tracker_settings = TrackerSettings(
+                refresh_interval_seconds=settings.kubelet_refresh_interval_seconds,
+                max_stale_seconds=settings.kubelet_max_stale_seconds,
+            )
+            self._tracker = PodResourcesTracker(client, tracker_settings, clock or SystemClock())
+        self._exported: set[tuple[str, int]] = set()
+        self._dropped_total = 0
+        self._procfs_busy = False
+
+    @property
+    def known_pod_uids(self) -> int:
+        """Pod UIDs the resolver holds a name for (bounded by pods with processes on GPUs)."""
+        return self._resolver.known_uids
+
+    @property
+    def tracker(self) -> PodResourcesTracker | None:
+        """The background pod-resources refresher (None when the kubelet part is off)."""
+        return self._tracker
+
+    async def collect(self, state: NodeState) -> Sequence[Metric]:
+        """Publish allocations and pid_pods into `state`; fail the round while the kubelet is unreachable."""
+        view = await self._kubelet_view()
+        rows = resolve(allocations_from_pods(view.pods, self._matcher), state.gpus)
+        allocations = allocation_map(rows)
+        state.allocations = allocations
+        processes = tuple(state.processes)
+        procfs_round = await self._procfs_round(processes, allocations, view)
+        state.pid_pods = procfs_round.pid_pods
+
+        info = new_family(specs.GPU_ALLOCATION_INFO)
+        for row in rows:
+            pod = row.pod
+            add_info(
+                info, [row.uuid, row.gpu, row.mig_uuid, pod.namespace, pod.pod, pod.container, row.resource]
+            )
+        cpu = self._cpu_family(processes, procfs_round)
+        dropped = new_family(specs.SERIES_DROPPED_TOTAL)
+        add_value(dropped, [NAME], float(self._dropped_total))
+        families: list[Metric] = [f for f in (info, cpu, dropped) if f.samples]
+        if view.error:
+            # NodeState keeps the last good mapping until it goes stale; the families stay true too.
+            raise PartialCollectorError(f"pod-resources: {view.error}", families)
+        return families
+
+    async def _kubelet_view(self) -> PodResourcesView:
+        tracker = self._tracker
+        if tracker is None:
+            return PodResourcesView(pods=(), error="", has_data=False)
+        if tracker.refresh_count == 0:
+            tracker.start()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(tracker.wait_refreshed(0), self.settings.kubelet_first_wait_seconds)
+        return tracker.view()
+
+    async def _procfs_round(
+        self,
+        processes: Sequence[GpuProcess],
+        allocations: Mapping[str, Sequence[PodRef]],
+        view: PodResourcesView,
+    ) -> _ProcfsRound:
+        if self._procfs_busy:
+            # A timed-out read is still running in its thread; never stack a second one on it.
+            raise CollectorError("previous procfs read still running")
+        devices: dict[int, set[str]] = {}
+        for proc in processes:
+            devices.setdefault(proc.pid, set()).add(proc.mig_uuid or proc.uuid)
+        wanted = [ProcessDevices(pid, frozenset(keys)) for pid, keys in devices.items()]
+
+        def work() -> _ProcfsRound:
+            try:
+                infos = {p.pid: self._procfs.process(p.pid) for p in wanted}
+                return _ProcfsRound(infos, self._resolver.resolve(wanted, infos, allocations, view.pods))
+            finally:
+                self._procfs_busy = False
+
+        self._procfs_busy = True
+        try:
+            return await asyncio.wait_for(asyncio.to_thread(work), self.settings.procfs_timeout_seconds)
+        except TimeoutError as exc:
+            raise CollectorError(f"procfs read took over {self.settings.procfs_timeout_seconds} s") from exc
+
+    def _cpu_family(self, processes: Sequence[GpuProcess], procfs_round: _ProcfsRound) -> Metric:
+        series: dict[tuple[str, int], tuple[str, float]] = {}
+        for proc in processes:
+            info = procfs_round.infos.get(proc.pid)
+            if info is None or info.cpu_seconds is None:
+                continue  # exited between NVML's sample and ours
+            series[(proc.uuid, proc.pid)] = (proc.index, info.cpu_seconds)
+        # Series already exported keep their place under the cap, so a crowd of newcomers cannot
+        # make existing counters flap; the rest are taken in a stable (uuid, pid) order.
+        keys = sorted(series, key=lambda k: (k not in self._exported, k))
+        kept = keys[: self.settings.max_processes]
+        self._dropped_total += len(keys) - len(kept)
+        self._exported = set(kept)
+        family = new_family(specs.GPU_PROCESS_HOST_CPU_SECONDS_TOTAL)
+        for uuid, pid in kept:
+            index, seconds = series[(uuid, pid)]
+            pod = procfs_round.pid_pods.get(pid, PodRef("", "", ""))
+            add_value(family, [uuid, index, str(pid), pod.namespace, pod.pod, pod.container], seconds)
+        return family
+
+    async def close(self) -> None:
+        """Stop the pod-resources refresher."""
+        if self._tracker is not None:
+            await self._tracker.close()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register the attribution flags on exporter-core's parser."""
+    d = AttributionSettings()
+    group = parser.add_argument_group("attribution (GPU and process -> pod)")
+    group.add_argument(
+        "--attribution.interval",
+        dest="attribution_interval",
+        type=float,
+        default=d.interval_seconds,
+        help="seconds between attribution rounds (default: %(default)s)",
+    )
+    group.add_argument(
+        "--attribution.kubelet-socket",
+        dest="attribution_kubelet_socket",
+        default=AUTO,
+        help=f"kubelet pod-resources unix socket; empty turns GPU->pod off; `auto` uses "
+        f"{DEFAULT_SOCKET_PATH}, and only where it exists unless we run in a pod (default: %(default)s)",
+    )
+    group.add_argument(
+        "--attribution.kubelet-refresh-interval",
+        dest="attribution_kubelet_refresh_interval",
+        type=float,
+        default=d.kubelet_refresh_interval_seconds,
+        help="seconds between pod-resources List calls, in the background (default: %(default)s)",
+    )
+    group.add_argument(
+        "--attribution.kubelet-timeout",
+        dest="attribution_kubelet_timeout",
+        type=float,
+        default=d.kubelet_timeout_seconds,
+        help="List call timeout in seconds (default: %(default)s)",
+    )
+    group.add_argument(
+        "--attribution.kubelet-max-stale",
+        dest="attribution_kubelet_max_stale",
+        type=float,
+        default=d.kubelet_max_stale_seconds,
+        help="seconds the last good pod-resources answer is kept while the kubelet fails "
+        "(default: %(default)s)",
+    )
+    group.add_argument(
+        "--attribution.kubelet-pods-dir",
+        dest="attribution_kubelet_pods_dir",
+        default=d.kubelet_pods_dir,
+        help="kubelet pod directories for pod UID -> name hints; empty turns them off (default: %(default)s)",
+    )
+    group.add_argument(
+        "--attribution.resource-names",
+        dest="attribution_resource_names",
+        type=csv_list,
+        default=[],
+        help="extra GPU resource names or globs, comma-separated "
+        "(nvidia.com/gpu, nvidia.com/gpu.shared and nvidia.com/mig-* are always on)",
+    )
+    group.add_argument(
+        "--attribution.max-processes",
+        dest="attribution_max_processes",
+        type=int,
+        default=d.max_processes,
+        help="cap on per-process host CPU series; the rest are counted in "
+        "gpupulse_series_dropped_total (default: %(default)s)",
+    )
+    add_procfs_argument(parser)
+
+
+def from_args(args: argparse.Namespace) -> AttributionCollector | None:
+    """Build the collector from parsed flags; None when --no-collector.attribution was given."""
+    if not collector_enabled(args, NAME):
+        return None
+    settings = AttributionSettings(
+        interval_seconds=args.attribution_interval,
+        kubelet_socket_path=resolve_socket(args.attribution_kubelet_socket, os.environ, os.path.exists),
+        kubelet_refresh_interval_seconds=args.attribution_kubelet_refresh_interval,
+        kubelet_timeout_seconds=args.attribution_kubelet_timeout,
+        kubelet_max_stale_seconds=args.attribution_kubelet_max_stale,
+        kubelet_pods_dir=args.attribution_kubelet_pods_dir,
+        extra_resource_names=tuple(args.attribution_resource_names),
+        procfs_path=args.path_procfs,
+        max_processes=args.attribution_max_processes,
+    )
+    return AttributionCollector(settings)

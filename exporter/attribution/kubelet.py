@@ -1,0 +1,164 @@
+"""Kubelet pod-resources client and the background tracker that keeps its last good answer."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from dataclasses import dataclass
+
+import grpc
+import grpc.aio
+
+from exporter.attribution.clock import Clock, SystemClock
+from exporter.attribution.podresources_proto import (
+    LIST_METHOD,
+    PodResources,
+    PodResourcesDecodeError,
+    decode_list_response,
+    encode_list_request,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SOCKET_PATH = "/var/lib/kubelet/pod-resources/kubelet.sock"
+# The kubelet's own limit for this API; a node with many pods answers with a few hundred KiB.
+_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+
+
+class PodResourcesError(Exception):
+    """The kubelet could not be asked (socket missing, RPC failed, answer undecodable)."""
+
+
+def _identity(data: bytes) -> bytes:
+    return data
+
+
+class PodResourcesClient:
+    """grpc.aio client for `v1.PodResourcesLister/List` on the kubelet's unix socket."""
+
+    def __init__(self, socket_path: str, timeout_seconds: float) -> None:
+        self._socket_path = socket_path
+        self._timeout_seconds = timeout_seconds
+        self._channel: grpc.aio.Channel | None = None
+
+    async def list(self) -> tuple[PodResources, ...]:
+        """One List call; raises PodResourcesError on any failure."""
+        if self._channel is None:
+            self._channel = grpc.aio.insecure_channel(
+                f"unix://{self._socket_path}",
+                options=[
+                    ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
+                    # A private subchannel: a fresh channel after a kubelet restart must not inherit
+                    # the shared subchannel's reconnect backoff from the failed one.
+                    ("grpc.use_local_subchannel_pool", 1),
+                ],
+            )
+        call = self._channel.unary_unary(
+            LIST_METHOD, request_serializer=_identity, response_deserializer=_identity
+        )
+        try:
+            data = await call(encode_list_request(), timeout=self._timeout_seconds)
+            return decode_list_response(data)
+        except grpc.aio.AioRpcError as exc:
+            # A restarted kubelet recreates the socket; a fresh channel avoids a stale connection.
+            await self.close()
+            if not await asyncio.to_thread(os.path.exists, self._socket_path):
+                # dcgm-exporter skips silently here; a missing hostPath mount must be visible instead.
+                raise PodResourcesError(f"pod-resources socket {self._socket_path} does not exist") from exc
+            raise PodResourcesError(f"List failed: {exc.code().name}: {exc.details()}") from exc
+        except PodResourcesDecodeError as exc:
+            raise PodResourcesError(f"undecodable List answer: {exc}") from exc
+
+    async def close(self) -> None:
+        """Close the channel; the next call opens a new one."""
+        channel, self._channel = self._channel, None
+        if channel is not None:
+            await channel.close()
+
+
+@dataclass(frozen=True)
+class TrackerSettings:
+    refresh_interval_seconds: float = 10.0
+    # How long the last good answer is still used while the kubelet cannot be reached.
+    max_stale_seconds: float = 60.0
+
+
+@dataclass(frozen=True)
+class PodResourcesView:
+    """What the tracker knows now."""
+
+    pods: tuple[PodResources, ...]
+    error: str  # "" when the latest refresh succeeded
+    has_data: bool  # False before the first success or after the last one went stale
+
+
+class PodResourcesTracker:
+    """Refreshes pod-resources in the background on its own interval, never per scrape."""
+
+    def __init__(
+        self, client: PodResourcesClient, settings: TrackerSettings, clock: Clock | None = None
+    ) -> None:
+        self._client = client
+        self._settings = settings
+        self._clock = clock or SystemClock()
+        self._pods: tuple[PodResources, ...] = ()
+        self._last_success: float | None = None
+        self._error = "pod-resources not refreshed yet"
+        self._task: asyncio.Task[None] | None = None
+        self._refreshed = asyncio.Condition()
+        self._refresh_count = 0
+
+    @property
+    def refresh_count(self) -> int:
+        """Number of refresh attempts so far (successful or not)."""
+        return self._refresh_count
+
+    async def refresh_once(self) -> None:
+        """Ask the kubelet once and record the outcome."""
+        try:
+            pods = await self._client.list()
+        except PodResourcesError as exc:
+            if self._error != str(exc):
+                log.warning("pod-resources refresh failed: %s", exc)
+            self._error = str(exc)
+        else:
+            if self._error and self._last_success is not None:
+                log.info("pod-resources refresh recovered")
+            self._pods, self._error, self._last_success = pods, "", self._clock.monotonic()
+        async with self._refreshed:
+            self._refresh_count += 1
+            self._refreshed.notify_all()
+
+    async def wait_refreshed(self, after_count: int) -> None:
+        """Wait until more than `after_count` refreshes have happened."""
+        async with self._refreshed:
+            await self._refreshed.wait_for(lambda: self._refresh_count > after_count)
+
+    def start(self) -> None:
+        """Start the background refresh loop (idempotent; needs a running event loop)."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="pod-resources-refresh")
+
+    async def _run(self) -> None:
+        while True:
+            await self.refresh_once()
+            await asyncio.sleep(self._settings.refresh_interval_seconds)
+
+    def view(self) -> PodResourcesView:
+        """The latest answer, or none once it is older than max_stale_seconds."""
+        fresh = (
+            self._last_success is not None
+            and self._clock.monotonic() - self._last_success <= self._settings.max_stale_seconds
+        )
+        return PodResourcesView(pods=self._pods if fresh else (), error=self._error, has_data=fresh)
+
+    async def close(self) -> None:
+        """Stop the loop and close the channel."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self._client.close()

@@ -1,0 +1,166 @@
+"""Optional OTLP/HTTP push of every snapshot, through opentelemetry-sdk's exporter, off the scrape path."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+from opentelemetry.sdk.metrics.export import MetricExportResult
+from opentelemetry.sdk.resources import Resource
+from prometheus_client.core import Metric
+
+from exporter.attribution.clock import Clock, SystemClock
+from exporter.catalog import ALL_METRICS
+from exporter.metricspec import MetricSpec
+from exporter.otlp.convert import UCUM, to_metrics_data
+
+log = logging.getLogger(__name__)
+
+METRICS_PATH = "/v1/metrics"
+
+
+def catalog_units(specs: Sequence[MetricSpec]) -> dict[str, str]:
+    """Family name (as prometheus_client names it: counters without _total) -> UCUM unit."""
+    return {spec.name.removesuffix("_total"): UCUM[spec.unit] for spec in specs if spec.unit in UCUM}
+
+
+class OtlpConfigError(ValueError):
+    """A malformed --otlp.* flag."""
+
+
+@dataclass(frozen=True)
+class OtlpSettings:
+    endpoint: str  # base URL (…:4318) or the full …/v1/metrics URL
+    interval_seconds: float = 30.0  # at most one push per interval; 0 pushes every snapshot
+    headers: tuple[tuple[str, str], ...] = ()
+    timeout_seconds: float = 10.0
+    service_name: str = "gpupulse-exporter"
+
+    @property
+    def metrics_url(self) -> str:
+        """The URL the exporter POSTs to."""
+        base = self.endpoint.rstrip("/")
+        return base if base.endswith(METRICS_PATH) else base + METRICS_PATH
+
+
+@dataclass
+class PushStats:
+    pushes: int = 0
+    failures: int = 0
+    skipped_in_flight: int = 0
+
+
+def parse_headers(text: str) -> tuple[tuple[str, str], ...]:
+    """`k=v,k2=v2` as in OTEL_EXPORTER_OTLP_HEADERS."""
+    out = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise OtlpConfigError(f"--otlp.headers entry {item!r} is not key=value")
+        out.append((key.strip(), value.strip()))
+    return tuple(out)
+
+
+class OtlpPusher:
+    """Converts the latest families and exports them in a thread; never blocks or stacks pushes."""
+
+    def __init__(
+        self, settings: OtlpSettings, clock: Clock | None = None, exporter: OTLPMetricExporter | None = None
+    ) -> None:
+        self.settings = settings
+        self.stats = PushStats()
+        self._clock = clock or SystemClock()
+        self._exporter = exporter or OTLPMetricExporter(
+            endpoint=settings.metrics_url, headers=dict(settings.headers), timeout=settings.timeout_seconds
+        )
+        self._resource = Resource.create({"service.name": settings.service_name})
+        self._units = catalog_units(ALL_METRICS)
+        self._start_ns = time.time_ns()  # start of every cumulative series that has no _created
+        self._last_push: float | None = None
+        self._in_flight = False
+
+    async def push(self, families: Sequence[Metric]) -> None:
+        """Export one snapshot unless the interval has not passed or a push is still running."""
+        now = self._clock.monotonic()
+        if self._last_push is not None and now - self._last_push < self.settings.interval_seconds:
+            return
+        if self._in_flight:
+            self.stats.skipped_in_flight += 1
+            return
+        self._last_push = now
+        data, convert_stats = to_metrics_data(
+            families, self._resource, self._start_ns, time.time_ns(), self._units
+        )
+        if convert_stats.skipped:
+            log.debug("OTLP: no mapping for %s", ", ".join(convert_stats.skipped))
+        timeout_ms = self.settings.timeout_seconds * 1000
+
+        def export() -> MetricExportResult:
+            try:
+                return self._exporter.export(data, timeout_millis=timeout_ms)
+            finally:
+                self._in_flight = False
+
+        self._in_flight = True
+        try:
+            result = await asyncio.wait_for(asyncio.to_thread(export), self.settings.timeout_seconds + 5.0)
+        except TimeoutError:
+            result = MetricExportResult.FAILURE
+        self.stats.pushes += 1
+        if result is not MetricExportResult.SUCCESS:
+            self.stats.failures += 1
+            log.warning("OTLP push to %s failed", self.settings.metrics_url)
+
+    async def close(self) -> None:
+        """Shut the exporter's HTTP session down."""
+        await asyncio.to_thread(self._exporter.shutdown)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register the --otlp.* flags on exporter-core's parser."""
+    d = OtlpSettings(endpoint="")
+    group = parser.add_argument_group("OTLP push (optional)")
+    group.add_argument(
+        "--otlp.endpoint",
+        dest="otlp_endpoint",
+        default="",
+        help="OTLP/HTTP receiver, e.g. http://otel-collector:4318; empty turns push off",
+    )
+    group.add_argument(
+        "--otlp.interval",
+        dest="otlp_interval",
+        type=float,
+        default=d.interval_seconds,
+        help="minimum seconds between pushes (default: %(default)s)",
+    )
+    group.add_argument(
+        "--otlp.headers",
+        dest="otlp_headers",
+        default="",
+        help="extra HTTP headers, k=v,k2=v2 (e.g. authorization)",
+    )
+    group.add_argument(
+        "--otlp.timeout",
+        dest="otlp_timeout",
+        type=float,
+        default=d.timeout_seconds,
+        help="seconds per push, retries included (default: %(default)s)",
+    )
+
+
+def from_args(args: argparse.Namespace) -> OtlpPusher | None:
+    """Build the pusher; None unless --otlp.endpoint is set."""
+    if not args.otlp_endpoint:
+        return None
+    settings = OtlpSettings(
+        endpoint=args.otlp_endpoint,
+        interval_seconds=args.otlp_interval,
+        headers=parse_headers(args.otlp_headers),
+        timeout_seconds=args.otlp_timeout,
+    )
+    return OtlpPusher(settings)

@@ -1,0 +1,107 @@
+"""The plug-in contract exporter-core's CLI uses: add_arguments(parser) and from_args(args)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from exporter.attribution import collector as attribution
+from exporter.attribution.procfs import Procfs
+from exporter.attribution.specs import ATTRIBUTION_METRICS
+from exporter.collectors.base import GpuProcess, NodeState
+from exporter.pagecache import collector as pagecache
+from exporter.pagecache.specs import PAGECACHE_METRICS
+from tests.attribution.helpers import samples
+
+
+def parser_with_both() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser()
+    attribution.add_arguments(parser)
+    pagecache.add_arguments(parser)  # both add --path.procfs; the second must not conflict
+    return parser
+
+
+def test_flags_reach_the_settings() -> None:
+    args = parser_with_both().parse_args(
+        [
+            "--path.procfs=/host/proc",
+            "--attribution.kubelet-socket=/run/k.sock",
+            "--attribution.resource-names=example.com/gpu,amd.com/*",
+            "--attribution.max-processes=10",
+            "--attribution.interval=2",
+            "--pagecache.paths=llama=/models/llama/*.safetensors",
+            "--pagecache.paths",
+            "/models/qwen",
+            "--pagecache.interval=60",
+            "--pagecache.no-mapped",
+        ]
+    )
+    attr = attribution.from_args(args)
+    page = pagecache.from_args(args)
+    assert attr is not None and page is not None
+    assert attr.name == "attribution" and attr.interval_seconds == 2.0
+    assert attr.settings.procfs_path == "/host/proc"
+    assert attr.settings.kubelet_socket_path == "/run/k.sock"
+    assert attr.settings.extra_resource_names == ("example.com/gpu", "amd.com/*")
+    assert attr.settings.max_processes == 10
+    assert page.name == "pagecache" and page.interval_seconds == 60.0
+    assert page.settings.paths == ("llama=/models/llama/*.safetensors", "/models/qwen")
+    assert page.settings.procfs_path == "/host/proc"
+    assert page.settings.scan_mapped is False
+
+
+def test_defaults_follow_the_kubelet_and_node_exporter_conventions() -> None:
+    args = parser_with_both().parse_args([])
+    assert args.attribution_kubelet_socket == "auto"
+    attr = attribution.from_args(args)
+    assert attr is not None
+    assert attr.settings.procfs_path == "/proc"
+    assert attr.settings.kubelet_refresh_interval_seconds == 10.0
+    page = pagecache.from_args(args)
+    assert page is not None and page.interval_seconds == 30.0
+
+
+def test_disabled_collectors_are_not_built() -> None:
+    args = parser_with_both().parse_args([])
+    args.collector_attribution = False  # what exporter-core's --no-collector.attribution sets
+    args.collector_pagecache = False
+    assert attribution.from_args(args) is None
+    assert pagecache.from_args(args) is None
+
+
+def test_specs_name_every_family_the_collectors_export() -> None:
+    assert {s.name for s in ATTRIBUTION_METRICS} == {
+        "gpu_allocation_info",
+        "gpu_process_host_cpu_seconds_total",
+        "gpupulse_series_dropped_total",
+    }
+    assert {s.collector for s in ATTRIBUTION_METRICS} == {"attribution"}
+    assert {s.name for s in PAGECACHE_METRICS} == {
+        "model_weights_page_cache_resident_ratio",
+        "model_weights_resident_bytes",
+        "model_weights_size_bytes",
+    }
+    assert all(s.labels == ("model", "namespace", "pod") for s in PAGECACHE_METRICS)
+
+
+def test_auto_socket_is_required_in_a_pod_and_off_on_plain_hosts() -> None:
+    default = "/var/lib/kubelet/pod-resources/kubelet.sock"
+    in_pod = {"KUBERNETES_SERVICE_HOST": "10.96.0.1"}
+    assert attribution.resolve_socket("auto", in_pod, lambda p: False) == default  # missing mount: reported
+    assert attribution.resolve_socket("auto", {}, lambda p: p == default) == default  # host service on a node
+    assert attribution.resolve_socket("auto", {}, lambda p: False) == ""  # not Kubernetes: off, success 1
+    assert attribution.resolve_socket("/run/k.sock", {}, lambda p: False) == "/run/k.sock"
+
+
+async def test_without_kubelet_processes_are_still_measured(tmp_path: Path) -> None:
+    proc = tmp_path / "proc" / "77"
+    proc.mkdir(parents=True)
+    (proc / "cgroup").write_text("0::/system.slice/llama.service\n")
+    (proc / "stat").write_text("77 (llama) S 1 77 77 0 -1 0 0 0 0 0 250 50 0 0\n")
+    settings = attribution.AttributionSettings(kubelet_socket_path="", procfs_path=str(tmp_path / "proc"))
+    collector = attribution.AttributionCollector(settings, procfs=Procfs(str(tmp_path / "proc"), 100))
+    state = NodeState(processes=[GpuProcess(uuid="GPU-x", index="0", pid=77, used_memory_bytes=None)])
+    families = await collector.collect(state)  # no CollectorError: nothing to attribute to
+    await collector.close()
+    assert [s.value for s in samples(families, "gpu_process_host_cpu_seconds_total")] == [3.0]
+    assert samples(families, "gpu_allocation_info") == []

@@ -1,0 +1,219 @@
+"""Process -> pod and host CPU seconds from a procfs fixture tree."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from exporter.attribution.collector import AttributionCollector, AttributionSettings
+from exporter.attribution.procfs import Procfs
+from exporter.collectors.base import GpuProcess, GpuRef, NodeState, PodRef
+from tests.attribution.conftest import GPU_UUIDS, MIG_UUIDS
+from tests.attribution.helpers import (
+    CLOCK_TICKS,
+    ProcfsTree,
+    cgroup_host,
+    cgroup_v1_cgroupfs,
+    cgroup_v2_systemd,
+    label_rows,
+    samples,
+    write_pod_dir,
+)
+from tests.fakes.kubelet import FakeKubelet, pod
+
+CPU_TOTAL = "gpu_process_host_cpu_seconds_total"
+UIDS = [f"aaaaaaa{i}-bbbb-cccc-dddd-eeeeeeeeeee{i}" for i in range(4)]
+CIDS = [f"{i:x}" * 64 for i in range(10, 14)]
+
+
+def make_collector(
+    kubelet: FakeKubelet, procfs: ProcfsTree, tmp_path: Path, max_processes: int = 1000
+) -> AttributionCollector:
+    settings = AttributionSettings(
+        kubelet_socket_path=kubelet.socket_path,
+        kubelet_refresh_interval_seconds=3600.0,
+        kubelet_pods_dir=str(tmp_path / "pods"),
+        procfs_path=str(procfs.root),
+        max_processes=max_processes,
+    )
+    return AttributionCollector(settings, procfs=Procfs(str(procfs.root), clock_ticks_per_second=CLOCK_TICKS))
+
+
+def proc(gpu: int, pid: int, mig_uuid: str = "") -> GpuProcess:
+    return GpuProcess(
+        uuid=GPU_UUIDS[gpu], index=str(gpu), pid=pid, used_memory_bytes=1 << 30, mig_uuid=mig_uuid
+    )
+
+
+async def test_exclusive_gpu_process_gets_its_pod_and_host_cpu_seconds(
+    kubelet: FakeKubelet, procfs: ProcfsTree, tmp_path: Path, gpus: list[GpuRef]
+) -> None:
+    kubelet.pods = (
+        pod("serving", "llama-0", {"vllm": {"nvidia.com/gpu": [GPU_UUIDS[0]]}, "proxy": {}}),
+        pod("vision", "resnet", {"triton": {"nvidia.com/gpu": [GPU_UUIDS[1]]}}),
+    )
+    procfs.add(4001, cgroup_v2_systemd(UIDS[0], CIDS[0]), utime_ticks=1234, stime_ticks=66)
+    procfs.add(4002, cgroup_v1_cgroupfs(UIDS[1], CIDS[1]), utime_ticks=50, stime_ticks=50)
+    state = NodeState(gpus=gpus, processes=[proc(0, 4001), proc(1, 4002)])
+    collector = make_collector(kubelet, procfs, tmp_path)
+    try:
+        families = await collector.collect(state)
+    finally:
+        await collector.close()
+
+    assert state.pid_pods == {
+        4001: PodRef("serving", "llama-0", "vllm"),
+        4002: PodRef("vision", "resnet", "triton"),
+    }
+    values = {
+        (s.labels["pid"], s.labels["pod"], s.labels["container"]): s.value
+        for s in samples(families, CPU_TOTAL)
+    }
+    assert values == {
+        ("4001", "llama-0", "vllm"): pytest.approx(13.0),
+        ("4002", "resnet", "triton"): pytest.approx(1.0),
+    }
+
+
+async def test_host_cpu_seconds_follow_proc_stat(
+    kubelet: FakeKubelet, procfs: ProcfsTree, tmp_path: Path, gpus: list[GpuRef]
+) -> None:
+    kubelet.pods = (pod("serving", "llama-0", {"vllm": {"nvidia.com/gpu": [GPU_UUIDS[0]]}}),)
+    # A starved GPU: its process burns a whole core of preprocessing between two rounds.
+    procfs.add(4001, cgroup_v2_systemd(UIDS[0], CIDS[0]), utime_ticks=100, comm="python3 (pre) proc")
+    state = NodeState(gpus=gpus, processes=[proc(0, 4001)])
+    collector = make_collector(kubelet, procfs, tmp_path)
+    try:
+        first = await collector.collect(state)
+        procfs.add(
+            4001,
+            cgroup_v2_systemd(UIDS[0], CIDS[0]),
+            utime_ticks=550,
+            stime_ticks=50,
+            comm="python3 (pre) proc",
+        )
+        second = await collector.collect(state)
+    finally:
+        await collector.close()
+    assert [s.value for s in samples(first, CPU_TOTAL)] == [pytest.approx(1.0)]
+    assert [s.value for s in samples(second, CPU_TOTAL)] == [pytest.approx(6.0)]
+
+
+async def test_time_sliced_gpu_processes_are_told_apart_by_pod_uid(
+    kubelet: FakeKubelet, procfs: ProcfsTree, tmp_path: Path, gpus: list[GpuRef]
+) -> None:
+    shared = "nvidia.com/gpu.shared"
+    kubelet.pods = (
+        pod("serving", "embed", {"server": {shared: [f"{GPU_UUIDS[2]}::0"]}}),
+        pod("serving", "rerank", {"server": {shared: [f"{GPU_UUIDS[2]}::1"]}}),
+        pod("batch", "ocr", {"worker": {shared: [f"{GPU_UUIDS[2]}::2"]}}),
+    )
+    for i, (namespace, name) in enumerate([("serving", "embed"), ("serving", "rerank"), ("batch", "ocr")]):
+        write_pod_dir(tmp_path / "pods", UIDS[i], namespace, name)
+        procfs.add(5000 + i, cgroup_v2_systemd(UIDS[i], CIDS[i]))
+    state = NodeState(gpus=gpus, processes=[proc(2, 5000), proc(2, 5001), proc(2, 5002)])
+    collector = make_collector(kubelet, procfs, tmp_path)
+    try:
+        families = await collector.collect(state)
+    finally:
+        await collector.close()
+    assert state.pid_pods == {
+        5000: PodRef("serving", "embed", "server"),
+        5001: PodRef("serving", "rerank", "server"),
+        5002: PodRef("batch", "ocr", "worker"),
+    }
+    assert label_rows(families, CPU_TOTAL, "pid", "uuid", "pod") == {
+        ("5000", GPU_UUIDS[2], "embed"),
+        ("5001", GPU_UUIDS[2], "rerank"),
+        ("5002", GPU_UUIDS[2], "ocr"),
+    }
+
+
+async def test_shared_gpu_without_names_is_left_unattributed_not_guessed(
+    kubelet: FakeKubelet, procfs: ProcfsTree, tmp_path: Path, gpus: list[GpuRef]
+) -> None:
+    shared = "nvidia.com/gpu.shared"
+    kubelet.pods = (
+        pod("serving", "embed", {"server": {shared: [f"{GPU_UUIDS[2]}::0"]}}),
+        pod("serving", "rerank", {"server": {shared: [f"{GPU_UUIDS[2]}::1"]}}),
+    )
+    procfs.add(5000, cgroup_v2_systemd(UIDS[0], CIDS[0]))  # no kubelet pod directory to name the UID
+    state = NodeState(gpus=gpus, processes=[proc(2, 5000)])
+    collector = make_collector(kubelet, procfs, tmp_path)
+    try:
+        await collector.collect(state)
+    finally:
+        await collector.close()
+    assert state.pid_pods == {5000: PodRef("", "", "")}
+
+
+async def test_uid_learned_from_an_exclusive_gpu_names_the_same_pod_on_a_shared_one(
+    kubelet: FakeKubelet, procfs: ProcfsTree, tmp_path: Path, gpus: list[GpuRef]
+) -> None:
+    shared = "nvidia.com/gpu.shared"
+    kubelet.pods = (
+        pod("serving", "big", {"main": {"nvidia.com/gpu": [GPU_UUIDS[0]], shared: [f"{GPU_UUIDS[2]}::0"]}}),
+        pod("serving", "small", {"main": {shared: [f"{GPU_UUIDS[2]}::1"]}}),
+    )
+    procfs.add(6000, cgroup_v2_systemd(UIDS[0], CIDS[0]))
+    procfs.add(6001, cgroup_v2_systemd(UIDS[0], CIDS[0]))
+    state = NodeState(gpus=gpus, processes=[proc(0, 6000), proc(2, 6001)])
+    collector = make_collector(kubelet, procfs, tmp_path)
+    try:
+        await collector.collect(state)
+    finally:
+        await collector.close()
+    assert state.pid_pods[6001] == PodRef("serving", "big", "main")
+
+
+async def test_host_process_on_an_allocated_gpu_is_not_given_the_pod(
+    kubelet: FakeKubelet, procfs: ProcfsTree, tmp_path: Path, gpus: list[GpuRef]
+) -> None:
+    kubelet.pods = (pod("serving", "llama-0", {"vllm": {"nvidia.com/gpu": [GPU_UUIDS[0]]}}),)
+    procfs.add(7000, cgroup_host(), utime_ticks=300)
+    state = NodeState(gpus=gpus, processes=[proc(0, 7000)])
+    collector = make_collector(kubelet, procfs, tmp_path)
+    try:
+        families = await collector.collect(state)
+    finally:
+        await collector.close()
+    assert state.pid_pods == {7000: PodRef("", "", "")}
+    assert label_rows(families, CPU_TOTAL, "pid", "namespace", "pod", "container") == {("7000", "", "", "")}
+
+
+async def test_mig_process_is_matched_through_its_instance(
+    kubelet: FakeKubelet, procfs: ProcfsTree, tmp_path: Path, gpus: list[GpuRef]
+) -> None:
+    kubelet.pods = (
+        pod("ml", "small-a", {"worker": {"nvidia.com/mig-1g.10gb": [MIG_UUIDS[0]]}}),
+        pod("ml", "small-b", {"worker": {"nvidia.com/mig-1g.10gb": [MIG_UUIDS[1]]}}),
+    )
+    procfs.add(8000, cgroup_v2_systemd(UIDS[0], CIDS[0]))
+    procfs.add(8001, cgroup_v2_systemd(UIDS[1], CIDS[1]))
+    state = NodeState(gpus=gpus, processes=[proc(7, 8000, MIG_UUIDS[0]), proc(7, 8001, MIG_UUIDS[1])])
+    collector = make_collector(kubelet, procfs, tmp_path)
+    try:
+        families = await collector.collect(state)
+    finally:
+        await collector.close()
+    assert state.pid_pods == {
+        8000: PodRef("ml", "small-a", "worker"),
+        8001: PodRef("ml", "small-b", "worker"),
+    }
+    assert label_rows(families, CPU_TOTAL, "uuid", "gpu", "pid") == {
+        (GPU_UUIDS[7], "7", "8000"),
+        (GPU_UUIDS[7], "7", "8001"),
+    }
+
+
+async def test_process_that_exited_before_the_read_has_no_series(
+    kubelet: FakeKubelet, procfs: ProcfsTree, tmp_path: Path, gpus: list[GpuRef]
+) -> None:
+    state = NodeState(gpus=gpus, processes=[proc(0, 9999)])  # NVML saw it, /proc no longer has it
+    collector = make_collector(kubelet, procfs, tmp_path)
+    try:
+        families = await collector.collect(state)
+    finally:
+        await collector.close()
+    assert samples(families, CPU_TOTAL) == []
