@@ -1,0 +1,12 @@
+"""The four gpupulse dashboards; queries sit apart from layout in each module."""
+
+from __future__ import annotations
+
+from dashboards.alertconfig import RulesConfig
+from dashboards.boards import fleet, node, remediation, serving
+from dashboards.grafana import Dashboard
+
+
+def all_dashboards(c: RulesConfig) -> tuple[Dashboard, ...]:
+    """Every dashboard, built with the same thresholds as the alert rules."""
+    return (fleet.dashboard(c), node.dashboard(c), serving.dashboard(c), remediation.dashboard())

@@ -1,0 +1,140 @@
+"""Serving: KV-cache hit ratio, batch latency, TTFT, inter-token latency, queue, per model and GPU."""
+
+from __future__ import annotations
+
+from dashboards.alertconfig import RulesConfig
+from dashboards.boards.filters import NAMESPACE, NODE, POD, UIDS, serving_filters
+from dashboards.grafana import Dashboard, Panel, Row, Target
+from dashboards.rules.recording import SM_ACTIVITY
+
+SEL = f'{NODE}, {NAMESPACE}, {POD}, model=~"$model"'
+MODEL = "{{namespace}}/{{model}}"
+
+
+def quantile(histogram: str, q: float, by: str = "namespace, model") -> str:
+    """histogram_quantile over the dashboard's filters, rated over $__rate_interval."""
+    return f"histogram_quantile({q}, sum by ({by}, le) (rate({histogram}_bucket{{{SEL}}}[$__rate_interval])))"
+
+
+def _sum_rate(counter: str) -> str:
+    return f"sum by (namespace, model) (rate({counter}{{{SEL}}}[$__rate_interval]))"
+
+
+def _latency_panel(title: str, histogram: str, description: str = "") -> Panel:
+    return Panel(
+        title,
+        "timeseries",
+        "s",
+        (
+            Target(quantile(histogram, 0.5), MODEL + " p50"),
+            Target(quantile(histogram, 0.99), MODEL + " p99"),
+        ),
+        description=description,
+    )
+
+
+def dashboard(c: RulesConfig) -> Dashboard:
+    """The inference serving dashboard."""
+    kv = Row(
+        "KV cache",
+        (
+            Panel(
+                "KV-cache hit ratio per model",
+                "timeseries",
+                "percentunit",
+                (
+                    Target(
+                        _sum_rate("inference_kv_cache_hits_total")
+                        + " / "
+                        + _sum_rate("inference_kv_cache_queries_total"),
+                        MODEL,
+                    ),
+                    Target(
+                        f"avg by (namespace, model) (inference_kv_cache_hit_ratio{{{SEL}}})",
+                        MODEL + " (engine ratio)",
+                    ),
+                ),
+                min_value=0,
+                max_value=1,
+            ),
+            Panel(
+                "KV-cache hit ratio per pod",
+                "timeseries",
+                "percentunit",
+                (
+                    Target(
+                        f"namespace_pod_model:inference_kv_cache_hit_ratio:rate{{{SEL}}}",
+                        "{{pod}} {{model}} ({{source}})",
+                    ),
+                ),
+                min_value=0,
+                max_value=1,
+            ),
+            Panel(
+                "KV-cache usage",
+                "timeseries",
+                "percentunit",
+                (Target(f"inference_kv_cache_usage_ratio{{{SEL}}}", "{{pod}} {{model}}"),),
+                min_value=0,
+                max_value=1,
+            ),
+        ),
+    )
+    latency = Row(
+        "Latency",
+        (
+            _latency_panel("Request latency", c.latency_histogram),
+            _latency_panel(
+                "Batch latency",
+                "inference_batch_latency_seconds",
+                "What 'batch' means differs per engine; see inference_batch_latency_source_info.",
+            ),
+            _latency_panel("Time to first token", "inference_time_to_first_token_seconds"),
+            _latency_panel("Inter-token latency", "inference_inter_token_latency_seconds"),
+        ),
+    )
+    queue = Row(
+        "Queue and GPUs",
+        (
+            Panel(
+                "Requests waiting and running",
+                "timeseries",
+                "none",
+                (
+                    Target(f"inference_requests_waiting{{{SEL}}}", "{{pod}} waiting"),
+                    Target(f"inference_requests_running{{{SEL}}}", "{{pod}} running"),
+                ),
+            ),
+            Panel(
+                "SM activity of the engines' GPUs",
+                "timeseries",
+                "percentunit",
+                (
+                    Target(
+                        f"{SM_ACTIVITY} * on(uuid) group_left(namespace, pod, model) "
+                        f"group by (uuid, namespace, pod, model) (inference_engine_gpu_info{{{SEL}}})",
+                        "{{pod}} GPU {{gpu}}",
+                    ),
+                ),
+                min_value=0,
+                max_value=1,
+            ),
+            Panel(
+                "Engines up",
+                "state-timeline",
+                "none",
+                (Target(f"inference_engine_up{{{SEL}}}", "{{namespace}}/{{pod}} {{engine}}"),),
+            ),
+            Panel(
+                "Cold start", "table", "s", (Target(f"inference_cold_start_seconds{{{NAMESPACE}, {POD}}}"),)
+            ),
+        ),
+    )
+    return Dashboard(
+        uid=UIDS["serving"],
+        title="gpupulse / Inference serving",
+        description="KV cache, latency, queue and GPU activity of inference engines, per model and GPU.",
+        rows=(kv, latency, queue),
+        variables=serving_filters(),
+        links=tuple(UIDS.values()),
+    )

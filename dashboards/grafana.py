@@ -1,0 +1,206 @@
+"""A small typed builder for Grafana dashboard JSON: just the panel kinds and options gpupulse uses."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+PanelKind = Literal["timeseries", "stat", "table", "bargauge", "state-timeline"]
+
+DATASOURCE_VAR = "datasource"
+DATASOURCE = {"type": "prometheus", "uid": "${" + DATASOURCE_VAR + "}"}
+SCHEMA_VERSION = 39
+GRID_WIDTH = 24
+
+
+@dataclass(frozen=True)
+class Target:
+    """One PromQL query of a panel."""
+
+    expr: str
+    legend: str = ""
+    instant: bool = False
+
+
+@dataclass(frozen=True)
+class Panel:
+    """A panel; `unit` is a Grafana unit id (bytes, percentunit, celsius, s, ...) and is required."""
+
+    title: str
+    kind: PanelKind
+    unit: str
+    targets: tuple[Target, ...]
+    description: str = ""
+    width: int = 12
+    height: int = 8
+    min_value: float | None = None
+    max_value: float | None = None
+    stacked: bool = False
+
+
+@dataclass(frozen=True)
+class Row:
+    """A titled row of panels, laid out left to right and wrapped at the grid width."""
+
+    title: str
+    panels: tuple[Panel, ...]
+
+
+@dataclass(frozen=True)
+class Variable:
+    """A query variable (multi-select, with All meaning any value, including empty)."""
+
+    name: str
+    label: str
+    query: str
+
+
+@dataclass(frozen=True)
+class Dashboard:
+    """A whole dashboard with a fixed uid, so links and provisioning stay stable."""
+
+    uid: str
+    title: str
+    description: str
+    rows: tuple[Row, ...]
+    variables: tuple[Variable, ...] = ()
+    tags: tuple[str, ...] = ("gpupulse",)
+    links: tuple[str, ...] = field(default=())  # uids of dashboards to link to
+    time_from: str = "now-6h"
+
+    def render(self) -> dict[str, Any]:
+        """The dashboard as Grafana's JSON model."""
+        panels: list[dict[str, Any]] = []
+        next_id = 1
+        y = 0
+        for row in self.rows:
+            panels.append(
+                {
+                    "type": "row",
+                    "id": next_id,
+                    "title": row.title,
+                    "collapsed": False,
+                    "gridPos": {"h": 1, "w": GRID_WIDTH, "x": 0, "y": y},
+                    "panels": [],
+                }
+            )
+            next_id += 1
+            y += 1
+            x, row_height = 0, 0
+            for panel in row.panels:
+                if x + panel.width > GRID_WIDTH:
+                    x, y = 0, y + row_height
+                    row_height = 0
+                panels.append(_panel(panel, next_id, x, y))
+                next_id += 1
+                x += panel.width
+                row_height = max(row_height, panel.height)
+            y += row_height
+        return {
+            "uid": self.uid,
+            "title": self.title,
+            "description": self.description,
+            "tags": list(self.tags),
+            "editable": True,
+            "graphTooltip": 1,
+            "schemaVersion": SCHEMA_VERSION,
+            "time": {"from": self.time_from, "to": "now"},
+            "refresh": "30s",
+            "timezone": "",
+            "links": [
+                {
+                    "type": "dashboards",
+                    "title": "gpupulse",
+                    "tags": ["gpupulse"],
+                    "asDropdown": True,
+                    "includeVars": True,
+                }
+            ]
+            if self.links
+            else [],
+            "templating": {"list": [_datasource_variable(), *(_variable(v) for v in self.variables)]},
+            "annotations": {"list": []},
+            "panels": panels,
+        }
+
+
+def _datasource_variable() -> dict[str, Any]:
+    return {
+        "name": DATASOURCE_VAR,
+        "label": "Data source",
+        "type": "datasource",
+        "query": "prometheus",
+        "current": {},
+        "hide": 0,
+        "refresh": 1,
+    }
+
+
+def _variable(v: Variable) -> dict[str, Any]:
+    return {
+        "name": v.name,
+        "label": v.label,
+        "type": "query",
+        "datasource": DATASOURCE,
+        "query": {"query": v.query, "refId": "PrometheusVariableQueryEditor-VariableQuery"},
+        "definition": v.query,
+        "refresh": 2,
+        "multi": True,
+        "includeAll": True,
+        # ".*" rather than Grafana's joined list, so series with an empty label still match All
+        "allValue": ".*",
+        "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
+        "sort": 1,
+        "hide": 0,
+    }
+
+
+def _targets(targets: Sequence[Target], table: bool) -> list[dict[str, Any]]:
+    out = []
+    for i, t in enumerate(targets):
+        out.append(
+            {
+                "refId": chr(ord("A") + i),
+                "datasource": DATASOURCE,
+                "expr": t.expr,
+                "legendFormat": t.legend or "__auto",
+                "range": not (t.instant or table),
+                "instant": t.instant or table,
+                "format": "table" if table else "time_series",
+            }
+        )
+    return out
+
+
+def _panel(p: Panel, panel_id: int, x: int, y: int) -> dict[str, Any]:
+    defaults: dict[str, Any] = {"unit": p.unit}
+    if p.min_value is not None:
+        defaults["min"] = p.min_value
+    if p.max_value is not None:
+        defaults["max"] = p.max_value
+    options: dict[str, Any] = {}
+    if p.kind == "timeseries":
+        defaults["custom"] = {
+            "drawStyle": "line",
+            "fillOpacity": 10,
+            "showPoints": "never",
+            "stacking": {"mode": "normal" if p.stacked else "none", "group": "A"},
+        }
+        options = {"legend": {"displayMode": "table", "placement": "bottom", "calcs": ["lastNotNull", "max"]}}
+    elif p.kind in ("stat", "bargauge"):
+        options = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False}}
+    elif p.kind == "table":
+        options = {"showHeader": True}
+    return {
+        "type": p.kind,
+        "id": panel_id,
+        "title": p.title,
+        "description": p.description,
+        "datasource": DATASOURCE,
+        "gridPos": {"h": p.height, "w": p.width, "x": x, "y": y},
+        "fieldConfig": {"defaults": defaults, "overrides": []},
+        "options": options,
+        "targets": _targets(p.targets, table=p.kind == "table"),
+        **({"transformations": [{"id": "merge", "options": {}}]} if p.kind == "table" else {}),
+    }

@@ -1,0 +1,23 @@
+"""Prometheus recording and alerting rules as code; rendered into alerts/*.rules.yaml."""
+
+from __future__ import annotations
+
+from dashboards.alertconfig import ConfigError, RulesConfig
+from dashboards.rules.hardware import hardware_file
+from dashboards.rules.model import Alert, Group, Record, RuleFile
+from dashboards.rules.observability import observability_file
+from dashboards.rules.recording import recording_file
+from dashboards.rules.serving import serving_file
+from dashboards.rules.usage import usage_file
+
+__all__ = ["Alert", "Group", "Record", "RuleFile", "rule_files"]
+
+
+def rule_files(c: RulesConfig) -> tuple[RuleFile, ...]:
+    """Every rule file gpupulse ships, rendered from one config."""
+    files = (recording_file(c), hardware_file(c), usage_file(c), serving_file(c), observability_file(c))
+    names = [a.alert for f in files for a in f.alerts()]
+    unknown = set(c.for_durations) - set(names)
+    if unknown:
+        raise ConfigError(f"alerts/config.yaml `for:` names alerts that do not exist: {sorted(unknown)}")
+    return files

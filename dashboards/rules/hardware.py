@@ -1,0 +1,195 @@
+"""Hardware alerts: temperature and throttling, XIDs, ECC and row remapping, PCIe link."""
+
+from __future__ import annotations
+
+from dashboards.alertconfig import RulesConfig
+from dashboards.rules.common import alert
+from dashboards.rules.model import Group, RuleFile
+from dashboards.rules.promql import num
+from dashboards.rules.recording import ALLOCATION_SOLE
+
+GPU_BY = "node, uuid, gpu"
+_GPU_TEXT = "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) on node {{ $labels.node }}"
+
+
+def events(metric: str, matchers: str, window: str, by: str) -> str:
+    """Counter series that increased within `window`, or appeared within it.
+
+    increase() cannot see a series' first event (it has no earlier sample), and the exporter creates
+    an XID series only when that XID first happens; a series that exists now but not `window` ago is
+    therefore an event too, provided the node's GPUs were already scraped then (otherwise a freshly
+    started Prometheus would take every old counter for a new event).
+    """
+    selector = f"{metric}{{{matchers}}}"
+    return (
+        f"(max by ({by}) (increase({selector}[{window}])) > 0)\n"
+        f"or on({by})\n"
+        f"(\n  max by ({by}) ({selector})\n"
+        f"  unless on({by}) max by ({by}) ({selector} offset {window})\n"
+        f"  and on(node) max by (node) (gpu_up offset {window})\n)"
+    )
+
+
+def _xid_matcher(codes: tuple[int, ...]) -> str:
+    return 'xid=~"' + "|".join(str(code) for code in codes) + '"'
+
+
+def hardware_file(c: RulesConfig) -> RuleFile:
+    """alerts/hardware.rules.yaml."""
+    t, w = c.thresholds, c.windows
+    app_events = events("gpu_xid_errors_total", _xid_matcher(c.xids.restart_app), w.event, f"{GPU_BY}, xid")
+    reset_events = events("gpu_xid_errors_total", _xid_matcher(c.xids.reset_gpu), w.event, f"{GPU_BY}, xid")
+    bus_events = events("gpu_xid_errors_total", _xid_matcher(c.xids.fell_off_bus), w.event, f"{GPU_BY}, xid")
+    ecc_events = events("gpu_ecc_errors_total", 'type="uncorrected"', w.event, GPU_BY)
+    rules = (
+        alert(
+            c,
+            "GPUTemperatureHigh",
+            expr=f"max by ({GPU_BY}) (gpu_temperature_celsius) > {num(t.temperature_celsius)}",
+            severity="warning",
+            layer="hardware",
+            fault_class="thermal",
+            target_kind="gpu",
+            summary="GPU temperature is high.",
+            description=(
+                f"{_GPU_TEXT} is at {{{{ $value }}}} °C, above {num(t.temperature_celsius)} °C "
+                f"for {c.for_('GPUTemperatureHigh')}."
+            ),
+        ),
+        alert(
+            c,
+            "GPUThermalThrottling",
+            expr=(
+                f"max by ({GPU_BY}) "
+                '(gpu_clock_event_active{reason=~"sw_thermal_slowdown|hw_thermal_slowdown"}) == 1'
+            ),
+            severity="warning",
+            layer="hardware",
+            fault_class="thermal",
+            target_kind="gpu",
+            summary="GPU clocks are held down for temperature.",
+            description=(
+                f"{_GPU_TEXT} has been slowed down by a thermal clock event for "
+                f"{c.for_('GPUThermalThrottling')}; its work runs slower than the hardware allows."
+            ),
+        ),
+        alert(
+            c,
+            "GPUXidAppError",
+            # The pod is named only when exactly one container holds the GPU: an XID does not say
+            # which process faulted, and restarting every tenant of a shared GPU is not ours to do.
+            expr=(
+                f"(\n{app_events}\n)\n* on(uuid) group_left(namespace, pod, container) {ALLOCATION_SOLE}\n"
+                f"or on(uuid, xid)\n(\n{app_events}\n)"
+            ),
+            severity="warning",
+            layer="hardware",
+            fault_class="xid_app",
+            target_kind="pod",
+            summary="An application on a GPU hit an XID that needs an application restart.",
+            description=(
+                f"{_GPU_TEXT} reported XID {{{{ $labels.xid }}}} ({{{{ $value }}}} in the last {w.event}), "
+                "{{ if $labels.pod }}held by pod {{ $labels.namespace }}/{{ $labels.pod }}{{ else }}"
+                "not held by exactly one pod, so no pod is named{{ end }}. NVIDIA's answer is RESTART_APP; "
+                "the GPU itself stays usable."
+            ),
+        ),
+        alert(
+            c,
+            "GPUXidResetRequired",
+            expr=reset_events,
+            severity="critical",
+            layer="hardware",
+            fault_class="xid_reset",
+            target_kind="gpu",
+            summary="A GPU hit an XID that needs a GPU reset.",
+            description=(
+                f"{_GPU_TEXT} reported XID {{{{ $labels.xid }}}}; NVIDIA's answer is RESET_GPU. "
+                "Restarting the workload on the same GPU will not help: move it, then reset the GPU."
+            ),
+        ),
+        alert(
+            c,
+            "GPUFellOffBus",
+            # A GPU whose NVML calls hang is stale, not lost (gpu_up is 0 for both): GPUExporterStale.
+            expr=(
+                f"max by ({GPU_BY}) (\n{bus_events}\n)\nor on(uuid)\n(max by ({GPU_BY}) (gpu_up) == 0)\n"
+                "unless on(uuid) (max by (uuid) (gpupulse_gpu_stale) == 1)"
+            ),
+            severity="critical",
+            layer="hardware",
+            fault_class="gpu_lost",
+            target_kind="gpu",
+            summary="A GPU fell off the bus or stopped answering.",
+            description=(
+                f"{_GPU_TEXT} reported XID 79 or cannot be read (gpu_up is 0). NVIDIA's answer is a "
+                "node reboot (RESTART_BM); the GPU is lost to its workloads until then."
+            ),
+        ),
+        alert(
+            c,
+            "GPUEccUncorrectable",
+            expr=ecc_events,
+            severity="critical",
+            layer="hardware",
+            fault_class="gpu_hardware",
+            target_kind="gpu",
+            summary="A GPU reported uncorrectable ECC errors.",
+            description=(
+                f"{_GPU_TEXT} counted {{{{ $value }}}} uncorrectable ECC errors in the last {w.event}. "
+                "Data in GPU memory may be corrupt."
+            ),
+        ),
+        alert(
+            c,
+            "GPURowRemapPending",
+            expr=f"max by ({GPU_BY}) (gpu_remapped_rows_pending) == 1",
+            severity="warning",
+            layer="hardware",
+            fault_class="xid_reset",
+            target_kind="gpu",
+            summary="A GPU has a memory row remap waiting for a GPU reset.",
+            description=(
+                f"{_GPU_TEXT} has a pending row remap; it takes effect only at the next GPU reset. "
+                "Running applications can continue."
+            ),
+        ),
+        alert(
+            c,
+            "GPURowRemapFailure",
+            expr=f"max by ({GPU_BY}) (gpu_remapped_rows_failed) == 1",
+            severity="critical",
+            layer="hardware",
+            fault_class="gpu_hardware",
+            target_kind="gpu",
+            summary="A GPU failed to remap a memory row.",
+            description=(
+                f"{_GPU_TEXT} reports a row remapping failure, NVIDIA's stated RMA criterion. "
+                "Take the GPU out of service."
+            ),
+        ),
+        alert(
+            c,
+            "GPUPcieLinkDegraded",
+            # Links train down when idle to save power; only a busy GPU below its maximum is degraded.
+            expr=f"""
+                max by ({GPU_BY}) (
+                  (gpu_pcie_link_width < gpu_pcie_link_width_max)
+                  or on(uuid)
+                  (gpu_pcie_link_generation < gpu_pcie_link_generation_max)
+                )
+                and on(uuid)
+                (max by (uuid) (gpu_clock_event_active{{reason="gpu_idle"}}) == 0)
+                """,
+            severity="warning",
+            layer="hardware",
+            fault_class="gpu_hardware",
+            target_kind="gpu",
+            summary="A busy GPU's PCIe link runs below its maximum generation or width.",
+            description=(
+                f"{_GPU_TEXT} is not idle but its PCIe link is below its maximum "
+                "(now {{ $value }}); host-to-GPU transfers are slower than they should be."
+            ),
+        ),
+    )
+    return RuleFile("hardware", (Group("gpupulse.hardware", rules),))

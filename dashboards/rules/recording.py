@@ -1,0 +1,225 @@
+"""Recording rules (level:metric:operations): activity, allocation and cost, memory limits, latency, KV cache,
+fragmentation."""
+
+from __future__ import annotations
+
+from dashboards.alertconfig import RulesConfig
+from dashboards.rules.model import Group, Record, RuleFile
+from dashboards.rules.promql import num
+
+# Names other rule files and the dashboards join on.
+SM_ACTIVITY = "uuid:gpu_sm_activity:ratio"
+ALLOCATION_SHARE = "uuid_namespace_pod:gpu_allocation:share"
+ALLOCATION_SOLE = "uuid_namespace_pod:gpu_allocation:sole"
+POD_MEMORY = "namespace_workload_pod:gpu_process_memory_used_bytes:sum"
+SOFT_LIMIT = "namespace_workload:gpu_process_memory_soft_limit_bytes:quantile"
+HARD_LIMIT = "namespace_workload:gpu_process_memory_hard_limit_bytes:quantile"
+KV_HIT_RATIO_POD = "namespace_pod_model:inference_kv_cache_hit_ratio:rate"
+HISTOGRAMS = (
+    "inference_request_latency_seconds",
+    "inference_time_to_first_token_seconds",
+    "inference_inter_token_latency_seconds",
+    "inference_batch_latency_seconds",
+)
+QUANTILES = {"p50": 0.5, "p99": 0.99}
+
+# Pod name -> owning workload, most specific last (each later match overrides): StatefulSet
+# `name-N`, DaemonSet/Job `name-xxxxx`, Deployment `name-<template hash>-xxxxx`. The characters are
+# Kubernetes' random-suffix alphabet (no vowels), so ordinary words like `-small` are not stripped.
+_SUFFIX = "[bcdfghjklmnpqrstvwxz2456789]"
+_WORKLOAD_PATTERNS = ("(.+)", "(.+)-[0-9]+", f"(.+)-{_SUFFIX}{{5}}", f"(.+)-{_SUFFIX}{{6,10}}-{_SUFFIX}{{5}}")
+
+
+_ATTRIBUTED_PROCESS_MEMORY = 'gpu_process_memory_used_bytes{pod!=""}'
+
+
+def latency_quantile_name(level: str, histogram: str, quantile: str) -> str:
+    """Name of the recorded quantile of one inference histogram at one aggregation level."""
+    return f"{level}:{histogram}:{quantile}"
+
+
+def with_workload(selector: str) -> str:
+    """Wrap a vector selector so that every series gains a `workload` label derived from `pod`."""
+    expr = selector
+    for pattern in _WORKLOAD_PATTERNS:
+        expr = f'label_replace({expr}, "workload", "$1", "pod", "{pattern}")'
+    return expr
+
+
+def _activity(c: RulesConfig) -> Group:
+    t = c.thresholds
+    return Group(
+        "gpupulse.activity-and-cost",
+        (
+            Record(
+                SM_ACTIVITY,
+                # GPM's SM activity where the GPU has it (Hopper+); NVML's coarser "a kernel was
+                # running" share elsewhere. `source` says which, so nobody compares the two unknowingly.
+                """
+                label_replace(gpu_sm_active_ratio, "source", "gpm", "__name__", ".*")
+                or on(uuid)
+                label_replace(gpu_utilization_ratio, "source", "nvml_utilization", "__name__", ".*")
+                """,
+            ),
+            Record(
+                ALLOCATION_SHARE,
+                # A GPU shared by k containers (time-slicing, MPS) counts 1/k to each, so sums stay GPUs.
+                """
+                group by (node, uuid, gpu, namespace, pod, container) (gpu_allocation_info)
+                / on(uuid) group_left()
+                count by (uuid) (group by (uuid, namespace, pod, container) (gpu_allocation_info))
+                """,
+            ),
+            Record(ALLOCATION_SOLE, f"{ALLOCATION_SHARE} == 1"),
+            Record(
+                "namespace:gpu_sm_activity:avg",
+                f"""
+                avg by (namespace, source) (
+                  group by (uuid, namespace) ({ALLOCATION_SHARE})
+                  * on(uuid) group_left(source) {SM_ACTIVITY}
+                )
+                """,
+            ),
+            Record("namespace:gpu_allocated:sum", f"sum by (namespace) ({ALLOCATION_SHARE})"),
+            Record(
+                "namespace:gpu_idle_allocated:sum",
+                f"""
+                sum by (namespace) (
+                  {ALLOCATION_SHARE}
+                  * on(uuid) group_left() ({SM_ACTIVITY} < bool {num(t.idle_sm_activity_ratio)})
+                )
+                """,
+            ),
+            Record(
+                "namespace:gpu_allocated_cost_per_hour:sum",
+                f"namespace:gpu_allocated:sum * {num(c.cost.price_per_gpu_hour)}",
+                labels={"currency": c.cost.currency},
+            ),
+            Record(
+                "namespace:gpu_idle_cost_per_hour:sum",
+                f"namespace:gpu_idle_allocated:sum * {num(c.cost.price_per_gpu_hour)}",
+                labels={"currency": c.cost.currency},
+            ),
+        ),
+    )
+
+
+def _fragmentation(c: RulesConfig) -> Group:
+    gang = num(c.thresholds.gang_size_gpus)
+    return Group(
+        "gpupulse.fragmentation",
+        (
+            Record(
+                "node:gpu_free:count",
+                # Healthy GPUs nobody holds; nodes with none free report 0 rather than vanishing.
+                """
+                count by (node) ((gpu_up == 1) unless on(uuid) gpu_allocation_info)
+                or on(node)
+                (count by (node) (gpu_up) * 0)
+                """,
+            ),
+            Record(":gpu_free:sum", "sum(node:gpu_free:count)"),
+            Record(
+                ":gpu_free_on_gang_nodes:sum",
+                f"sum(node:gpu_free:count >= {gang}) or vector(0)",
+            ),
+            Record(
+                ":gpu_gang_slots:sum",
+                # How many gang jobs of `gang_size_gpus` GPUs on one node fit right now: the seed's
+                # "20 free GPUs, yet no 8 together" is :gpu_free:sum 20 with this at 0.
+                f"sum(floor(node:gpu_free:count / {gang}))",
+            ),
+        ),
+    )
+
+
+def _memory(c: RulesConfig) -> tuple[Group, Group]:
+    w, t = c.windows, c.thresholds
+    current = Group(
+        "gpupulse.memory",
+        (
+            Record(
+                POD_MEMORY,
+                f"sum by (node, namespace, workload, pod) ({with_workload(_ATTRIBUTED_PROCESS_MEMORY)})",
+            ),
+            Record(
+                "namespace_workload:gpu_process_memory_used_bytes:max",
+                f"max by (namespace, workload) ({POD_MEMORY})",
+            ),
+        ),
+    )
+    series = "namespace_workload:gpu_process_memory_used_bytes:max"
+    history = f"{series}[{w.memory_history}] offset {w.memory_history_offset}"
+    soft_q, hard_q = num(t.memory_soft_limit_quantile), num(t.memory_hard_limit_quantile)
+    gap = num(1 + t.memory_limit_gap_ratio)
+    limits = Group(
+        "gpupulse.memory-limits",
+        (
+            Record(SOFT_LIMIT, f"quantile_over_time({soft_q}, {history})"),
+            Record(
+                HARD_LIMIT,
+                # The seed wants P99.9 as the hard limit and the limits 20% apart; where P99.9 sits
+                # closer than that to P95 the gap wins, so the hard limit (which restarts) is never tight.
+                f"""
+                quantile_over_time({hard_q}, {history}) > on(namespace, workload) ({SOFT_LIMIT} * {gap})
+                or on(namespace, workload)
+                {SOFT_LIMIT} * {gap}
+                """,
+            ),
+        ),
+        interval=w.memory_history_interval,
+    )
+    return current, limits
+
+
+def _latency(c: RulesConfig) -> Group:
+    rules: list[Record] = []
+    for histogram in HISTOGRAMS:
+        for level, by in (
+            ("namespace_pod_model", "node, namespace, pod, model"),
+            ("namespace_model", "namespace, model"),
+        ):
+            for qname, q in QUANTILES.items():
+                rules.append(
+                    Record(
+                        latency_quantile_name(level, histogram, qname),
+                        f"histogram_quantile({num(q)}, sum by ({by}, le) "
+                        f"(rate({histogram}_bucket[{c.windows.rate}])))",
+                    )
+                )
+    return Group("gpupulse.latency", tuple(rules))
+
+
+def _kv_cache(c: RulesConfig) -> Group:
+    rate = c.windows.rate
+    rules: list[Record] = []
+    for level, by in (
+        ("namespace_pod_model", "node, namespace, pod, model"),
+        ("namespace_model", "namespace, model"),
+    ):
+        on = "namespace, pod, model" if level == "namespace_pod_model" else "namespace, model"
+        rules.append(
+            Record(
+                f"{level}:inference_kv_cache_hit_ratio:rate",
+                # Engines that count hits and queries give a true ratio of sums; engines that only
+                # publish a ratio are passed through. `source` tells the two apart.
+                f"""
+                label_replace(
+                  sum by ({by}) (rate(inference_kv_cache_hits_total[{rate}]))
+                  / (sum by ({by}) (rate(inference_kv_cache_queries_total[{rate}])) > 0),
+                  "source", "counters", "__name__", ".*"
+                )
+                or on({on})
+                label_replace(
+                  avg by ({by}) (inference_kv_cache_hit_ratio), "source", "engine_ratio", "__name__", ".*"
+                )
+                """,
+            )
+        )
+    return Group("gpupulse.kv-cache", tuple(rules))
+
+
+def recording_file(c: RulesConfig) -> RuleFile:
+    """alerts/recording.rules.yaml."""
+    memory, limits = _memory(c)
+    return RuleFile("recording", (_activity(c), _fragmentation(c), memory, limits, _latency(c), _kv_cache(c)))

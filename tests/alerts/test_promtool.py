@@ -1,0 +1,83 @@
+"""promtool validates every rule file and runs every unit test; the committed files match their source."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dashboards.alertgen import render_rules
+from tests.alerts.ruleset import PROMTOOL, TESTS_DIR, rule_paths, unit_test_paths
+
+pytestmark = pytest.mark.skipif(shutil.which(PROMTOOL) is None, reason="promtool not installed")
+
+
+def _run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [PROMTOOL, *args], capture_output=True, text=True, timeout=100, cwd=cwd, check=False
+    )
+
+
+def test_promtool_check_rules_accepts_every_rule_file() -> None:
+    paths = rule_paths()
+    assert len(paths) >= 5
+    result = _run("check", "rules", *map(str, paths))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_promtool_unit_tests_pass() -> None:
+    paths = unit_test_paths()
+    assert paths
+    result = _run("test", "rules", *(p.name for p in paths), cwd=TESTS_DIR)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("SUCCESS") == len(paths), result.stdout
+
+
+def test_committed_rule_files_match_the_config() -> None:
+    rendered = render_rules()
+    committed = {p.name: p.read_text() for p in rule_paths()}
+    assert set(committed) == set(rendered), "regenerate with: python -m dashboards.build"
+    for name, text in rendered.items():
+        assert committed[name] == text, f"alerts/{name} drifted; regenerate with: python -m dashboards.build"
+
+
+def test_every_alert_has_a_firing_case_and_a_quiet_case(alert_rules: list[dict[str, object]]) -> None:
+    firing: dict[str, int] = defaultdict(int)
+    quiet: dict[str, int] = defaultdict(int)
+    for path in unit_test_paths():
+        for case in yaml.safe_load(path.read_text())["tests"]:
+            for check in case.get("alert_rule_test", []):
+                expected = check.get("exp_alerts") or []
+                if expected:
+                    firing[check["alertname"]] += 1
+                    for alert in expected:
+                        # full label set and all three annotations, not a partial match
+                        assert {"severity", "layer", "fault_class", "target_kind"} <= set(alert["exp_labels"])
+                        assert set(alert["exp_annotations"]) == {"summary", "description", "runbook_url"}
+                else:
+                    quiet[check["alertname"]] += 1
+    names = {str(r["alert"]) for r in alert_rules}
+    assert names - set(firing) == set(), "alerts without a firing test"
+    assert names - set(quiet) == set(), "alerts without a must-not-fire test"
+
+
+def test_recording_rules_have_value_tests() -> None:
+    tested: set[str] = set()
+    for path in unit_test_paths():
+        for case in yaml.safe_load(path.read_text())["tests"]:
+            for check in case.get("promql_expr_test", []):
+                tested.add(str(check["expr"]).split("{")[0])
+    for family in (
+        "uuid:gpu_sm_activity:ratio",
+        "namespace:gpu_allocated_cost_per_hour:sum",
+        "namespace:gpu_idle_allocated:sum",
+        ":gpu_gang_slots:sum",
+        "namespace_workload:gpu_process_memory_hard_limit_bytes:quantile",
+        "namespace_pod_model:inference_kv_cache_hit_ratio:rate",
+        "namespace_model:inference_time_to_first_token_seconds:p50",
+    ):
+        assert family in tested
