@@ -57,7 +57,9 @@ class TokenAuth:
         return hmac.compare_digest(credentials.strip().encode("utf-8", "surrogateescape"), self._token)
 
 
-def auth_middleware(auth: TokenAuth, on_reject: OnReject | None = None) -> Callable[..., Awaitable[web.StreamResponse]]:
+def auth_middleware(
+    auth: TokenAuth, on_reject: OnReject | None = None
+) -> Callable[..., Awaitable[web.StreamResponse]]:
     """aiohttp middleware: every path but PUBLIC_PATHS needs the token; failures answer 401 JSON."""
 
     @web.middleware

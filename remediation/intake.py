@@ -50,7 +50,7 @@ def parse_rfc3339(value: object, field: str) -> datetime:
     return parsed.astimezone(UTC) if parsed.year > _GO_ZERO_YEAR else parsed
 
 
-def _string_map(value: object, field: str, required: bool) -> dict[str, str]:
+def _string_map(value: object, field: str, required: bool, escapes: bool) -> dict[str, str]:
     if value is None and not required:
         return {}
     if not isinstance(value, dict):
@@ -58,8 +58,9 @@ def _string_map(value: object, field: str, required: bool) -> dict[str, str]:
     for k, v in value.items():
         if not isinstance(v, str):
             raise PayloadError(f"{field}.{k}", "must be a string")
-        _encodable(k, field)
-        _encodable(v, field)
+        if escapes:
+            _encodable(k, field)
+            _encodable(v, field)
     return cast(dict[str, str], value)
 
 
@@ -106,6 +107,8 @@ def decode_json(body: bytes) -> Any:
 def parse_notification(body: bytes, received_at: float) -> list[InboxRecord]:
     """Validate one webhook body and return one record per alert; raise PayloadError otherwise."""
     doc = decode_json(body)
+    # a lone surrogate can only come from a \\u escape; bodies without one skip the per-string check
+    escapes = b"\\u" in body
     if not isinstance(doc, dict):
         raise PayloadError("body", "must be a JSON object (an Alertmanager webhook notification)")
     version = doc.get("version")
@@ -131,9 +134,9 @@ def parse_notification(body: bytes, received_at: float) -> list[InboxRecord]:
             raise PayloadError(f"{where}.fingerprint", f"longer than {MAX_FINGERPRINT_CHARS} characters")
         _encodable(fingerprint, f"{where}.fingerprint")
         status = _status(alert.get("status"), f"{where}.status")
-        labels = _string_map(alert.get("labels"), f"{where}.labels", required=True)
+        labels = _string_map(alert.get("labels"), f"{where}.labels", True, escapes)
         # Go marshals an empty annotation map as null in some releases; treat as none
-        annotations = _string_map(alert.get("annotations"), f"{where}.annotations", required=False)
+        annotations = _string_map(alert.get("annotations"), f"{where}.annotations", False, escapes)
         starts_at = parse_rfc3339(alert.get("startsAt"), f"{where}.startsAt")
         if starts_at.year <= _GO_ZERO_YEAR:
             raise PayloadError(f"{where}.startsAt", "is the zero time")

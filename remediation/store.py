@@ -15,6 +15,7 @@ import logging
 import queue
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -29,6 +30,7 @@ T = TypeVar("T")
 
 BUSY_TIMEOUT_MS = 10_000
 MAX_BATCH_JOBS = 1024
+COMMIT_DELAY_SECONDS = 0.001
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS inbox (
@@ -70,7 +72,9 @@ def open_db(path: Path | str, synchronous: str = "FULL") -> sqlite3.Connection:
     db_path = Path(path)
     db_path.parent.mkdir(parents=True, exist_ok=True)
     # isolation_level=None: we issue BEGIN/COMMIT ourselves, so group commit is explicit
-    conn = sqlite3.connect(db_path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000)
+    conn = sqlite3.connect(
+        db_path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000
+    )
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute(f"PRAGMA synchronous={synchronous}")
     conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
@@ -93,6 +97,22 @@ class InboxRecord:
     group_key: str
     received_at: float
     raw: str
+
+    def to_event(self, inbox_id: int) -> AlertEvent:
+        """The engine's view of this record once stored as row `inbox_id`."""
+        return AlertEvent(
+            fingerprint=self.fingerprint,
+            status=self.status,
+            labels=self.labels,
+            annotations=self.annotations,
+            starts_at=datetime.fromisoformat(self.starts_at),
+            ends_at=datetime.fromisoformat(self.ends_at) if self.ends_at else None,
+            generator_url=self.generator_url,
+            receiver=self.receiver,
+            group_key=self.group_key,
+            received_at=datetime.fromtimestamp(self.received_at, tz=UTC),
+            inbox_id=inbox_id,
+        )
 
 
 @dataclass(frozen=True)
@@ -132,8 +152,14 @@ class InboxRow:
 
 @dataclass(frozen=True)
 class IngestResult:
-    inserted: int
+    inserted_by_status: Mapping[str, int]
     duplicates: int
+    # inbox id of each input record, None where it was a duplicate
+    ids: Sequence[int | None] = ()
+
+    @property
+    def inserted(self) -> int:
+        return sum(self.inserted_by_status.values())
 
 
 class _Tx:
@@ -150,9 +176,10 @@ class _Job(Generic[T]):
         self.future: asyncio.Future[T] = loop.create_future()
 
     def settle(self, result: T | None, exc: BaseException | None) -> None:
-        self.loop.call_soon_threadsafe(self._settle, result, exc)
+        self.loop.call_soon_threadsafe(self.resolve, result, exc)
 
-    def _settle(self, result: T | None, exc: BaseException | None) -> None:
+    def resolve(self, result: T | None, exc: BaseException | None) -> None:
+        """Set the outcome; runs on the event loop."""
         if self.future.done():  # the caller gave up waiting (timeout); the outcome is in the DB anyway
             return
         if exc is not None:
@@ -174,6 +201,8 @@ class _WriterThread(threading.Thread):
         self.jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.batches = 0
         self.jobs_done = 0
+        self.last_batch_size = 0
+        self.commit_delay_seconds = COMMIT_DELAY_SECONDS
 
     def run(self) -> None:
         stopping = False
@@ -182,15 +211,20 @@ class _WriterThread(threading.Thread):
             if first is _STOP:
                 break
             batch: list[_Job[Any]] = [first]
+            # under load (the last batch had company) wait a moment for more jobs: fewer, larger
+            # transactions cost less CPU per alert; an idle controller commits at once
+            deadline = time.monotonic() + (self.commit_delay_seconds if self.last_batch_size > 1 else 0.0)
             while len(batch) < MAX_BATCH_JOBS:
                 try:
-                    nxt = self.jobs.get_nowait()
+                    remaining = deadline - time.monotonic()
+                    nxt = self.jobs.get(timeout=remaining) if remaining > 0 else self.jobs.get_nowait()
                 except queue.Empty:
                     break
                 if nxt is _STOP:
                     stopping = True
                     break
                 batch.append(nxt)
+            self.last_batch_size = len(batch)
             self._run_batch(batch)
         self.conn.close()
 
@@ -204,17 +238,19 @@ class _WriterThread(threading.Thread):
                 job.settle(None, StoreError(f"begin failed: {e}"))
             return
         for job in batch:
-            before = tx.pending
-            self.conn.execute("SAVEPOINT job")
             try:
                 result = job.fn(self.conn, tx)
-            except BaseException as e:  # one bad job must not fail its neighbours
-                tx.pending = before
-                self.conn.execute("ROLLBACK TO job")
-                self.conn.execute("RELEASE job")
-                outcomes.append((job, None, e if isinstance(e, QueueFull | StoreError) else StoreError(str(e))))
+            except QueueFull as e:  # raised before the job wrote anything: only this job fails
+                outcomes.append((job, None, e))
                 continue
-            self.conn.execute("RELEASE job")
+            except BaseException as e:
+                # no savepoint per job (they cost a statement each): an unexpected failure fails the
+                # whole batch, and every caller gets a retryable error
+                with contextlib.suppress(sqlite3.Error):
+                    self.conn.execute("ROLLBACK")
+                err = e if isinstance(e, StoreError) else StoreError(f"{type(e).__name__}: {e}")
+                _settle_all([(j, None, err) for j in batch])
+                return
             outcomes.append((job, result, None))
         try:
             self.conn.execute("COMMIT")
@@ -222,14 +258,26 @@ class _WriterThread(threading.Thread):
             with contextlib.suppress(sqlite3.Error):
                 self.conn.execute("ROLLBACK")
             self.pending = _count_pending(self.conn)
-            for job in batch:
-                job.settle(None, StoreError(f"commit failed: {e}"))
+            _settle_all([(j, None, StoreError(f"commit failed: {e}")) for j in batch])
             return
         self.pending = tx.pending
         self.batches += 1
         self.jobs_done += len(batch)
-        for job, result, exc in outcomes:
-            job.settle(result, exc)
+        _settle_all(outcomes)
+
+
+def _settle_all(outcomes: list[tuple[_Job[Any], Any, BaseException | None]]) -> None:
+    """Hand a whole batch's outcomes to each loop with one wake-up (not one per job)."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Job[Any], Any, BaseException | None]]] = {}
+    for outcome in outcomes:
+        by_loop.setdefault(outcome[0].loop, []).append(outcome)
+    for loop, items in by_loop.items():
+        loop.call_soon_threadsafe(_resolve_all, items)
+
+
+def _resolve_all(items: list[tuple[_Job[Any], Any, BaseException | None]]) -> None:
+    for job, result, exc in items:
+        job.resolve(result, exc)
 
 
 class _ReaderThread(threading.Thread):
@@ -334,13 +382,17 @@ class Inbox:
     def commit_batches(self) -> int:
         return self._writer.batches if self._writer is not None else 0
 
-    async def _submit(self, thread: _WriterThread | _ReaderThread | None, fn: Callable[[sqlite3.Connection, _Tx], T]) -> T:
+    async def _submit(
+        self, thread: _WriterThread | _ReaderThread | None, fn: Callable[[sqlite3.Connection, _Tx], T]
+    ) -> T:
         if thread is None or not thread.is_alive():
             raise StoreError("inbox is not open")
         job = _Job(fn, asyncio.get_running_loop())
         thread.jobs.put(job)
         try:
-            return await asyncio.wait_for(asyncio.shield(job.future), self.timeout_seconds)
+            # cancelling job.future on timeout is harmless: the thread skips settled futures
+            async with asyncio.timeout(self.timeout_seconds):
+                return await job.future
         except TimeoutError as e:
             raise StoreError(f"inbox did not answer within {self.timeout_seconds} s") from e
 
@@ -351,7 +403,8 @@ class Inbox:
         return await self._submit(self._reader, fn)
 
     async def ingest(self, records: Sequence[InboxRecord], max_pending: int) -> IngestResult:
-        """Store new alerts durably (committed on return); raise QueueFull and store none if over limit."""
+        """Store new alerts durably (committed on return); raise QueueFull, storing none, when the
+        queue already holds max_pending unprocessed alerts."""
         params = [
             (
                 r.fingerprint,
@@ -370,12 +423,22 @@ class Inbox:
         ]
 
         def job(conn: sqlite3.Connection, tx: _Tx) -> IngestResult:
-            inserted = conn.executemany(_INSERT, params).rowcount
-            # a lone oversized notification is still let into an empty queue, else it could never land
-            if inserted and tx.pending > 0 and tx.pending + inserted > max_pending:
+            # checked before writing (the writer relies on it); one notification may take the queue
+            # past the limit by its own size, so a group larger than the limit can still land
+            if tx.pending >= max_pending:
                 raise QueueFull(f"{tx.pending} alerts pending, limit {max_pending}")
+            by_status: dict[str, int] = {}
+            ids: list[int | None] = []
+            for p in params:
+                cur = conn.execute(_INSERT, p)
+                if cur.rowcount:
+                    by_status[p[2]] = by_status.get(p[2], 0) + 1
+                    ids.append(cur.lastrowid)
+                else:
+                    ids.append(None)
+            inserted = sum(by_status.values())
             tx.pending += inserted
-            return IngestResult(inserted=inserted, duplicates=len(params) - inserted)
+            return IngestResult(inserted_by_status=by_status, duplicates=len(params) - inserted, ids=ids)
 
         return await self._write(job)
 
@@ -407,15 +470,18 @@ class Inbox:
         """Delete processed rows older than the retention; returns how many."""
 
         def job(conn: sqlite3.Connection, tx: _Tx) -> int:
-            cur = conn.execute("DELETE FROM inbox WHERE processed_at IS NOT NULL AND processed_at < ?", (processed_before,))
+            cur = conn.execute(
+                "DELETE FROM inbox WHERE processed_at IS NOT NULL AND processed_at < ?", (processed_before,)
+            )
             return int(cur.rowcount)
 
         return await self._write(job)
 
-    async def load_ready(self, now: float, limit: int) -> tuple[list[InboxRow], dict[str, int]]:
-        """Pending rows due by `now` in id order, and per fingerprint the first row still backing off."""
+    async def load_ready(self, now: float, limit: int) -> tuple[list[InboxRow], dict[str, int], int]:
+        """Pending rows due by `now` in id order, per fingerprint the first row still backing off,
+        and the highest id in the inbox, all from one snapshot."""
 
-        def job(conn: sqlite3.Connection, tx: _Tx) -> tuple[list[InboxRow], dict[str, int]]:
+        def job(conn: sqlite3.Connection, tx: _Tx) -> tuple[list[InboxRow], dict[str, int], int]:
             conn.execute("BEGIN")  # one snapshot for both queries
             try:
                 rows = conn.execute(
@@ -424,13 +490,14 @@ class Inbox:
                     (now, limit),
                 ).fetchall()
                 waiting = conn.execute(
-                    "SELECT fingerprint, min(id) FROM inbox WHERE processed_at IS NULL AND next_attempt_at > ?"
-                    " GROUP BY fingerprint",
+                    "SELECT fingerprint, min(id) FROM inbox"
+                    " WHERE processed_at IS NULL AND next_attempt_at > ? GROUP BY fingerprint",
                     (now,),
                 ).fetchall()
+                max_id = conn.execute("SELECT coalesce(max(id), 0) FROM inbox").fetchone()[0]
             finally:
                 conn.execute("COMMIT")
-            return [_row(r) for r in rows], {fp: int(i) for fp, i in waiting}
+            return [_row(r) for r in rows], {fp: int(i) for fp, i in waiting}, int(max_id)
 
         return await self._read(job)
 

@@ -1,0 +1,441 @@
+"""`gpupulse-remediation`: the controller's command line (node_exporter-style flags, env equivalents).
+
+Every flag `--a.b-c` can also be set as GPUPULSE_REMEDIATION_A_B_C (upper case, "." and "-" become
+"_"); a flag on the command line wins over the environment, which wins over the default. The bearer
+token itself may come from GPUPULSE_REMEDIATION_TOKEN instead of --auth.token-file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import importlib
+import inspect
+import json
+import logging
+import os
+import re
+import shlex
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+from .auth import load_token
+from .clock import SystemClock
+from .config import DEFAULT_LISTEN_HOST, DEFAULT_LISTEN_PORT, ConfigError, Settings
+from .engine_config import EngineSettings
+from .metrics import RemediationMetrics
+from .model import Engine
+from .store import StoreError
+
+ENV_PREFIX = "GPUPULSE_REMEDIATION_"
+PROG = "gpupulse-remediation"
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)?$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+
+log = logging.getLogger(__name__)
+
+
+def parse_duration(text: str) -> float:
+    """'90', '90s', '5m', '1.5h', '250ms', '7d' → seconds."""
+    m = _DURATION.match(text.strip())
+    if not m:
+        raise ValueError(f"not a duration: {text!r} (use e.g. 30s, 5m, 1h)")
+    return float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
+
+
+def parse_bool(text: str) -> bool:
+    low = text.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"not a boolean: {text!r}")
+
+
+def parse_list(text: str) -> tuple[str, ...]:
+    return tuple(p.strip() for p in text.split(",") if p.strip())
+
+
+def parse_listen_address(text: str) -> tuple[str, int]:
+    """'HOST:PORT', '[::1]:PORT' or ':PORT' (all interfaces)."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"not HOST:PORT: {text!r}")
+    host = host.strip("[]") or DEFAULT_LISTEN_HOST
+    return host, int(port)
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One serve flag: its name, how to parse a string, its default, and its help."""
+
+    name: str
+    parse: Callable[[str], Any]
+    default: Any
+    help: str
+    boolean: bool = False
+    choices: tuple[str, ...] = ()
+
+    @property
+    def dest(self) -> str:
+        return self.name.replace(".", "_").replace("-", "_")
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.dest.upper()
+
+
+_E = EngineSettings()
+SERVE_FLAGS: tuple[Flag, ...] = (
+    Flag(
+        "web.listen-address", str, f"{DEFAULT_LISTEN_HOST}:{DEFAULT_LISTEN_PORT}", "HOST:PORT to listen on."
+    ),
+    Flag("auth.token-file", str, "", "File holding the bearer token webhook and API clients must send."),
+    Flag(
+        "insecure-no-auth",
+        parse_bool,
+        False,
+        "Serve without any authentication (tests, demos).",
+        boolean=True,
+    ),
+    Flag("web.tls-cert-file", str, "", "Server certificate (PEM); enables HTTPS."),
+    Flag("web.tls-key-file", str, "", "Server private key (PEM)."),
+    Flag(
+        "web.tls-client-ca-file",
+        str,
+        "",
+        "CA bundle; when set, clients must present a certificate it signed.",
+    ),
+    Flag("web.max-body-bytes", int, 1024 * 1024, "Largest webhook body accepted (larger → 413)."),
+    Flag(
+        "storage.path", str, "/var/lib/gpupulse-remediation", "Directory of the controller's SQLite database."
+    ),
+    Flag("storage.synchronous", str.upper, "FULL", "SQLite synchronous mode.", choices=("FULL", "NORMAL")),
+    Flag("storage.inbox-retention", parse_duration, "7d", "How long processed alerts stay in the inbox."),
+    Flag("queue.max-pending", int, 10_000, "Unprocessed alerts before the webhook answers 503."),
+    Flag("engine.tick-interval", parse_duration, "1s", "How often the engine's timers advance."),
+    Flag("engine.handle-timeout", parse_duration, "60s", "Longest one engine.handle call may take."),
+    Flag("dry-run", parse_bool, False, "Decide and record, never act or page.", boolean=True),
+    Flag("signatures", parse_list, "", "Extra signature directories (comma-separated; flag repeatable)."),
+    Flag("backend", str, _E.backend, "Action backend.", choices=("local", "kubernetes", "none")),
+    Flag(
+        "backend.local.restart-command",
+        shlex.split,
+        "",
+        "Restart argv (split like a shell, run without one).",
+    ),
+    Flag(
+        "backend.local.migrate-command",
+        shlex.split,
+        "",
+        "Migrate argv (split like a shell, run without one).",
+    ),
+    Flag(
+        "backend.local.timeout",
+        parse_duration,
+        f"{_E.local_backend.timeout_seconds}",
+        "Local command timeout.",
+    ),
+    Flag("backend.local.pidfile", str, "", "PID file signalled on restart when no restart command is set."),
+    Flag("pager", str, _E.pager.kind, "Where pages go.", choices=("webhook", "pagerduty", "slack", "none")),
+    Flag("pager.url", str, "", "Generic or Slack-compatible webhook URL."),
+    Flag("pager.url-file", str, "", "File holding the pager URL (it is a secret)."),
+    Flag("pager.pagerduty.routing-key-file", str, "", "File holding the PagerDuty Events v2 routing key."),
+    Flag("pager.pagerduty.url", str, _E.pager.pagerduty_url, "PagerDuty Events v2 endpoint."),
+    Flag(
+        "safety.max-concurrent-actions", int, _E.budgets.max_concurrent_actions, "Actions in flight at once."
+    ),
+    Flag(
+        "safety.max-actions-per-minute", int, _E.budgets.max_actions_per_minute, "Actions started per minute."
+    ),
+    Flag(
+        "safety.max-nodes-migrated", int, _E.budgets.max_nodes_migrated, "Nodes migrated within the window."
+    ),
+    Flag(
+        "safety.max-nodes-migrated-fraction",
+        float,
+        _E.budgets.max_nodes_migrated_fraction,
+        "Nodes migrated within the window, as a fraction of known nodes (0 disables).",
+    ),
+    Flag(
+        "safety.window",
+        parse_duration,
+        f"{_E.budgets.migrate_window_seconds}s",
+        "Window of the node budgets.",
+    ),
+    Flag(
+        "scope.namespaces",
+        parse_list,
+        "",
+        "Namespaces the controller may act in (comma-separated; empty = all).",
+    ),
+    Flag(
+        "scope.opt-in-label",
+        str,
+        _E.scope.opt_in_label,
+        'Label an alert must carry as "true" to be acted on.',
+    ),
+    Flag(
+        "loops.max-restarts",
+        int,
+        _E.loops.max_restarts,
+        "Restarts of one target within the window before paging.",
+    ),
+    Flag(
+        "loops.restart-window", parse_duration, f"{_E.loops.restart_window_seconds}s", "Restart loop window."
+    ),
+    Flag("cluster.node-count", int, _E.cluster_node_count, "Nodes in the cluster (for the fraction budget)."),
+    Flag("verify.prometheus-url", str, _E.prometheus_url, "Prometheus base URL for PromQL verification."),
+    Flag(
+        "otlp.traces-endpoint", str, _E.otlp_traces_endpoint, "OTLP/HTTP traces endpoint; empty = no export."
+    ),
+    Flag("log.format", str, "logfmt", "Log format.", choices=("logfmt", "json")),
+    Flag("log.level", str.lower, "info", "Log level.", choices=("debug", "info", "warning", "error")),
+)
+
+
+def add_serve_flags(parser: argparse.ArgumentParser) -> None:
+    """Register every serve flag; defaults stay None so env and defaults can be layered later."""
+    for f in SERVE_FLAGS:
+        env_note = f" [env {f.env}]"
+        if f.boolean:
+            parser.add_argument(
+                f"--{f.name}", dest=f.dest, action="store_const", const=True, help=f.help + env_note
+            )
+        elif f.name == "signatures":
+            parser.add_argument(
+                f"--{f.name}", dest=f.dest, action="append", metavar="DIR", help=f.help + env_note
+            )
+        else:
+            default = f" (default {f.default})" if f.default not in ("", None) else ""
+            parser.add_argument(
+                f"--{f.name}",
+                dest=f.dest,
+                metavar=f.name.rsplit(".", 1)[-1].upper().replace("-", "_"),
+                help=f.help + (f" One of {', '.join(f.choices)}." if f.choices else "") + default + env_note,
+            )
+
+
+def resolve_flags(ns: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, Any]:
+    """Flag value, else environment, else default; every value parsed. Raises ConfigError naming the flag."""
+    values: dict[str, Any] = {}
+    for f in SERVE_FLAGS:
+        raw = getattr(ns, f.dest, None)
+        source = f"--{f.name}"
+        if raw is None and f.env in environ:
+            raw, source = environ[f.env], f.env
+        if raw is None:
+            raw, source = f.default, "default"
+        try:
+            if f.name == "signatures" and isinstance(raw, list):
+                value: Any = tuple(d for item in raw for d in parse_list(item))
+            elif isinstance(raw, str):
+                if f.choices and f.parse(raw) not in f.choices:
+                    raise ValueError(f"must be one of {', '.join(f.choices)}")
+                value = f.parse(raw)
+            else:
+                value = raw
+        except ValueError as e:
+            raise ConfigError(f"{source}: {e}") from e
+        values[f.dest] = value
+    return values
+
+
+def _read_secret(path: str, flag: str) -> str:
+    try:
+        text = Path(path).read_text(encoding="utf-8").strip()
+    except OSError as e:
+        raise ConfigError(f"--{flag} {path}: {e}") from e
+    if not text:
+        raise ConfigError(f"--{flag} {path} is empty")
+    return text
+
+
+def _path_or_none(text: str) -> Path | None:
+    return Path(text) if text else None
+
+
+def settings_from_flags(ns: argparse.Namespace, environ: Mapping[str, str] | None = None) -> Settings:
+    """Build and validate Settings from parsed flags and the environment."""
+    env = os.environ if environ is None else environ
+    v = resolve_flags(ns, env)
+    try:
+        host, port = parse_listen_address(v["web_listen_address"])
+    except ValueError as err:
+        raise ConfigError(f"--web.listen-address: {err}") from err
+    token_file = _path_or_none(v["auth_token_file"])
+    base = EngineSettings()
+    pager_url = _read_secret(v["pager_url_file"], "pager.url-file") if v["pager_url_file"] else v["pager_url"]
+    routing_key = ""
+    if v["pager_pagerduty_routing_key_file"]:
+        routing_key = _read_secret(v["pager_pagerduty_routing_key_file"], "pager.pagerduty.routing-key-file")
+    engine = dataclasses.replace(
+        base,
+        dry_run=v["dry_run"],
+        signature_dirs=tuple(Path(d) for d in v["signatures"]),
+        backend=v["backend"],
+        local_backend=dataclasses.replace(
+            base.local_backend,
+            restart_command=tuple(v["backend_local_restart_command"]),
+            migrate_command=tuple(v["backend_local_migrate_command"]),
+            timeout_seconds=v["backend_local_timeout"],
+            pidfile=_path_or_none(v["backend_local_pidfile"]),
+        ),
+        pager=dataclasses.replace(
+            base.pager,
+            kind=v["pager"],
+            url=pager_url,
+            pagerduty_routing_key=routing_key,
+            pagerduty_url=v["pager_pagerduty_url"],
+        ),
+        budgets=dataclasses.replace(
+            base.budgets,
+            max_concurrent_actions=v["safety_max_concurrent_actions"],
+            max_actions_per_minute=v["safety_max_actions_per_minute"],
+            max_nodes_migrated=v["safety_max_nodes_migrated"],
+            max_nodes_migrated_fraction=v["safety_max_nodes_migrated_fraction"],
+            migrate_window_seconds=v["safety_window"],
+        ),
+        loops=dataclasses.replace(
+            base.loops, max_restarts=v["loops_max_restarts"], restart_window_seconds=v["loops_restart_window"]
+        ),
+        scope=dataclasses.replace(
+            base.scope, namespaces=v["scope_namespaces"], opt_in_label=v["scope_opt_in_label"]
+        ),
+        cluster_node_count=v["cluster_node_count"],
+        prometheus_url=v["verify_prometheus_url"],
+        otlp_traces_endpoint=v["otlp_traces_endpoint"],
+    )
+    settings = Settings(
+        listen_host=host,
+        listen_port=port,
+        auth_token_file=token_file,
+        auth_token=load_token(token_file, env),
+        insecure_no_auth=v["insecure_no_auth"],
+        tls_cert_file=_path_or_none(v["web_tls_cert_file"]),
+        tls_key_file=_path_or_none(v["web_tls_key_file"]),
+        tls_client_ca_file=_path_or_none(v["web_tls_client_ca_file"]),
+        max_body_bytes=v["web_max_body_bytes"],
+        storage_path=Path(v["storage_path"]),
+        storage_synchronous=v["storage_synchronous"],
+        inbox_retention_seconds=v["storage_inbox_retention"],
+        queue_max_pending=v["queue_max_pending"],
+        engine_tick_interval_seconds=v["engine_tick_interval"],
+        engine_handle_timeout_seconds=v["engine_handle_timeout"],
+        engine=engine,
+        log_format=v["log_format"],
+        log_level=v["log_level"],
+    )
+    settings.validate()
+    return settings
+
+
+class LogfmtFormatter(logging.Formatter):
+    """ts=... level=... logger=... msg="..." (the Prometheus ecosystem's default log shape)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        msg = record.getMessage()
+        if record.exc_info:
+            msg += "\n" + self.formatException(record.exc_info)
+        ts = self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}Z"
+        return f"ts={ts} level={record.levelname.lower()} logger={record.name} msg={json.dumps(msg)}"
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        doc = {
+            "ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        if record.exc_info:
+            doc["exc"] = self.formatException(record.exc_info)
+        return json.dumps(doc)
+
+
+def configure_logging(fmt: str, level: str) -> None:
+    """Log to stderr in the chosen format, UTC timestamps."""
+    handler = logging.StreamHandler(sys.stderr)
+    formatter: logging.Formatter = JsonFormatter() if fmt == "json" else LogfmtFormatter()
+    formatter.converter = time.gmtime
+    handler.setFormatter(formatter)
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+
+
+async def build_default_engine(settings: Settings, metrics: RemediationMetrics) -> Engine:
+    """The ladder engine from remediation/engine.py (imported lazily: it pulls in the backends)."""
+    engine_mod = importlib.import_module("remediation.engine")
+    try:
+        # build_engine opens the ledger and recovers interrupted actions: blocking, so off the loop
+        built = await asyncio.to_thread(
+            engine_mod.build_engine, settings.engine, settings.db_path, metrics, SystemClock()
+        )
+    except ValueError as e:  # e.g. --backend kubernetes, which serve does not wire up yet
+        raise ConfigError(str(e)) from e
+    if inspect.isawaitable(built):
+        built = await built
+    return cast(Engine, built)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full parser: serve, plus `signatures` when the engine ships its sub-commands."""
+    parser = argparse.ArgumentParser(prog=PROG, description="GPU fault remediation controller.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="Run the controller (webhook intake, engine, API).")
+    add_serve_flags(serve)
+    try:
+        signatures_cli = importlib.import_module("remediation.signatures_cli")
+    except ImportError:
+        signatures_cli = None
+    if signatures_cli is not None:
+        signatures_cli.register(sub)
+    return parser
+
+
+def run_serve(ns: argparse.Namespace, environ: Mapping[str, str] | None = None) -> int:
+    """`serve`: validate settings, then run until SIGTERM/SIGINT."""
+    from .server import serve
+
+    try:
+        settings = settings_from_flags(ns, environ)
+    except ConfigError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    configure_logging(settings.log_format, settings.log_level)
+    if settings.insecure_no_auth and not settings.auth_token:
+        log.warning(
+            "authentication is OFF (--insecure-no-auth): anyone who can reach the port can post alerts"
+        )
+    try:
+        asyncio.run(serve(settings, build_default_engine))
+    except ConfigError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    except (OSError, StoreError) as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console entry point."""
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    if ns.command == "serve":
+        return run_serve(ns)
+    func = getattr(ns, "func", None)
+    if func is None:
+        parser.print_help()
+        return 2
+    result = func(ns)
+    return int(result or 0)

@@ -1,0 +1,280 @@
+"""The controller's HTTP service: webhook intake, operator API, metrics and probes, and its lifecycle."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from .api import Api
+from .auth import TokenAuth, auth_middleware, build_ssl_context
+from .clock import Clock, SystemClock
+from .config import Settings
+from .intake import PayloadError, parse_notification
+from .metrics import RemediationMetrics
+from .model import Engine
+from .store import Inbox, QueueFull, StoreError
+from .worker import Worker, WorkerSettings
+
+log = logging.getLogger(__name__)
+
+ALERTS_PATH = "/api/v1/alerts"
+RETRY_AFTER_SECONDS = "5"
+REJECT_REASONS = ("auth", "size", "invalid", "overloaded", "storage")
+
+EngineFactory = Callable[[Settings, RemediationMetrics], Awaitable[Engine]]
+
+
+class BodyTooLarge(Exception):
+    """The request body exceeds --web.max-body-bytes."""
+
+
+async def read_limited(request: web.Request, limit_bytes: int) -> bytes:
+    """Read the whole body, giving up as soon as it exceeds the limit (no unbounded buffering)."""
+    if request.content_length is not None and request.content_length > limit_bytes:
+        raise BodyTooLarge
+    try:
+        # the app's client_max_size is limit_bytes: aiohttp stops reading a chunked body past it
+        body = await request.read()
+    except web.HTTPRequestEntityTooLarge as e:
+        raise BodyTooLarge from e
+    if len(body) > limit_bytes:
+        raise BodyTooLarge
+    return body
+
+
+def _error(status: int, field: str, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response({"error": message, "field": field}, status=status, headers=headers)
+
+
+@dataclass
+class Controller:
+    """The running parts one HTTP app serves."""
+
+    settings: Settings
+    inbox: Inbox
+    engine: Engine
+    worker: Worker
+    metrics: RemediationMetrics
+    auth: TokenAuth
+    clock: Clock = field(default_factory=SystemClock)
+    draining: bool = False
+
+    @property
+    def ready(self) -> bool:
+        """True while the inbox and the worker run and no shutdown has begun."""
+        return not self.draining and self.inbox.running and self.worker.running
+
+
+class WebhookHandler:
+    """POST /api/v1/alerts: validate, commit to the inbox, then acknowledge."""
+
+    def __init__(self, ctl: Controller) -> None:
+        self.ctl = ctl
+        m = ctl.metrics
+        # labelled children resolved once: .labels() costs more than the increment on this path
+        self._received = {s: m.alerts_received.labels(status=s) for s in ("firing", "resolved")}
+        self._rejected = {r: m.alerts_rejected.labels(reason=r) for r in REJECT_REASONS}
+
+    def _reject(self, reason: str, response: web.Response) -> web.Response:
+        self._rejected[reason].inc()
+        return response
+
+    async def handle(self, request: web.Request) -> web.Response:
+        """Answer one webhook delivery (see docs/design/remediation-intake.md for the status codes)."""
+        started = time.perf_counter()
+        ctl = self.ctl
+        if ctl.draining:
+            return self._reject(
+                "overloaded", _error(503, "", "shutting down", {"Retry-After": RETRY_AFTER_SECONDS})
+            )
+        try:
+            body = await read_limited(request, ctl.settings.max_body_bytes)
+        except BodyTooLarge:
+            limit = ctl.settings.max_body_bytes
+            msg = f"body larger than {limit} bytes (set max_alerts on the webhook receiver)"
+            return self._reject("size", _error(413, "body", msg))
+        try:
+            records = parse_notification(body, ctl.clock.now())
+        except PayloadError as e:
+            log.info("rejected webhook from %s: %s", request.remote, e)
+            return self._reject("invalid", web.json_response(e.as_json(), status=400))
+        try:
+            result = await ctl.inbox.ingest(records, ctl.settings.queue_max_pending)
+        except QueueFull as e:
+            # 5xx: Alertmanager retries it; a 4xx (429 included) would drop the notification
+            return self._reject(
+                "overloaded", _error(503, "alerts", f"queue full: {e}", {"Retry-After": RETRY_AFTER_SECONDS})
+            )
+        except StoreError as e:
+            log.error("inbox write failed: %s", e)
+            return self._reject(
+                "storage", _error(503, "alerts", "storage unavailable", {"Retry-After": RETRY_AFTER_SECONDS})
+            )
+        if result.inserted:
+            ctl.worker.submit(
+                [(i, r.to_event(i)) for r, i in zip(records, result.ids, strict=True) if i is not None]
+            )
+        # re-deliveries are acknowledged but not counted: the counter is of alerts newly stored
+        for status, n in result.inserted_by_status.items():
+            self._received[status].inc(n)
+        ctl.metrics.ingest_latency.observe(time.perf_counter() - started)
+        return web.json_response(
+            {"status": "ok", "accepted": result.inserted, "duplicates": result.duplicates}
+        )
+
+
+def build_app(ctl: Controller) -> web.Application:
+    """The aiohttp application: webhook, operator API (token), /metrics, /healthz, /readyz (public)."""
+
+    def on_auth_reject(request: web.Request) -> None:
+        if request.path == ALERTS_PATH:
+            ctl.metrics.alerts_rejected.labels(reason="auth").inc()
+
+    app = web.Application(
+        middlewares=[auth_middleware(ctl.auth, on_auth_reject)],
+        client_max_size=ctl.settings.max_body_bytes,
+    )
+    app.router.add_post(ALERTS_PATH, WebhookHandler(ctl).handle)
+    Api(ctl.engine).add_routes(app)
+
+    async def metrics(request: web.Request) -> web.Response:
+        body = generate_latest(ctl.metrics.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def healthz(request: web.Request) -> web.Response:
+        # liveness: a worker that died of a bug will not come back by itself; let the kubelet restart us
+        if ctl.worker.crashed:
+            return web.json_response({"status": "worker stopped unexpectedly"}, status=503)
+        return web.json_response({"status": "ok"})
+
+    async def readyz(request: web.Request) -> web.Response:
+        if ctl.ready:
+            return web.json_response({"status": "ready", "queue_depth": ctl.inbox.pending})
+        return web.json_response({"status": "not ready"}, status=503)
+
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    return app
+
+
+@dataclass
+class RunningService:
+    """A started controller: stop() drains and closes everything it opened."""
+
+    ctl: Controller
+    runner: web.AppRunner
+    host: str
+    port: int
+
+    async def stop(self) -> None:
+        """Refuse new webhooks, finish in-flight requests and the row in progress, close the store."""
+        self.ctl.draining = True
+        await self.runner.cleanup()
+        await self.ctl.worker.stop(self.ctl.settings.shutdown_grace_seconds)
+        await close_engine(self.ctl.engine)
+        await self.ctl.inbox.close()
+
+
+async def close_engine(engine: Engine) -> None:
+    """Call the engine's aclose()/close() when it has one (the protocol does not require it)."""
+    closer = getattr(engine, "aclose", None) or getattr(engine, "close", None)
+    if closer is None:
+        return
+    try:
+        result = closer()
+        if inspect.isawaitable(result):
+            await result
+    except Exception:
+        log.exception("engine close failed")
+
+
+def worker_settings(settings: Settings) -> WorkerSettings:
+    """The worker's part of the settings."""
+    return WorkerSettings(
+        tick_interval_seconds=settings.engine_tick_interval_seconds,
+        handle_timeout_seconds=settings.engine_handle_timeout_seconds,
+        retry_initial_seconds=settings.worker_retry_initial_seconds,
+        retry_max_seconds=settings.worker_retry_max_seconds,
+        retention_seconds=settings.inbox_retention_seconds,
+    )
+
+
+async def start_service(
+    settings: Settings,
+    engine_factory: EngineFactory,
+    metrics: RemediationMetrics | None = None,
+    clock: Clock | None = None,
+) -> RunningService:
+    """Open the inbox, build the engine, start the worker and the HTTP(S) listener."""
+    settings.validate()
+    metrics = metrics or RemediationMetrics()
+    clock = clock or SystemClock()
+    inbox = Inbox(settings.inbox_path, settings.storage_synchronous, settings.storage_timeout_seconds)
+    await inbox.start()
+    try:
+        engine = await engine_factory(settings, metrics)
+    except BaseException:
+        await inbox.close()
+        raise
+    worker = Worker(inbox, engine, metrics, worker_settings(settings), clock)
+    ctl = Controller(settings, inbox, engine, worker, metrics, TokenAuth(settings.auth_token), clock)
+    ssl_ctx = None
+    if settings.tls_cert_file is not None and settings.tls_key_file is not None:
+        ssl_ctx = build_ssl_context(
+            settings.tls_cert_file, settings.tls_key_file, settings.tls_client_ca_file
+        )
+    runner = web.AppRunner(build_app(ctl), access_log=None, shutdown_timeout=settings.shutdown_grace_seconds)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, settings.listen_host, settings.listen_port, ssl_context=ssl_ctx)
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        await close_engine(engine)
+        await inbox.close()
+        raise
+    worker.start()
+    host, port = _bound_address(runner, settings)
+    log.info(
+        "listening on %s://%s:%d (auth %s, mTLS %s), inbox %s, %d alerts pending",
+        "https" if ssl_ctx else "http",
+        host,
+        port,
+        "token" if ctl.auth.enabled else "OFF",
+        "on" if settings.tls_client_ca_file else "off",
+        settings.inbox_path,
+        inbox.pending,
+    )
+    return RunningService(ctl, runner, host, port)
+
+
+def _bound_address(runner: web.AppRunner, settings: Settings) -> tuple[str, int]:
+    for addr in runner.addresses:
+        if isinstance(addr, tuple) and len(addr) >= 2:
+            return str(addr[0]), int(addr[1])
+    return settings.listen_host, settings.listen_port
+
+
+async def serve(settings: Settings, engine_factory: EngineFactory) -> None:
+    """Run until SIGTERM or SIGINT, then shut down cleanly."""
+    service = await start_service(settings, engine_factory)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        log.info("shutting down")
+        await service.stop()

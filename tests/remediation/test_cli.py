@@ -1,0 +1,223 @@
+"""gpupulse-remediation: flags, environment equivalents, refusing to start without authentication."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from remediation.cli import SERVE_FLAGS, build_parser, main, parse_duration, settings_from_flags
+from remediation.config import ConfigError, Settings
+
+
+def _settings(argv: list[str], env: dict[str, str] | None = None) -> Settings:
+    ns = build_parser().parse_args(["serve", *argv])
+    return settings_from_flags(ns, env or {})
+
+
+def test_serve_refuses_to_start_without_a_token(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("GPUPULSE_REMEDIATION_TOKEN", raising=False)
+    monkeypatch.delenv("GPUPULSE_REMEDIATION_AUTH_TOKEN_FILE", raising=False)
+    monkeypatch.delenv("GPUPULSE_REMEDIATION_INSECURE_NO_AUTH", raising=False)
+    rc = main(["serve", "--storage.path", str(tmp_path), "--web.listen-address", "127.0.0.1:0"])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "no authentication configured" in err and "--insecure-no-auth" in err
+    assert list(tmp_path.iterdir()) == []  # refused before touching storage
+
+
+def test_insecure_no_auth_must_be_explicit() -> None:
+    with pytest.raises(ConfigError, match="no authentication"):
+        _settings([])
+    assert _settings(["--insecure-no-auth"]).insecure_no_auth is True
+    assert _settings([], {"GPUPULSE_REMEDIATION_INSECURE_NO_AUTH": "true"}).insecure_no_auth is True
+
+
+def test_token_comes_from_the_file_or_the_environment(tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("from-file\n")
+    assert _settings(["--auth.token-file", str(token_file)]).auth_token == "from-file"
+    assert _settings([], {"GPUPULSE_REMEDIATION_TOKEN": "from-env"}).auth_token == "from-env"
+    assert _settings([], {"GPUPULSE_REMEDIATION_AUTH_TOKEN_FILE": str(token_file)}).auth_token == "from-file"
+    # the file wins over the raw environment token
+    both = _settings(["--auth.token-file", str(token_file)], {"GPUPULSE_REMEDIATION_TOKEN": "env"})
+    assert both.auth_token == "from-file"
+    # and the token never shows up in the settings' repr (logs)
+    assert "from-file" not in repr(both)
+
+
+def test_empty_or_missing_token_file_is_an_error(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.write_text("\n")
+    with pytest.raises(ConfigError, match="empty"):
+        _settings(["--auth.token-file", str(empty)])
+    with pytest.raises(ConfigError, match="token-file"):
+        _settings(["--auth.token-file", str(tmp_path / "missing")])
+
+
+def test_flag_wins_over_environment_which_wins_over_default() -> None:
+    env = {"GPUPULSE_REMEDIATION_TOKEN": "t", "GPUPULSE_REMEDIATION_QUEUE_MAX_PENDING": "50"}
+    assert _settings([], {"GPUPULSE_REMEDIATION_TOKEN": "t"}).queue_max_pending == 10_000
+    assert _settings([], env).queue_max_pending == 50
+    assert _settings(["--queue.max-pending", "7"], env).queue_max_pending == 7
+
+
+def test_every_flag_has_an_environment_twin_named_by_the_rule() -> None:
+    for flag in SERVE_FLAGS:
+        expected = "GPUPULSE_REMEDIATION_" + flag.name.upper().replace(".", "_").replace("-", "_")
+        assert flag.env == expected
+
+
+def test_flags_reach_the_engine_settings(tmp_path: Path) -> None:
+    key = tmp_path / "pd"
+    key.write_text("routing-key-123")
+    s = _settings(
+        [
+            "--insecure-no-auth",
+            "--web.listen-address",
+            "127.0.0.1:19836",
+            "--storage.path",
+            str(tmp_path),
+            "--dry-run",
+            "--signatures",
+            "/etc/sigs",
+            "--signatures",
+            "/opt/a,/opt/b",
+            "--backend",
+            "local",
+            "--backend.local.restart-command",
+            "systemctl restart 'my engine'",
+            "--pager",
+            "pagerduty",
+            "--pager.pagerduty.routing-key-file",
+            str(key),
+            "--safety.max-concurrent-actions",
+            "1",
+            "--safety.max-actions-per-minute",
+            "3",
+            "--safety.max-nodes-migrated",
+            "2",
+            "--safety.max-nodes-migrated-fraction",
+            "0.25",
+            "--safety.window",
+            "15m",
+            "--scope.namespaces",
+            "serving, training",
+            "--scope.opt-in-label",
+            "gpupulse_io_remediate",
+            "--engine.tick-interval",
+            "250ms",
+            "--log.format",
+            "json",
+        ]
+    )
+    assert (s.listen_host, s.listen_port) == ("127.0.0.1", 19836)
+    assert s.db_path == tmp_path / "gpupulse.db"
+    e = s.engine
+    assert e.dry_run is True
+    assert e.signature_dirs == (Path("/etc/sigs"), Path("/opt/a"), Path("/opt/b"))
+    assert e.local_backend.restart_command == ("systemctl", "restart", "my engine")
+    assert e.pager.kind == "pagerduty" and e.pager.pagerduty_routing_key == "routing-key-123"
+    assert e.budgets.max_concurrent_actions == 1
+    assert e.budgets.max_actions_per_minute == 3
+    assert e.budgets.max_nodes_migrated == 2
+    assert e.budgets.max_nodes_migrated_fraction == 0.25
+    assert e.budgets.migrate_window_seconds == 900
+    assert e.scope.namespaces == ("serving", "training")
+    assert e.scope.opt_in_label == "gpupulse_io_remediate"
+    assert s.engine_tick_interval_seconds == 0.25
+    assert s.log_format == "json"
+
+
+def test_list_flags_from_the_environment_are_comma_separated() -> None:
+    s = _settings(
+        ["--insecure-no-auth"],
+        {"GPUPULSE_REMEDIATION_SIGNATURES": "/a,/b", "GPUPULSE_REMEDIATION_SCOPE_NAMESPACES": "x,y"},
+    )
+    assert s.engine.signature_dirs == (Path("/a"), Path("/b"))
+    assert s.engine.scope.namespaces == ("x", "y")
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "message"),
+    [
+        (["--web.listen-address", "nonsense"], {}, "--web.listen-address"),
+        (["--queue.max-pending", "many"], {}, "--queue.max-pending"),
+        (
+            [],
+            {"GPUPULSE_REMEDIATION_ENGINE_TICK_INTERVAL": "soon"},
+            "GPUPULSE_REMEDIATION_ENGINE_TICK_INTERVAL",
+        ),
+        (["--storage.synchronous", "OFF"], {}, "--storage.synchronous"),
+        (["--backend", "ssh"], {}, "--backend"),
+        (["--pager", "webhook"], {}, "--pager.url"),
+        (["--web.tls-cert-file", "/c.pem"], {}, "together"),
+        (["--web.tls-client-ca-file", "/ca.pem"], {}, "tls-cert-file"),
+        (["--safety.max-nodes-migrated-fraction", "1.5"], {}, "fraction"),
+    ],
+)
+def test_bad_values_name_the_flag_or_variable(argv: list[str], env: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
+        _settings(["--insecure-no-auth", *argv], env)
+
+
+def test_mutual_tls_client_ca_counts_as_authentication(tmp_path: Path) -> None:
+    s = _settings(
+        [
+            "--web.tls-cert-file",
+            str(tmp_path / "c.pem"),
+            "--web.tls-key-file",
+            str(tmp_path / "k.pem"),
+            "--web.tls-client-ca-file",
+            str(tmp_path / "ca.pem"),
+        ]
+    )
+    assert s.tls_enabled and s.auth_token == ""
+
+
+def test_durations() -> None:
+    assert [parse_duration(x) for x in ("90", "90s", "5m", "1.5h", "250ms", "7d")] == [
+        90,
+        90,
+        300,
+        5400,
+        0.25,
+        604800,
+    ]
+    with pytest.raises(ValueError):
+        parse_duration("5 minutes")
+
+
+def test_help_lists_the_environment_variables(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    out = capsys.readouterr().out
+    assert "--web.listen-address" in out and "GPUPULSE_REMEDIATION_WEB_LISTEN_ADDRESS" in out
+
+
+def test_parser_has_serve() -> None:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert "serve" in sub.choices
+
+
+def test_signatures_subcommand_is_delegated_when_the_engine_ships_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import importlib
+
+    real_import = importlib.import_module
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert "signatures" in sub.choices
+
+    def no_signatures_cli(name: str, package: str | None = None) -> object:
+        if name == "remediation.signatures_cli":
+            raise ImportError(name)
+        return real_import(name, package)
+
+    monkeypatch.setattr(importlib, "import_module", no_signatures_cli)
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert set(sub.choices) == {"serve"}  # absent module: skipped, serve still works
