@@ -1,0 +1,227 @@
+"""`gpupulse-demo`: the whole stack on 127.0.0.1, playing an incident scenario.
+
+Starts the exporter (the simulated incident node in this process; on a machine with NVML also the
+real exporter for the real node), a simulated vLLM engine, Prometheus and Alertmanager with a fast
+copy of our rules, the remediation controller with the local backend, and a pager sink; then
+prints alerts, the controller's ledger and pages as they happen. See docs/demo.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from demo.binaries import MissingBinaryError
+from demo.pager_sink import describe_page
+from demo.procs import StartupError, Supervisor, log_tail
+from demo.simnode import DEFAULT_SCENARIO
+from demo.stack import DemoOptions, Stack, start_stack
+from demo.timeline import AlertWatcher, LedgerWatcher, Timeline, watch
+from demo.verdict import Check, evaluate, expectations_from
+
+EXIT_OK = 0
+EXIT_LADDER_FAILED = 1
+EXIT_STARTUP_FAILED = 2
+log = logging.getLogger("demo")
+
+
+def _write_state(path: Path, stack: Stack, world_pid: int) -> None:
+    doc = {
+        "pid": world_pid,
+        "children": stack.supervisor.pids(),
+        "urls": stack.urls,
+        "workdir": str(stack.workdir),
+    }
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=2))
+    tmp.replace(path)
+
+
+def _print_verdict(timeline: Timeline, checks: Sequence[Check], interrupted: bool) -> None:
+    print("", file=timeline.out)
+    print("What the ladder did" + (" before Ctrl-C:" if interrupted else ":"), file=timeline.out)
+    for c in checks:
+        status = "ok" if c.ok else ("not yet" if interrupted else "MISSING")
+        print(f"  [{status}] {c.name}: {c.detail}", file=timeline.out)
+    print("", file=timeline.out, flush=True)
+
+
+async def run_demo(opts: DemoOptions, stop: asyncio.Event) -> int:
+    """Start the stack, play the scenario, stop everything; returns the exit code."""
+    timeline = Timeline()
+    workdir = Path(tempfile.mkdtemp(prefix="gpupulse-demo-"))
+    (workdir / "logs").mkdir()
+    logging.basicConfig(
+        filename=workdir / "logs" / "demo.log",
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+        force=True,
+    )
+    stack = Stack(workdir, Supervisor(workdir / "logs"), timeline)
+    stack.sink.on_page = lambda page: timeline.line("PAGE", describe_page(page))
+    timeline.line("SETUP", f"starting the stack in {workdir}")
+    code = EXIT_OK
+    interrupted = False
+    try:
+        try:
+            start = asyncio.ensure_future(start_stack(stack, opts))
+            stopper = asyncio.ensure_future(stop.wait())
+            done, _ = await asyncio.wait({start, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            if start not in done:
+                start.cancel()
+                with contextlib.suppress(BaseException):
+                    await start
+                timeline.line("STOP", "interrupted during start-up")
+                return EXIT_OK
+            stopper.cancel()
+            prometheus_url, controller_url, world = start.result()
+        except (StartupError, MissingBinaryError) as exc:
+            print(f"gpupulse-demo: could not start the stack: {exc}", file=sys.stderr, flush=True)
+            return EXIT_STARTUP_FAILED
+        except Exception as exc:  # any other start-up failure: say what it was, then clean up
+            log.exception("start-up failed")
+            print(
+                f"gpupulse-demo: could not start the stack: {type(exc).__name__}: {exc}",
+                file=sys.stderr,
+                flush=True,
+            )
+            return EXIT_STARTUP_FAILED
+        for name, url in stack.urls.items():
+            timeline.line("URL", f"{name}: {url}")
+        timeline.line("PIDS", " ".join(f"{n}={p}" for n, p in stack.supervisor.pids().items()))
+        if opts.state_file is not None:
+            _write_state(opts.state_file, stack, os.getpid())
+        timeline.line(
+            "READY",
+            f"playing scenario {world.sim.scenario.name}: {world.sim.scenario.description}"
+            + (
+                f"; stopping after {opts.duration_seconds:.0f} s"
+                if opts.duration_seconds
+                else "; Ctrl-C stops"
+            ),
+        )
+        offset = world.start_script()
+        timeline.line("SCRIPT", f"the scenario's fault times count from now (simulation time {offset:.1f} s)")
+        token = (workdir / "controller.token").read_text().strip()
+        alerts = AlertWatcher(prometheus_url, timeline)
+        ledger = LedgerWatcher(controller_url, token, timeline)
+        expect = expectations_from(world)
+        watcher = asyncio.create_task(watch(alerts, ledger, stop))
+        deadline = time.monotonic() + opts.duration_seconds if opts.duration_seconds else None
+        died = False
+        while not stop.is_set():
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+            dead = [c for c in stack.supervisor.children if not c.running]
+            if dead:
+                for c in dead:
+                    timeline.line(
+                        "ERROR", f"{c.name} exited with status {c.proc.returncode}:\n{log_tail(c.log)}"
+                    )
+                died = True
+                break
+            if opts.stop_when_verified and all(
+                c.ok for c in evaluate(expect, list(ledger.incidents.values()), stack.sink.pages)
+            ):
+                timeline.line("DONE", "every step of the ladder played; stopping early")
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 1.0)
+        interrupted = stop.is_set()
+        stop.set()
+        await watcher
+        checks = evaluate(expect, list(ledger.incidents.values()), stack.sink.pages)
+        _print_verdict(timeline, checks, interrupted)
+        if interrupted:
+            timeline.line("STOP", "interrupted: stopping everything")
+        elif died or not all(c.ok for c in checks):
+            code = EXIT_LADDER_FAILED
+    finally:
+        await stack.close(opts.keep_temp)
+        timeline.line(
+            "STOP", "all components stopped" + (f"; files kept in {workdir}" if opts.keep_temp else "")
+        )
+    return code
+
+
+def parse_args(argv: Sequence[str] | None) -> DemoOptions:
+    """Command line -> DemoOptions."""
+    p = argparse.ArgumentParser(prog="gpupulse-demo", description=__doc__)
+    p.add_argument(
+        "--duration",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="stop after this long; exit 0 only if the whole ladder played (default: until Ctrl-C)",
+    )
+    p.add_argument(
+        "--stop-when-verified",
+        action="store_true",
+        help="with --duration: stop as soon as every expected step has been seen",
+    )
+    p.add_argument(
+        "--scenario", type=Path, default=DEFAULT_SCENARIO, help="scenario file (default: %(default)s)"
+    )
+    p.add_argument(
+        "--state-file",
+        type=Path,
+        default=None,
+        help="write the PIDs and URLs of everything started here (JSON)",
+    )
+    p.add_argument("--keep-temp", action="store_true", help="keep configs, logs and databases afterwards")
+    p.add_argument(
+        "--no-install", action="store_true", help="never run apt-get for missing Prometheus/Alertmanager"
+    )
+    p.add_argument(
+        "--real-gpus",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="also run the exporter on this machine's GPUs (auto: when NVML loads)",
+    )
+    a = p.parse_args(argv)
+    if a.duration is not None and a.duration <= 0:
+        p.error("--duration must be positive")
+    return DemoOptions(
+        duration_seconds=a.duration,
+        stop_when_verified=a.stop_when_verified,
+        scenario=a.scenario.resolve(),
+        state_file=a.state_file,
+        keep_temp=a.keep_temp,
+        install_missing=not a.no_install,
+        real_gpus=a.real_gpus,
+    )
+
+
+async def _main(opts: DemoOptions) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        return await run_demo(opts, stop)
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console entry point."""
+    opts = parse_args(argv)
+    try:
+        return asyncio.run(_main(opts))
+    except KeyboardInterrupt:
+        return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,43 @@
+"""A fast copy of our alert rules for the demo, generated from alerts/config.yaml at start.
+
+Only what the three scripted incidents need is shortened; every other alert keeps its production
+`for:` (one minute or more), so it cannot fire by accident during a three-minute demo. alerts/ is
+never written: the copy goes into the demo's temporary directory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from dashboards.alertgen import render_rules, write_rules
+
+# Deep-merged over alerts/config.yaml (dashboards.alertconfig.load_config).
+DEMO_RULE_OVERRIDES: Mapping[str, Any] = {
+    "windows": {
+        # an XID keeps its alert active this long; the scripted faults repeat every 3 s
+        "event": "6s",
+        # the leak must outgrow the workload's own recent history, not a week of it
+        "memory_history": "5m",
+        "memory_history_offset": "10s",
+        "memory_history_interval": "1s",
+    },
+    "for": {
+        "GPUProcessMemoryAboveHardLimit": "5s",
+        "GPUXidResetRequired": "3s",
+        # longer than the event window: the pod-less variant of the alert that lives on for one
+        # window after a pod leaves its GPU never lasts long enough to fire
+        "GPUXidAppError": "8s",
+    },
+}
+
+
+def demo_rules(overrides: Mapping[str, Any] = DEMO_RULE_OVERRIDES) -> dict[str, str]:
+    """File name -> YAML text of every rule file, with the demo's shortened windows."""
+    return render_rules(overrides=overrides)
+
+
+def write_demo_rules(out_dir: Path) -> list[Path]:
+    """Write the demo rule files into out_dir; returns their paths."""
+    return write_rules(out_dir, demo_rules())

@@ -1,0 +1,108 @@
+"""The control endpoint (bearer token) and `python -m demo.act`, the local backend's command."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from demo.act import EX_TEMPFAIL, TOKEN_ENV, URL_ENV, run
+from demo.control import ActionRequest, make_control_app
+from demo.procs import free_port
+from demo.world import WorldError
+
+TOKEN = "s3cret-token"
+
+
+class Recorder:
+    """Handler that records requests; a pod named `missing` is refused like the world refuses it."""
+
+    def __init__(self) -> None:
+        self.calls: list[ActionRequest] = []
+
+    def __call__(self, req: ActionRequest) -> str:
+        if req.pod == "missing":
+            raise WorldError("no pod serving/missing")
+        self.calls.append(req)
+        return f"{req.action} {req.namespace}/{req.pod}"
+
+
+@pytest.fixture
+async def control() -> AsyncIterator[tuple[str, Recorder]]:
+    rec = Recorder()
+    runner = web.AppRunner(make_control_app(TOKEN, rec))
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    yield f"http://127.0.0.1:{runner.addresses[0][1]}", rec
+    await runner.cleanup()
+
+
+async def _post(url: str, body: object, token: str | None) -> tuple[int, dict[str, object]]:
+    headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+    async with aiohttp.ClientSession() as s, s.post(url, json=body, headers=headers) as resp:
+        return resp.status, await resp.json()
+
+
+async def test_requests_without_the_right_token_are_refused(control: tuple[str, Recorder]) -> None:
+    url, rec = control
+    target = {"kind": "pod", "namespace": "serving", "pod": "chat"}
+    assert (await _post(f"{url}/control/restart", target, None))[0] == 401
+    assert (await _post(f"{url}/control/restart", target, "s3cret-tokeX"))[0] == 401
+    assert rec.calls == []
+    status, body = await _post(f"{url}/control/restart", target, TOKEN)
+    assert (status, body["summary"]) == (200, "restart serving/chat")
+    assert rec.calls == [ActionRequest("restart", "pod", "", "serving", "chat", "")]
+
+
+async def test_malformed_and_impossible_requests(control: tuple[str, Recorder]) -> None:
+    url, rec = control
+    assert (await _post(f"{url}/control/restart", ["not", "an", "object"], TOKEN))[0] == 400
+    assert (await _post(f"{url}/control/restart", {"pod": 7}, TOKEN))[0] == 400
+    assert (await _post(f"{url}/control/reboot", {"pod": "x"}, TOKEN))[0] == 404
+    status, body = await _post(f"{url}/control/migrate", {"kind": "pod", "pod": "missing"}, TOKEN)
+    assert status == 422 and "no pod" in str(body["error"])
+    assert rec.calls == []
+
+
+def test_an_empty_token_is_refused() -> None:
+    with pytest.raises(ValueError):
+        make_control_app("", Recorder())
+
+
+async def test_act_exit_codes_follow_the_local_backend(control: tuple[str, Recorder]) -> None:
+    url, rec = control
+    env = {URL_ENV: url, TOKEN_ENV: TOKEN}
+    args = ["restart", "--kind", "pod", "--namespace", "serving", "--pod", "chat"]
+    assert await asyncio.to_thread(run, args, env) == 0
+    assert rec.calls[-1].pod == "chat"
+    assert await asyncio.to_thread(run, ["migrate", "--kind", "pod", "--pod", "missing"], env) == 1
+    assert await asyncio.to_thread(run, args, {URL_ENV: url, TOKEN_ENV: "wrong"}) == 1
+    down = {URL_ENV: f"http://127.0.0.1:{free_port()}", TOKEN_ENV: TOKEN}
+    assert await asyncio.to_thread(run, args, down) == EX_TEMPFAIL
+    assert len(rec.calls) == 1
+
+
+async def test_act_runs_as_the_module_the_backend_calls(control: tuple[str, Recorder]) -> None:
+    url, rec = control
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "demo.act",
+        "migrate",
+        "--kind",
+        "gpu",
+        "--node",
+        "n",
+        "--uuid",
+        "GPU-1",
+        env={URL_ENV: url, TOKEN_ENV: TOKEN, "PATH": "/usr/bin:/bin"},
+        stdout=asyncio.subprocess.PIPE,
+    )
+    out, _ = await proc.communicate()
+    assert proc.returncode == 0
+    assert rec.calls == [ActionRequest("migrate", "gpu", "n", "", "", "GPU-1")]
+    assert b"migrate /" in out

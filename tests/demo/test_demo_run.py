@@ -1,0 +1,138 @@
+"""`gpupulse-demo` end to end: real Prometheus, Alertmanager, controller and sim engine as children."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from demo.binaries import find_binaries
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(find_binaries() is None, reason="prometheus / prometheus-alertmanager not installed"),
+]
+
+CONSOLE_SCRIPT = Path(sys.executable).with_name("gpupulse-demo")
+DEMO = [str(CONSOLE_SCRIPT)] if CONSOLE_SCRIPT.exists() else [sys.executable, "-m", "demo.cli"]
+CHILDREN = {"prometheus", "alertmanager", "controller", "sim-engine"}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie has exited; only its parent's wait is missing
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _processes_mentioning(text: str) -> list[str]:
+    """Command lines of live processes that mention `text` (e.g. the demo's temp dir)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmdline and _alive(int(entry.name)):
+            found.append(f"{entry.name}: {cmdline}")
+    return found
+
+
+def _assert_nothing_left(state_file: Path, demo_pid: int) -> None:
+    state = json.loads(state_file.read_text())
+    assert state["pid"] == demo_pid
+    assert set(state["children"]) >= CHILDREN
+    left = {name: pid for name, pid in state["children"].items() if _alive(pid)}
+    assert left == {}
+    assert _processes_mentioning(state["workdir"]) == []
+    assert not Path(state["workdir"]).exists()
+
+
+async def _start(state_file: Path, *args: str) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        *DEMO,
+        "--no-install",
+        "--state-file",
+        str(state_file),
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+
+
+async def _read_until(proc: asyncio.subprocess.Process, marker: str, timeout_seconds: float) -> str:
+    assert proc.stdout is not None
+    seen = []
+    deadline = time.monotonic() + timeout_seconds
+    while True:
+        line = await asyncio.wait_for(proc.stdout.readline(), max(0.1, deadline - time.monotonic()))
+        if not line:
+            raise AssertionError(f"demo exited before {marker!r}:\n{''.join(seen)}")
+        seen.append(line.decode())
+        if marker in seen[-1]:
+            return "".join(seen)
+
+
+@pytest.mark.timeout(200)
+async def test_full_run_plays_the_ladder_and_leaves_nothing_running(tmp_path: Path) -> None:
+    state_file = tmp_path / "state.json"
+    started = time.monotonic()
+    proc = await _start(state_file, "--duration", "120", "--stop-when-verified")
+    out, _ = await asyncio.wait_for(proc.communicate(), 180)
+    text = out.decode()
+    assert proc.returncode == 0, text[-4000:]
+    assert time.monotonic() - started < 150
+    for step in ("(a) leak", "(b) GPU", "(c) restart loop"):
+        assert f"[ok] {step}" in text, text[-4000:]
+    assert "WORLD    restarted serving/chat-" in text and "drained GPU 2" in text
+    assert "PAGE     [CRITICAL] gpupulse-incident-" in text
+    _assert_nothing_left(state_file, proc.pid)
+
+
+@pytest.mark.timeout(120)
+async def test_ctrl_c_stops_everything_cleanly(tmp_path: Path) -> None:
+    state_file = tmp_path / "state.json"
+    proc = await _start(state_file)
+    try:
+        await _read_until(proc, "READY", 90)
+        await _read_until(proc, "ALERT", 30)  # the stack is running and watched
+    except BaseException:
+        proc.kill()
+        await proc.wait()
+        raise
+    proc.send_signal(signal.SIGINT)
+    out, _ = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, out.decode()[-3000:]
+    assert "all components stopped" in out.decode()
+    _assert_nothing_left(state_file, proc.pid)
+
+
+def _broken_scenario(tmp_path: Path) -> Path:
+    """The demo scenario naming a pod that does not exist in x-demo (found after the engine started)."""
+    source = Path(__file__).resolve().parents[2] / "exporter" / "scenarios" / "incident-demo.yaml"
+    bad = tmp_path / "broken-demo.yaml"
+    bad.write_text(source.read_text().replace("    rag-5c8d9f7b6-k2m4p:\n", "    ghost-0:\n"))
+    return bad
+
+
+@pytest.mark.timeout(120)
+async def test_a_start_up_failure_stops_what_was_started(tmp_path: Path) -> None:
+    bad = _broken_scenario(tmp_path)
+    proc = await _start(tmp_path / "state.json", "--scenario", str(bad), "--duration", "30")
+    out, _ = await asyncio.wait_for(proc.communicate(), 90)
+    text = out.decode()
+    assert proc.returncode == 2, text
+    assert "could not start the stack" in text and "ghost-0" in text
+    assert _processes_mentioning(str(bad)) == []
+    assert not (tmp_path / "state.json").exists()

@@ -1,0 +1,95 @@
+"""exporter.sim.interventions: a running simulation changed from outside, seen through pynvml."""
+
+from __future__ import annotations
+
+import pynvml as N
+import pytest
+
+from exporter.sim import ManualClock, SimulatedNvml
+from exporter.sim.interventions import (
+    InterventionError,
+    delay_processes,
+    inject_xid,
+    move_process,
+    restart_process,
+    swap_activity,
+)
+
+GIB = 1 << 30
+
+
+def _procs(index: int) -> dict[int, int]:
+    h = N.nvmlDeviceGetHandleByIndex(index)
+    return {p.pid: p.usedGpuMemory for p in N.nvmlDeviceGetComputeRunningProcesses(h)}
+
+
+def test_restart_gives_a_new_pid_and_a_fresh_memory_curve(sim: SimulatedNvml, clock: ManualClock) -> None:
+    clock.set(60)
+    assert _procs(0) == {31001: 50 * GIB}
+    restart_process(sim, 31001, 50001, memory_bytes=18 * GIB)
+    assert _procs(0) == {50001: 18 * GIB}
+    clock.set(120)
+    assert _procs(0) == {50001: 18 * GIB}
+    assert N.nvmlSystemGetProcessName(50001) == N.nvmlSystemGetProcessName(31001)
+
+
+def test_restart_without_memory_replays_the_curve_from_now(sim: SimulatedNvml, clock: ManualClock) -> None:
+    clock.set(100)
+    restart_process(sim, 31001, 50001)
+    assert _procs(0) == {50001: 18 * GIB}
+    clock.set(100 + 44)
+    assert _procs(0) == {50001: 50 * GIB}
+
+
+def test_move_keeps_the_pid_and_changes_the_gpu(sim: SimulatedNvml) -> None:
+    move_process(sim, 31003, 6)
+    assert 31003 not in _procs(2)
+    assert _procs(6) == {31003: 22 * GIB}
+    assert N.nvmlDeviceGetMemoryInfo(N.nvmlDeviceGetHandleByIndex(6)).used >= 22 * GIB
+
+
+def test_swap_activity_moves_utilization_but_not_energy(sim: SimulatedNvml, clock: ManualClock) -> None:
+    clock.set(10)
+    h2, h6 = N.nvmlDeviceGetHandleByIndex(2), N.nvmlDeviceGetHandleByIndex(6)
+    energy = N.nvmlDeviceGetTotalEnergyConsumption(h2)
+    assert (N.nvmlDeviceGetUtilizationRates(h2).gpu, N.nvmlDeviceGetUtilizationRates(h6).gpu) == (85, 0)
+    swap_activity(sim, 2, 6)
+    assert (N.nvmlDeviceGetUtilizationRates(h2).gpu, N.nvmlDeviceGetUtilizationRates(h6).gpu) == (0, 85)
+    assert N.nvmlDeviceGetTotalEnergyConsumption(h2) == energy
+
+
+def test_injected_xid_reaches_registered_event_sets_at_its_time(
+    sim: SimulatedNvml, clock: ManualClock
+) -> None:
+    es = N.nvmlEventSetCreate()
+    h = N.nvmlDeviceGetHandleByIndex(1)
+    N.nvmlDeviceRegisterEvents(h, N.nvmlEventTypeXidCriticalError, es)
+    inject_xid(sim, 1, 13, at_seconds=5)
+    with pytest.raises(N.NVMLError_Timeout):
+        N.nvmlEventSetWait_v2(es, 0)
+    clock.set(5)
+    ev = N.nvmlEventSetWait_v2(es, 0)
+    assert (N.nvmlDeviceGetIndex(ev.device), ev.eventData) == (1, 13)
+    N.nvmlEventSetFree(es)
+
+
+def test_delay_moves_changing_curves_and_keeps_constant_ones(sim: SimulatedNvml, clock: ManualClock) -> None:
+    delay_processes(sim, 30)
+    clock.set(44)
+    assert _procs(0) == {31001: 18 * GIB}  # the leak now starts at 14 + 30
+    assert _procs(1) == {31002: 30 * GIB}
+    clock.set(74)
+    assert _procs(0) == {31001: 50 * GIB}
+    with pytest.raises(InterventionError):
+        delay_processes(sim, -1)
+
+
+def test_unknown_targets_are_refused(sim: SimulatedNvml) -> None:
+    with pytest.raises(InterventionError):
+        restart_process(sim, 99999, 50001)
+    with pytest.raises(InterventionError):
+        move_process(sim, 31001, 42)
+    with pytest.raises(InterventionError):
+        restart_process(sim, 31001, 31002)  # a PID that is already taken
+    with pytest.raises(InterventionError):
+        inject_xid(sim, 8, 13)

@@ -1,0 +1,71 @@
+"""Timeline lines for alert transitions and ledger entries."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import pytest
+
+from demo.binaries import MissingBinaryError, ensure_binaries, find_binaries
+from demo.timeline import AlertWatcher, LedgerWatcher, Timeline
+
+
+def _timeline() -> tuple[Timeline, io.StringIO]:
+    out = io.StringIO()
+    return Timeline(out=out), out
+
+
+def _alert(state: str, **labels: str) -> dict[str, Any]:
+    return {"labels": {"alertname": "GPUXidResetRequired", "severity": "critical", **labels}, "state": state}
+
+
+def test_alert_transitions_are_printed_once_each() -> None:
+    tl, out = _timeline()
+    w = AlertWatcher("http://unused", tl)
+    w.update([_alert("pending", gpu="2")])
+    w.update([_alert("pending", gpu="2")])
+    w.update([_alert("firing", gpu="2")])
+    w.update([])
+    lines = [line.split(None, 2)[2] for line in out.getvalue().splitlines()]
+    assert lines == [
+        "pending  GPUXidResetRequired gpu=2 [critical]",
+        "firing   GPUXidResetRequired gpu=2 [critical]",
+        "resolved GPUXidResetRequired gpu=2 [critical]",
+    ]
+    assert [a["gpu"] for a in w.fired] == ["2"]
+
+
+def test_ledger_entries_are_printed_once_and_actions_when_finished() -> None:
+    tl, out = _timeline()
+    w = LedgerWatcher("http://unused", "t", tl)
+    inc: dict[str, Any] = {
+        "id": 1,
+        "signature": "gpu-memory-leak",
+        "target_kind": "pod",
+        "target_namespace": "serving",
+        "target_pod": "chat-0",
+        "history": [
+            {"kind": "event", "status": "opened", "summary": "matched"},
+            {"kind": "action", "rung": "restart", "status": "started", "summary": "restart"},
+        ],
+    }
+    w.apply(inc)
+    inc["history"][1] = {"kind": "action", "rung": "restart", "status": "success", "summary": "done"}
+    w.apply(inc)
+    w.apply(inc)
+    text = out.getvalue()
+    assert text.count("opened") == 1
+    assert text.count("restart success") == 1 and "started" not in text
+
+
+def test_missing_servers_give_a_clear_message(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("demo.binaries.find_binaries", lambda: None)
+    with pytest.raises(MissingBinaryError, match="apt-get install prometheus prometheus-alertmanager"):
+        ensure_binaries(install=False, say=lambda _t: None)
+
+
+def test_binaries_are_found_under_their_debian_names() -> None:
+    paths = {"prometheus": "/x/prometheus", "prometheus-alertmanager": "/x/prometheus-alertmanager"}
+    found = find_binaries(paths.get)
+    assert found is not None and found.alertmanager == "/x/prometheus-alertmanager"
