@@ -1,0 +1,194 @@
+"""The GPUs every NVML collector shares: one worker thread per GPU, deadlines, lost and stale state."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from exporter.collectors.base import GpuRef
+from exporter.config import Clock
+from exporter.nvml import (
+    DeadlineExceededError,
+    Device,
+    GpuLostError,
+    GpuStaleError,
+    GpuWorker,
+    Nvml,
+    NvmlUnknownError,
+)
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+@dataclass
+class GpuSlot:
+    """One GPU with its worker; `lost` is permanent, `stale` lasts until a call answers again."""
+
+    device: Device
+    worker: GpuWorker
+    lost: bool = False
+    stale: bool = False
+    uuid: str = field(init=False)
+    index: str = field(init=False)  # the `gpu` label
+
+    def __post_init__(self) -> None:
+        self.uuid = self.device.static.uuid
+        self.index = str(self.device.static.index)
+
+    def ref(self) -> GpuRef:
+        """The GPU as NodeState names it."""
+        s = self.device.static
+        return GpuRef(uuid=s.uuid, index=str(s.index), name=s.name, pci_bus_id=s.pci_bus_id)
+
+
+class Outcome:
+    """Why a GPU gave no result this round."""
+
+    LOST = "lost"
+    STALE = "stale"
+    FAILED = "failed"
+    UNKNOWN = "unknown"  # NVML_ERROR_UNKNOWN: in a container, usually a lost device cgroup
+
+
+class GpuFleet:
+    """Runs per-GPU NVML work concurrently across GPUs, each GPU behind its own deadline."""
+
+    def __init__(
+        self, nvml: Nvml, clock: Clock, call_timeout_seconds: float, unknown_rounds_fatal: int = 10
+    ) -> None:
+        self.nvml, self.clock = nvml, clock
+        self.call_timeout_seconds = call_timeout_seconds
+        self.slots = [GpuSlot(dev, GpuWorker(f"nvml-gpu{dev.static.index}")) for dev in nvml.devices]
+        self.answered = False  # did any GPU answer in the last device round
+        self.unknown_rounds = 0
+        self.unknown_rounds_fatal = unknown_rounds_fatal
+        self.fatal: str | None = None  # set when the exporter should exit (see note_device_round)
+        self._pending: dict[
+            str, tuple[GpuSlot, list[tuple[Callable[[Device], Any], asyncio.Future[Any]]]]
+        ] = {}
+        self._batches: set[asyncio.Task[None]] = set()
+
+    @property
+    def driver_version(self) -> str:
+        return self.nvml.driver_version
+
+    def live(self) -> list[GpuSlot]:
+        """GPUs not lost."""
+        return [s for s in self.slots if not s.lost]
+
+    def submit(self, slot: GpuSlot, fn: Callable[[Device], T]) -> asyncio.Future[T | str]:
+        """Queue fn(device) for the GPU's next batch; the future holds the result or an Outcome string.
+
+        Requests made in the same event-loop turn (all collectors of one tick) go to each GPU's thread
+        as one batch: one thread handoff per GPU per tick instead of one per collector, and one
+        deadline for the GPU's whole round.
+        """
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[T | str] = loop.create_future()
+        if slot.lost:
+            fut.set_result(Outcome.LOST)
+        elif slot.worker.stuck:
+            slot.stale = True
+            fut.set_result(Outcome.STALE)
+        else:
+            if not self._pending:
+                loop.call_soon(self._flush)
+            self._pending.setdefault(slot.index, (slot, []))[1].append((fn, fut))
+        return fut
+
+    async def run(self, slot: GpuSlot, fn: Callable[[Device], T]) -> T | str:
+        """fn(device) on the GPU's thread, or an Outcome string when it is lost, stale or failed."""
+        return await self.submit(slot, fn)
+
+    async def map(
+        self, fn: Callable[[Device], T], slots: Sequence[GpuSlot] | None = None
+    ) -> list[tuple[GpuSlot, T | str]]:
+        """fn on every live GPU (or on `slots`) at once; results in GPU order."""
+        chosen = list(self.slots if slots is None else slots)
+        futures = [self.submit(slot, fn) for slot in chosen]
+        return [(slot, await fut) for slot, fut in zip(chosen, futures, strict=True)]
+
+    def _flush(self) -> None:
+        pending, self._pending = self._pending, {}
+        for slot, jobs in pending.values():
+            task = asyncio.ensure_future(self._run_batch(slot, jobs))
+            self._batches.add(task)
+            task.add_done_callback(self._batches.discard)
+
+    async def _run_batch(
+        self, slot: GpuSlot, jobs: list[tuple[Callable[[Device], Any], asyncio.Future[Any]]]
+    ) -> None:
+        device = slot.device
+
+        def batch() -> list[tuple[bool, Any]]:
+            out: list[tuple[bool, Any]] = []
+            for fn, _ in jobs:
+                try:
+                    out.append((True, fn(device)))
+                except Exception as exc:
+                    out.append((False, exc))
+            return out
+
+        try:
+            results = await slot.worker.run(batch, self.call_timeout_seconds)
+        except (DeadlineExceededError, GpuStaleError) as exc:
+            if not slot.stale:
+                log.warning("GPU %s (%s) is stale: %s", slot.index, slot.uuid, exc)
+            slot.stale = True
+            results = [(True, Outcome.STALE)] * len(jobs)
+        else:
+            slot.stale = False
+        for (_, fut), (ok, value) in zip(jobs, results, strict=True):
+            if not fut.done():
+                fut.set_result(value if ok else self._failure(slot, value))
+
+    def _failure(self, slot: GpuSlot, exc: Exception) -> str:
+        if isinstance(exc, GpuLostError):
+            if not slot.lost:
+                log.error(
+                    "GPU %s (%s) is lost; its series are removed until the exporter restarts",
+                    slot.index,
+                    slot.uuid,
+                )
+            slot.lost = True
+            return Outcome.LOST
+        log.warning("GPU %s: %s", slot.index, exc)
+        return Outcome.UNKNOWN if isinstance(exc, NvmlUnknownError) else Outcome.FAILED
+
+    def note_device_round(self, outcomes: Sequence[object]) -> None:
+        """Track device rounds in which every live GPU failed with Unknown Error; fatal after a run of them.
+
+        Re-initialising NVML does not bring back a container's lost device cgroup; exiting lets the
+        orchestrator restart the container, which is what fixes it.
+        """
+        if outcomes and all(o == Outcome.UNKNOWN for o in outcomes):
+            self.unknown_rounds += 1
+        else:
+            self.unknown_rounds = 0
+        if self.unknown_rounds >= self.unknown_rounds_fatal and self.fatal is None:
+            self.fatal = (
+                f"every GPU answered NVML Unknown Error for {self.unknown_rounds} samples in a row; "
+                "in a container this usually means its device cgroup lost /dev/nvidia*"
+            )
+
+    def stale_gpus(self) -> Sequence[tuple[str, str, bool]]:
+        """(uuid, index, stale) for every GPU not lost."""
+        return [(s.uuid, s.index, s.stale or s.worker.stuck) for s in self.live()]
+
+    def gpu_states(self) -> Sequence[tuple[GpuRef, str]]:
+        """Every GPU with "up", "stale" or "lost" (for the landing page)."""
+        out: list[tuple[GpuRef, str]] = []
+        for s in self.slots:
+            state = "lost" if s.lost else "stale" if s.stale or s.worker.stuck else "up"
+            out.append((s.ref(), state))
+        return out
+
+    def close(self) -> bool:
+        """Stop the workers; False when one is still inside a driver call."""
+        for slot in self.slots:
+            slot.worker.stop()
+        return all(slot.worker.join(0.5) for slot in self.slots)

@@ -1,0 +1,59 @@
+"""Collector `health`: XID counters, ECC error counters and row-remapping state."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from prometheus_client.core import Metric
+
+from exporter import catalog as c
+from exporter.collectors.base import NodeState
+from exporter.collectors.gpus import GpuFleet
+from exporter.collectors.xid import XidCounter
+from exporter.nvml import HealthReading, read_health
+
+
+class HealthCollector:
+    """ECC and remapped rows from NVML each tick; XIDs as counted by the event thread.
+
+    XID counters stay for lost GPUs: XID 79 with gpu_up 0 is how a GPU that fell off the bus shows.
+    """
+
+    name = "health"
+    interval_seconds: float | None = None
+
+    def __init__(self, fleet: GpuFleet, xids: XidCounter) -> None:
+        self.fleet, self.xids = fleet, xids
+
+    async def collect(self, state: NodeState) -> Sequence[Metric]:
+        """Sample health counters and add the XID counts."""
+        fam = {spec.name: c.family(spec) for spec in c.HEALTH_METRICS}
+        for slot, r in await self.fleet.map(read_health):
+            if not isinstance(r, HealthReading):
+                continue
+            gpu = [slot.uuid, slot.index]
+            if r.ecc_corrected is not None:
+                fam[c.GPU_ECC_ERRORS.name].add_metric([*gpu, "corrected"], float(r.ecc_corrected))
+            if r.ecc_uncorrected is not None:
+                fam[c.GPU_ECC_ERRORS.name].add_metric([*gpu, "uncorrected"], float(r.ecc_uncorrected))
+            if r.remapped_correctable is not None and r.remapped_uncorrectable is not None:
+                fam[c.GPU_REMAPPED_ROWS.name].add_metric([*gpu, "correctable"], float(r.remapped_correctable))
+                fam[c.GPU_REMAPPED_ROWS.name].add_metric(
+                    [*gpu, "uncorrectable"], float(r.remapped_uncorrectable)
+                )
+            if r.remap_pending is not None:
+                fam[c.GPU_REMAPPED_ROWS_PENDING.name].add_metric(gpu, float(r.remap_pending))
+            if r.remap_failed is not None:
+                fam[c.GPU_REMAPPED_ROWS_FAILED.name].add_metric(gpu, float(r.remap_failed))
+        index_by_uuid = {slot.uuid: slot.index for slot in self.fleet.slots}
+        known = [
+            (int(index_by_uuid[u]), xid, u, n)
+            for (u, xid), n in self.xids.counts().items()
+            if u in index_by_uuid
+        ]
+        for index, xid, uuid, count in sorted(known):
+            fam[c.GPU_XID_ERRORS.name].add_metric([uuid, str(index), str(xid)], float(count))
+        return [f for f in fam.values() if f.samples]
+
+    async def close(self) -> None:
+        """Nothing to release: the GPU fleet is closed by the exporter."""

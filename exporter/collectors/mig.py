@@ -1,0 +1,63 @@
+"""Collector `mig`: MIG instances with their memory and per-GPU-instance GPM activity."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from prometheus_client.core import Metric
+
+from exporter import catalog as c
+from exporter.collectors.base import GpuRef, NodeState
+from exporter.collectors.gpus import GpuFleet
+from exporter.nvml import Device, MigInstance, poll_mig_gpm, read_mig
+
+_GPM_SPECS = {
+    "sm_active": c.GPU_MIG_SM_ACTIVE,
+    "sm_occupancy": c.GPU_MIG_SM_OCCUPANCY,
+    "tensor_active": c.GPU_MIG_TENSOR_ACTIVE,
+    "dram_active": c.GPU_MIG_DRAM_ACTIVE,
+}
+
+MigResult = tuple[list[MigInstance], dict[int, dict[str, float]]]
+
+
+class MigCollector:
+    """Enumerates instances every tick (handles change on reconfiguration) on MIG-enabled GPUs."""
+
+    name = "mig"
+    interval_seconds: float | None = None
+
+    def __init__(self, fleet: GpuFleet) -> None:
+        self.fleet = fleet
+
+    def _read(self, dev: Device) -> MigResult:
+        instances = read_mig(dev)
+        gpm = poll_mig_gpm(dev, [i.gpu_instance_id for i in instances], self.fleet.clock.monotonic)
+        return instances, gpm
+
+    async def collect(self, state: NodeState) -> Sequence[Metric]:
+        """Read MIG instances and publish them to NodeState as GpuRefs with mig_uuid."""
+        fam = {spec.name: c.family(spec) for spec in c.MIG_METRICS}
+        mig_slots = [s for s in self.fleet.live() if s.device.static.mig_enabled]
+        refs: list[GpuRef] = []
+        for slot, r in await self.fleet.map(self._read, mig_slots):
+            if not isinstance(r, tuple):
+                continue
+            instances, gpm = r
+            for inst in instances:
+                base = [slot.uuid, slot.index, inst.mig_uuid]
+                fam[c.GPU_MIG_INFO.name].add_metric(
+                    [*base, str(inst.gpu_instance_id), str(inst.compute_instance_id), inst.profile], 1.0
+                )
+                if inst.memory is not None:
+                    fam[c.GPU_MIG_MEMORY_USED.name].add_metric(base, float(inst.memory.used_bytes))
+                    fam[c.GPU_MIG_MEMORY_TOTAL.name].add_metric(base, float(inst.memory.total_bytes))
+                for metric, value in gpm.get(inst.gpu_instance_id, {}).items():
+                    fam[_GPM_SPECS[metric].name].add_metric(base, value)
+                refs.append(replace(slot.ref(), mig_uuid=inst.mig_uuid))
+        state.gpus = tuple(g for g in state.gpus if not g.mig_uuid) + tuple(refs)
+        return [f for f in fam.values() if f.samples]
+
+    async def close(self) -> None:
+        """Nothing to release: the GPU fleet is closed by the exporter."""

@@ -1,0 +1,843 @@
+"""The one seam to NVML: the only module that imports pynvml.
+
+Everything above this module receives plain dataclasses. Blocking NVML calls run on one daemon
+thread per GPU (GpuWorker) with a deadline, and XID events arrive from one dedicated thread
+(XidWatcher). The simulated NVML replaces pynvml's C function lookups, so this code runs in tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import ctypes
+import logging
+import math
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, TypeVar
+
+import pynvml
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+Monotonic = Callable[[], float]
+
+BINDING_VERSION: Final = "13.615.71"
+
+
+# --- errors -------------------------------------------------------------------------------------
+class NvmlError(Exception):
+    """An NVML call failed; `code` is the nvmlReturn_t (0 when unknown)."""
+
+    def __init__(self, message: str, code: int = 0) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class GpuLostError(NvmlError):
+    """The GPU fell off the bus or is otherwise inaccessible (NVML_ERROR_GPU_IS_LOST)."""
+
+
+class NotSupportedError(NvmlError):
+    """The GPU, driver or OS lacks this feature; ask again never."""
+
+
+class NvmlUnknownError(NvmlError):
+    """NVML_ERROR_UNKNOWN: GSP timeouts, or a container that lost its device cgroup."""
+
+
+class NvmlUnavailableError(NvmlError):
+    """No NVML library or no loaded driver on this host."""
+
+
+class DeadlineExceededError(Exception):
+    """A call on one GPU did not return within its deadline."""
+
+
+class GpuStaleError(Exception):
+    """The GPU still has a call past its deadline; it is not queried again until that returns."""
+
+
+_NOT_SUPPORTED_CODES = {
+    pynvml.NVML_ERROR_NOT_SUPPORTED,
+    pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
+    pynvml.NVML_ERROR_NO_PERMISSION,
+}
+_UNAVAILABLE_CODES = {
+    pynvml.NVML_ERROR_LIBRARY_NOT_FOUND,
+    pynvml.NVML_ERROR_DRIVER_NOT_LOADED,
+    pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH,
+}
+
+
+def classify(exc: BaseException, call: str = "") -> Exception:
+    """Map a pynvml exception to ours; anything else is returned unchanged."""
+    if isinstance(exc, pynvml.NVMLLibraryMismatchError):
+        return NotSupportedError(f"{call}: {exc}")
+    if not isinstance(exc, pynvml.NVMLError):
+        return exc if isinstance(exc, Exception) else RuntimeError(str(exc))
+    code = int(exc.value)
+    message = f"{call}: {_error_text(exc)}"
+    if code == pynvml.NVML_ERROR_GPU_IS_LOST:
+        return GpuLostError(message, code)
+    if code in _NOT_SUPPORTED_CODES:
+        return NotSupportedError(message, code)
+    if code == pynvml.NVML_ERROR_UNKNOWN:
+        return NvmlUnknownError(message, code)
+    if code in _UNAVAILABLE_CODES:
+        return NvmlUnavailableError(message, code)
+    return NvmlError(message, code)
+
+
+def _error_text(exc: Any) -> str:
+    try:
+        return str(exc)
+    except Exception:  # str() calls nvmlErrorString, which needs the library
+        return f"NVML error {exc.value}"
+
+
+def call(fn: Callable[..., T], *args: Any) -> T:
+    """Run one pynvml function, raising our error types."""
+    try:
+        return fn(*args)
+    except (pynvml.NVMLError, pynvml.NVMLLibraryMismatchError) as exc:
+        raise classify(exc, getattr(fn, "__name__", "nvml")) from None
+
+
+# --- data ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class GpuStatic:
+    """Facts read once at startup."""
+
+    index: int
+    uuid: str
+    name: str
+    pci_bus_id: str
+    vbios_version: str
+    mig_enabled: bool
+    slowdown_temperature_celsius: float | None
+    shutdown_temperature_celsius: float | None
+    pcie_generation_max: int | None
+    pcie_width_max: int | None
+    gpm_supported: bool
+
+
+@dataclass(frozen=True)
+class MemoryInfo:
+    total_bytes: int
+    used_bytes: int
+    free_bytes: int
+    reserved_bytes: int | None  # None on drivers without memory v2
+
+
+@dataclass(frozen=True)
+class DeviceReading:
+    """One sample of a GPU's dynamic state; None means absent on this GPU or this round."""
+
+    memory: MemoryInfo | None = None
+    utilization_ratio: float | None = None
+    memory_utilization_ratio: float | None = None
+    temperature_celsius: float | None = None
+    memory_temperature_celsius: float | None = None
+    thermal_margin_celsius: float | None = None
+    power_watts: float | None = None
+    power_limit_watts: float | None = None
+    energy_joules: float | None = None
+    sm_clock_hertz: float | None = None
+    memory_clock_hertz: float | None = None
+    clock_event_reasons: int | None = None
+    pcie_generation: int | None = None
+    pcie_width: int | None = None
+    pcie_replays: int | None = None
+    performance_state: int | None = None
+    fan_speed_ratio: float | None = None
+
+
+@dataclass(frozen=True)
+class HealthReading:
+    ecc_corrected: int | None = None
+    ecc_uncorrected: int | None = None
+    remapped_correctable: int | None = None
+    remapped_uncorrectable: int | None = None
+    remap_pending: bool | None = None
+    remap_failed: bool | None = None
+
+
+@dataclass(frozen=True)
+class ProcessReading:
+    pid: int
+    used_memory_bytes: int | None
+    mig_uuid: str = ""
+
+
+@dataclass(frozen=True)
+class ProcessSample:
+    pid: int
+    timestamp_us: int
+    sm_ratio: float
+
+
+@dataclass(frozen=True)
+class NvLinkState:
+    link: int
+    up: bool
+    remote_is_switch: bool
+    remote_pci_bus_id: str | None
+
+
+@dataclass(frozen=True)
+class MigInstance:
+    mig_uuid: str
+    gpu_instance_id: int
+    compute_instance_id: int
+    profile: str
+    memory: MemoryInfo | None
+
+
+# Clock event reason label -> bit, in the order of the metric contract.
+CLOCK_EVENT_REASONS: Final[tuple[tuple[str, int], ...]] = (
+    ("gpu_idle", 0x1),
+    ("applications_clocks_setting", 0x2),
+    ("sw_power_cap", 0x4),
+    ("hw_slowdown", 0x8),
+    ("sync_boost", 0x10),
+    ("sw_thermal_slowdown", 0x20),
+    ("hw_thermal_slowdown", 0x40),
+    ("hw_power_brake_slowdown", 0x80),
+    ("display_clock_setting", 0x100),
+)
+
+GPM_METRICS: Final[dict[str, int]] = {
+    "sm_active": pynvml.NVML_GPM_METRIC_SM_UTIL,
+    "sm_occupancy": pynvml.NVML_GPM_METRIC_SM_OCCUPANCY,
+    "tensor_active": pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL,
+    "dram_active": pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL,
+}
+GPM_MIN_INTERVAL_SECONDS: Final = 0.1  # nvml.h: the two samples must be more than 100 ms apart
+
+
+# --- a device and its per-call bookkeeping -------------------------------------------------------
+@dataclass
+class Device:
+    """A GPU handle plus what we learned about it; touched only from its own GpuWorker thread."""
+
+    static: GpuStatic
+    handle: Any
+    absent: set[str] = field(default_factory=set)
+    last_process_sample_us: int = 0
+    gpm: GpmSampler | None = None
+    mig_gpm: dict[int, GpmSampler] = field(default_factory=dict)
+    nvlink_count: int | None = None
+    nvlink_remote: dict[int, tuple[bool, str | None]] = field(default_factory=dict)  # link -> (switch, bus)
+
+    def optional(self, key: str, fn: Callable[..., T], *args: Any) -> T | None:
+        """Call fn; None when the feature is absent (remembered) or failed this round. Lost GPUs raise."""
+        if key in self.absent:
+            return None
+        try:
+            return call(fn, *args)
+        except NotSupportedError:
+            self.absent.add(key)
+            return None
+        except GpuLostError:
+            raise
+        except NvmlError as exc:
+            log.debug("gpu %s: %s failed: %s", self.static.index, key, exc)
+            return None
+
+
+def _field_value(fv: Any) -> float | None:
+    if fv.nvmlReturn != pynvml.NVML_SUCCESS:
+        return None
+    attr = {
+        pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal",
+        pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
+        pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
+        pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
+        pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
+        pynvml.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
+        pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: "usVal",
+    }.get(fv.valueType)
+    return float(getattr(fv.value, attr)) if attr else None
+
+
+def _memory(dev: Device, handle: Any, key: str) -> MemoryInfo | None:
+    if key + ":v2" not in dev.absent:
+        try:
+            m = call(pynvml.nvmlDeviceGetMemoryInfo, handle, pynvml.nvmlMemory_v2)
+            return MemoryInfo(int(m.total), int(m.used), int(m.free), int(m.reserved))
+        except NotSupportedError:
+            dev.absent.add(key + ":v2")  # driver < 510: fall back to v1 (used includes reserved)
+    m1 = dev.optional(key, pynvml.nvmlDeviceGetMemoryInfo, handle)
+    return None if m1 is None else MemoryInfo(int(m1.total), int(m1.used), int(m1.free), None)
+
+
+def read_device(dev: Device) -> DeviceReading:
+    """Sample a GPU's dynamic state (runs on the GPU's worker thread)."""
+    h, opt = dev.handle, dev.optional
+    util = None if dev.static.mig_enabled else opt("util", pynvml.nvmlDeviceGetUtilizationRates, h)
+    temp = opt("tempv", pynvml.nvmlDeviceGetTemperatureV, h, pynvml.NVML_TEMPERATURE_GPU)
+    if temp is None and "tempv" in dev.absent:
+        temp = opt("temp", pynvml.nvmlDeviceGetTemperature, h, pynvml.NVML_TEMPERATURE_GPU)
+    mem_temp = None
+    fields = opt("memtemp", pynvml.nvmlDeviceGetFieldValues, h, [pynvml.NVML_FI_DEV_MEMORY_TEMP])
+    if fields is not None:
+        mem_temp = _field_value(fields[0])
+    power = opt("power", pynvml.nvmlDeviceGetPowerUsage, h)
+    limit = opt("powerlimit", pynvml.nvmlDeviceGetEnforcedPowerLimit, h)
+    energy = opt("energy", pynvml.nvmlDeviceGetTotalEnergyConsumption, h)
+    sm_clock = opt("smclock", pynvml.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_SM)
+    mem_clock = opt("memclock", pynvml.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_MEM)
+    fan = opt("fan", pynvml.nvmlDeviceGetFanSpeed, h)
+    pstate = opt("pstate", pynvml.nvmlDeviceGetPerformanceState, h)
+    return DeviceReading(
+        memory=_memory(dev, h, "memory"),
+        utilization_ratio=None if util is None else util.gpu / 100.0,
+        memory_utilization_ratio=None if util is None else util.memory / 100.0,
+        temperature_celsius=None if temp is None else float(temp),
+        memory_temperature_celsius=mem_temp,
+        thermal_margin_celsius=_float(opt("margin", pynvml.nvmlDeviceGetMarginTemperature, h)),
+        power_watts=None if power is None else power / 1000.0,
+        power_limit_watts=None if limit is None else limit / 1000.0,
+        energy_joules=None if energy is None else energy / 1000.0,
+        sm_clock_hertz=None if sm_clock is None else sm_clock * 1e6,
+        memory_clock_hertz=None if mem_clock is None else mem_clock * 1e6,
+        clock_event_reasons=_int(opt("reasons", pynvml.nvmlDeviceGetCurrentClocksEventReasons, h)),
+        pcie_generation=_int(opt("pciegen", pynvml.nvmlDeviceGetCurrPcieLinkGeneration, h)),
+        pcie_width=_int(opt("pciewidth", pynvml.nvmlDeviceGetCurrPcieLinkWidth, h)),
+        pcie_replays=_int(opt("replay", pynvml.nvmlDeviceGetPcieReplayCounter, h)),
+        performance_state=None if pstate is None or pstate > 15 else int(pstate),
+        fan_speed_ratio=None if fan is None else fan / 100.0,
+    )
+
+
+def _float(v: Any) -> float | None:
+    return None if v is None else float(v)
+
+
+def _int(v: Any) -> int | None:
+    return None if v is None else int(v)
+
+
+def read_health(dev: Device) -> HealthReading:
+    """ECC (volatile) and row-remapping state."""
+    h, opt = dev.handle, dev.optional
+    corrected = opt(
+        "ecc_c",
+        pynvml.nvmlDeviceGetTotalEccErrors,
+        h,
+        pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED,
+        pynvml.NVML_VOLATILE_ECC,
+    )
+    uncorrected = opt(
+        "ecc_u",
+        pynvml.nvmlDeviceGetTotalEccErrors,
+        h,
+        pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+        pynvml.NVML_VOLATILE_ECC,
+    )
+    rows = opt("remap", pynvml.nvmlDeviceGetRemappedRows, h)
+    return HealthReading(
+        ecc_corrected=_int(corrected),
+        ecc_uncorrected=_int(uncorrected),
+        remapped_correctable=None if rows is None else int(rows[0]),
+        remapped_uncorrectable=None if rows is None else int(rows[1]),
+        remap_pending=None if rows is None else bool(rows[2]),
+        remap_failed=None if rows is None else bool(rows[3]),
+    )
+
+
+def read_processes(
+    dev: Device, now_us: int, window_us: int
+) -> tuple[list[ProcessReading], list[ProcessSample]]:
+    """Compute processes with their memory, plus process-utilization samples newer than the last seen."""
+    h = dev.handle
+    procs: list[ProcessReading] = []
+    handles = [(h, "")]
+    if dev.static.mig_enabled:
+        handles = [(mh, uuid) for mh, uuid in _mig_handles(dev)]
+    for handle, mig_uuid in handles:
+        listed = list(dev.optional("procs", pynvml.nvmlDeviceGetComputeRunningProcesses, handle) or [])
+        listed += dev.optional("gprocs", pynvml.nvmlDeviceGetGraphicsRunningProcesses, handle) or []
+        for p in listed:
+            used = p.usedGpuMemory
+            procs.append(ProcessReading(int(p.pid), None if used is None else int(used), mig_uuid))
+    samples: list[ProcessSample] = []
+    if not dev.static.mig_enabled and "putil" not in dev.absent:
+        since = dev.last_process_sample_us or max(0, now_us - window_us)
+        try:
+            raw = call(pynvml.nvmlDeviceGetProcessUtilization, h, since)
+        except NotSupportedError:
+            dev.absent.add("putil")
+            raw = []
+        except GpuLostError:
+            raise
+        except NvmlError:  # NOT_FOUND: no process had a sample since `since`
+            raw = []
+        for s in raw:
+            ts = int(s.timeStamp)
+            if ts > since:
+                samples.append(ProcessSample(int(s.pid), ts, float(s.smUtil) / 100.0))
+        if samples:
+            dev.last_process_sample_us = max(s.timestamp_us for s in samples)
+        else:
+            dev.last_process_sample_us = max(since, now_us - window_us)
+    return procs, samples
+
+
+def read_nvlink(dev: Device) -> list[NvLinkState]:
+    """State of every NVLink link the GPU has (empty when it has none).
+
+    The link count and each link's far end are static until a reset, so they are read once; a tick
+    reads only the link states.
+    """
+    h = dev.handle
+    if "nvlink" in dev.absent:
+        return []
+    if dev.nvlink_count is None:
+        count = pynvml.NVML_NVLINK_MAX_LINKS
+        fields = dev.optional(
+            "nvlinkcount", pynvml.nvmlDeviceGetFieldValues, h, [pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT]
+        )
+        if fields is not None and (n := _field_value(fields[0])) is not None:
+            count = int(n)
+        dev.nvlink_count = count
+    links: list[NvLinkState] = []
+    for link in range(dev.nvlink_count):
+        try:
+            state = call(pynvml.nvmlDeviceGetNvLinkState, h, link)
+        except GpuLostError:
+            raise
+        except NvmlError:
+            continue  # link absent on this board
+        up = state == pynvml.NVML_FEATURE_ENABLED
+        if up and link not in dev.nvlink_remote:
+            rtype = dev.optional("nvlinkrtype", pynvml.nvmlDeviceGetNvLinkRemoteDeviceType, h, link)
+            is_switch, remote = rtype == pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH, None
+            if not is_switch:
+                pci = dev.optional("nvlinkremote", pynvml.nvmlDeviceGetNvLinkRemotePciInfo, h, link)
+                remote = None if pci is None else str(pci.busId).upper()
+            dev.nvlink_remote[link] = (is_switch, remote)
+        is_switch, remote = dev.nvlink_remote.get(link, (False, None))
+        links.append(NvLinkState(link, up, is_switch, remote))
+    if not links:
+        dev.absent.add("nvlink")
+    return links
+
+
+def _mig_handles(dev: Device) -> list[tuple[Any, str]]:
+    h = dev.handle
+    count = dev.optional("migcount", pynvml.nvmlDeviceGetMaxMigDeviceCount, h) or 0
+    out: list[tuple[Any, str]] = []
+    for i in range(int(count)):
+        try:
+            mh = call(pynvml.nvmlDeviceGetMigDeviceHandleByIndex, h, i)
+            out.append((mh, str(call(pynvml.nvmlDeviceGetUUID, mh))))
+        except GpuLostError:
+            raise
+        except NvmlError:
+            continue  # NOT_FOUND: no MIG device at this index
+    return out
+
+
+def _mig_profile(name: str, attrs: Any) -> str:
+    if " MIG " in name:
+        return name.rsplit(" MIG ", 1)[1].strip()
+    if attrs is not None:
+        return f"{int(attrs.gpuInstanceSliceCount)}g.{round(int(attrs.memorySizeMB) / 1024)}gb"
+    return ""
+
+
+def read_mig(dev: Device) -> list[MigInstance]:
+    """MIG instances of a GPU with their memory (empty when MIG is off)."""
+    if not dev.static.mig_enabled:
+        return []
+    out: list[MigInstance] = []
+    for mh, mig_uuid in _mig_handles(dev):
+        gi = dev.optional("mig_gi", pynvml.nvmlDeviceGetGpuInstanceId, mh)
+        ci = dev.optional("mig_ci", pynvml.nvmlDeviceGetComputeInstanceId, mh)
+        name = dev.optional("mig_name", pynvml.nvmlDeviceGetName, mh) or ""
+        attrs = None if " MIG " in name else dev.optional("mig_attrs", pynvml.nvmlDeviceGetAttributes, mh)
+        out.append(
+            MigInstance(
+                mig_uuid=mig_uuid,
+                gpu_instance_id=-1 if gi is None else int(gi),
+                compute_instance_id=-1 if ci is None else int(ci),
+                profile=_mig_profile(str(name), attrs),
+                memory=_memory(dev, mh, "mig_memory"),
+            )
+        )
+    return out
+
+
+# --- GPM ------------------------------------------------------------------------------------------
+class GpmSampler:
+    """One rolling pair of GPM samples: each poll takes one sample and reports over (previous, current)."""
+
+    def __init__(self, handle: Any, monotonic: Monotonic, gpu_instance_id: int | None = None) -> None:
+        self._handle, self._gi, self._monotonic = handle, gpu_instance_id, monotonic
+        self._ids = list(GPM_METRICS.values())
+        self._prev = call(pynvml.nvmlGpmSampleAlloc)
+        self._cur = call(pynvml.nvmlGpmSampleAlloc)
+        self._prev_t: float | None = None
+        self._mg = pynvml.c_nvmlGpmMetricsGet_t()  # about 19 KB: allocate once
+        self._mg.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+        self._mg.numMetrics = len(self._ids)
+        for i, metric_id in enumerate(self._ids):
+            self._mg.metrics[i].metricId = metric_id
+
+    def _take(self, sample: Any) -> None:
+        if self._gi is None:
+            call(pynvml.nvmlGpmSampleGet, self._handle, sample)
+        else:
+            call(pynvml.nvmlGpmMigSampleGet, self._handle, self._gi, sample)
+
+    def poll(self) -> dict[str, float] | None:
+        """Ratios (0..1) per metric name; None on the first poll or when polled too soon."""
+        now = self._monotonic()
+        if self._prev_t is None:
+            self._take(self._prev)
+            self._prev_t = now
+            return None
+        if now - self._prev_t < GPM_MIN_INTERVAL_SECONDS:
+            return None  # keep the old baseline
+        try:
+            self._take(self._cur)
+            self._mg.sample1, self._mg.sample2 = self._prev, self._cur
+            for i in range(len(self._ids)):
+                self._mg.metrics[i].nvmlReturn = pynvml.NVML_ERROR_UNKNOWN  # don't trust stale outputs
+            call(pynvml.nvmlGpmMetricsGet, self._mg)
+        finally:
+            self._prev, self._cur = self._cur, self._prev  # rotate even on failure
+            self._prev_t = now
+        out: dict[str, float] = {}
+        for i, name in enumerate(GPM_METRICS):
+            m = self._mg.metrics[i]
+            if m.nvmlReturn == pynvml.NVML_SUCCESS and math.isfinite(m.value):
+                out[name] = min(max(m.value / 100.0, 0.0), 1.0)
+        return out
+
+    def close(self) -> None:
+        """Free both sample buffers."""
+        for sample in (self._prev, self._cur):
+            try:
+                call(pynvml.nvmlGpmSampleFree, sample)
+            except NvmlError:
+                pass
+
+
+def poll_gpm(dev: Device, monotonic: Monotonic) -> dict[str, float] | None:
+    """Device-level GPM ratios; None on the first poll, raises NotSupportedError when GPM is absent."""
+    if not dev.static.gpm_supported or dev.static.mig_enabled:
+        raise NotSupportedError("GPM is not supported on this GPU")
+    if dev.gpm is None:
+        dev.gpm = GpmSampler(dev.handle, monotonic)
+    return dev.gpm.poll()
+
+
+def poll_mig_gpm(
+    dev: Device, gpu_instance_ids: Sequence[int], monotonic: Monotonic
+) -> dict[int, dict[str, float]]:
+    """GPM ratios per GPU instance (parent handle + GI id); instances on their first poll are left out."""
+    out: dict[int, dict[str, float]] = {}
+    if not dev.static.gpm_supported or "mig_gpm" in dev.absent:
+        return out
+    for gi in sorted(set(gpu_instance_ids) - {-1}):
+        sampler = dev.mig_gpm.get(gi)
+        try:
+            if sampler is None:
+                sampler = dev.mig_gpm[gi] = GpmSampler(dev.handle, monotonic, gi)
+            values = sampler.poll()
+        except NotSupportedError:
+            dev.absent.add("mig_gpm")
+            return {}
+        except GpuLostError:
+            raise
+        except NvmlError as exc:
+            log.debug("gpu %s gi %s: GPM failed: %s", dev.static.index, gi, exc)
+            continue
+        if values is not None:
+            out[gi] = values
+    for gone in set(dev.mig_gpm) - set(gpu_instance_ids):
+        dev.mig_gpm.pop(gone).close()
+    return out
+
+
+# --- init and enumeration ------------------------------------------------------------------------
+class NvmlInitError(Exception):
+    """nvmlInit failed; `unknown` is True for NVML_ERROR_UNKNOWN (lost device cgroup in a container)."""
+
+    def __init__(self, message: str, unavailable: bool, unknown: bool) -> None:
+        super().__init__(message)
+        self.unavailable, self.unknown = unavailable, unknown
+
+
+class Nvml:
+    """NVML initialised once for this process, with its devices."""
+
+    def __init__(self) -> None:
+        self.devices: list[Device] = []
+        self.driver_version = ""
+        self._initialised = False
+
+    def init(self) -> None:
+        """nvmlInit once; raises NvmlInitError."""
+        try:
+            # NO_GPUS: a DaemonSet on a node without GPUs still starts and reports nothing.
+            call(pynvml.nvmlInitWithFlags, pynvml.NVML_INIT_FLAG_NO_GPUS)
+        except NvmlUnknownError as exc:
+            raise NvmlInitError(str(exc), unavailable=False, unknown=True) from None
+        except NvmlError as exc:
+            raise NvmlInitError(
+                str(exc), unavailable=isinstance(exc, NvmlUnavailableError), unknown=False
+            ) from None
+        self._initialised = True
+        try:
+            self.driver_version = str(call(pynvml.nvmlSystemGetDriverVersion))
+        except NvmlError:
+            self.driver_version = ""
+
+    def discover(self) -> list[Device]:
+        """Open every GPU we may access and read its static facts (the slow first handle lookup)."""
+        count = int(call(pynvml.nvmlDeviceGetCount))
+        devices: list[Device] = []
+        for index in range(count):
+            try:
+                handle = call(pynvml.nvmlDeviceGetHandleByIndex, index)
+            except NvmlError as exc:  # NO_PERMISSION: counted but not ours
+                log.warning("skipping GPU %d: %s", index, exc)
+                continue
+            try:
+                devices.append(Device(static=read_static(index, handle), handle=handle))
+            except NvmlError as exc:
+                log.warning("skipping GPU %d: %s", index, exc)
+        self.devices = devices
+        return devices
+
+    def shutdown(self) -> None:
+        """nvmlShutdown; call only after every worker and the XID thread have stopped."""
+        if not self._initialised:
+            return
+        for dev in self.devices:
+            for sampler in [dev.gpm, *dev.mig_gpm.values()]:
+                if sampler is not None:
+                    sampler.close()
+        try:
+            call(pynvml.nvmlShutdown)
+        except NvmlError as exc:
+            log.warning("nvmlShutdown: %s", exc)
+        self._initialised = False
+
+
+def read_static(index: int, handle: Any) -> GpuStatic:
+    """Identity and limits of one GPU."""
+    probe = Device(static=_placeholder(index), handle=handle)
+    opt = probe.optional
+    pci = call(pynvml.nvmlDeviceGetPciInfo, handle)
+    mig = opt("migmode", pynvml.nvmlDeviceGetMigMode, handle)
+    gpm = opt("gpm", pynvml.nvmlGpmQueryDeviceSupport, handle)
+    slowdown = opt(
+        "slowdown",
+        pynvml.nvmlDeviceGetTemperatureThreshold,
+        handle,
+        pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN,
+    )
+    shutdown = opt(
+        "shutdown",
+        pynvml.nvmlDeviceGetTemperatureThreshold,
+        handle,
+        pynvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN,
+    )
+    return GpuStatic(
+        index=index,
+        uuid=str(call(pynvml.nvmlDeviceGetUUID, handle)),
+        name=str(call(pynvml.nvmlDeviceGetName, handle)),
+        pci_bus_id=str(pci.busId).upper(),
+        vbios_version=str(opt("vbios", pynvml.nvmlDeviceGetVbiosVersion, handle) or ""),
+        mig_enabled=bool(mig is not None and mig[0] == pynvml.NVML_DEVICE_MIG_ENABLE),
+        slowdown_temperature_celsius=_float(slowdown),
+        shutdown_temperature_celsius=_float(shutdown),
+        pcie_generation_max=_int(opt("pciegenmax", pynvml.nvmlDeviceGetMaxPcieLinkGeneration, handle)),
+        pcie_width_max=_int(opt("pciewidthmax", pynvml.nvmlDeviceGetMaxPcieLinkWidth, handle)),
+        gpm_supported=bool(gpm is not None and gpm.isSupportedDevice),
+    )
+
+
+def _placeholder(index: int) -> GpuStatic:
+    return GpuStatic(index, "", "", "", "", False, None, None, None, None, False)
+
+
+def nvlink_pairs(
+    devices: Sequence[Device], links: dict[int, list[NvLinkState]]
+) -> list[tuple[int, int, str, int]]:
+    """GPU pairs joined by NVLink as (index_a, index_b, via, links), each pair once with a < b."""
+    by_bus = {d.static.pci_bus_id.upper(): d.static.index for d in devices}
+    direct: dict[tuple[int, int], int] = {}
+    to_switch: dict[int, int] = {}
+    for dev in devices:
+        i = dev.static.index
+        for state in links.get(i, []):
+            if not state.up:
+                continue
+            if state.remote_is_switch:
+                to_switch[i] = to_switch.get(i, 0) + 1
+                continue
+            j = by_bus.get(state.remote_pci_bus_id or "")
+            if j is not None and j != i:
+                key = (min(i, j), max(i, j))
+                direct[key] = direct.get(key, 0) + 1
+    pairs: list[tuple[int, int, str, int]] = []
+    indices = sorted(d.static.index for d in devices)
+    for a_pos, a in enumerate(indices):
+        for b in indices[a_pos + 1 :]:
+            n = direct.get((a, b), 0)
+            if n:
+                pairs.append((a, b, "direct", n // 2 or n))  # both ends report the same link
+            elif to_switch.get(a) and to_switch.get(b):
+                # NVSwitch systems report the switch as remote, never the peer (HAMi #2103).
+                pairs.append((a, b, "nvswitch", min(to_switch[a], to_switch[b])))
+    return pairs
+
+
+# --- per-GPU worker threads with deadlines -------------------------------------------------------
+class GpuWorker:
+    """A daemon thread that runs one GPU's NVML calls in order, each awaited with a deadline.
+
+    ctypes calls cannot be cancelled, so a call past its deadline keeps the thread; until it returns
+    the GPU is stale and new calls fail at once (no queue or thread pile-up behind a wedged call).
+    Daemon threads let the process exit even when a call never returns.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._queue: queue.SimpleQueue[tuple[Callable[[], Any], concurrent.futures.Future[Any]] | None] = (
+            queue.SimpleQueue()
+        )
+        self._stuck: concurrent.futures.Future[Any] | None = None
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    @property
+    def stuck(self) -> bool:
+        """True while a call that missed its deadline has not returned."""
+        return self._stuck is not None and not self._stuck.done()
+
+    def _loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            fn, fut = item
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                result = fn()
+            except BaseException as exc:
+                fut.set_exception(exc)
+            else:
+                fut.set_result(result)
+
+    async def run(self, fn: Callable[[], T], timeout_seconds: float) -> T:
+        """Run fn on this GPU's thread; DeadlineExceededError past the deadline, GpuStaleError while stuck."""
+        if self.stuck:
+            raise GpuStaleError("a previous call on this GPU has not returned")
+        fut: concurrent.futures.Future[T] = concurrent.futures.Future()
+        self._queue.put((fn, fut))
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(fut), timeout_seconds)
+        except TimeoutError:
+            if not fut.cancelled() and not fut.done():
+                self._stuck = fut  # it is running: the thread is held until the driver returns
+            raise DeadlineExceededError(f"no answer within {timeout_seconds:g} s") from None
+
+    def stop(self) -> None:
+        """Ask the thread to exit after its current call."""
+        self._queue.put(None)
+
+    def join(self, timeout_seconds: float) -> bool:
+        """Wait for the thread; False when it is still inside a call."""
+        self._thread.join(timeout_seconds)
+        return not self._thread.is_alive()
+
+
+# --- XID events ----------------------------------------------------------------------------------
+XID_EVENT_MASK: Final = pynvml.nvmlEventTypeXidCriticalError
+XidCallback = Callable[[str, int], None]
+
+
+class XidWatcher:
+    """One thread blocking in nvmlEventSetWait_v2 (ctypes drops the GIL) that reports (uuid, xid)."""
+
+    def __init__(
+        self,
+        devices: Sequence[Device],
+        on_xid: XidCallback,
+        loop: asyncio.AbstractEventLoop,
+        wait_timeout_ms: int = 500,
+    ) -> None:
+        self._handles = [d.handle for d in devices]
+        self._uuid_by_addr = {_addr(d.handle): d.static.uuid for d in devices}
+        self._on_xid, self._loop, self._timeout_ms = on_xid, loop, wait_timeout_ms
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="nvml-xid-events", daemon=True)
+        self.registered = 0
+
+    def start(self) -> None:
+        """Create the event set, register the GPUs and start waiting."""
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            event_set = call(pynvml.nvmlEventSetCreate)
+        except NvmlError as exc:
+            log.warning("XID events unavailable: %s", exc)
+            return
+        try:
+            for handle in self._handles:
+                try:
+                    mask = XID_EVENT_MASK & int(call(pynvml.nvmlDeviceGetSupportedEventTypes, handle))
+                    if mask:
+                        call(pynvml.nvmlDeviceRegisterEvents, handle, mask, event_set)
+                        self.registered += 1
+                except NvmlError as exc:  # NOT_SUPPORTED leaves the set usable
+                    log.info("XID events not registered for a GPU: %s", exc)
+            while not self._stop.is_set():
+                self._wait_once(event_set)
+        finally:
+            try:
+                call(pynvml.nvmlEventSetFree, event_set)  # before any nvmlShutdown
+            except NvmlError:
+                pass
+
+    def _wait_once(self, event_set: Any) -> None:
+        try:
+            data = pynvml.nvmlEventSetWait_v2(event_set, self._timeout_ms)
+        except pynvml.NVMLError as exc:
+            if int(exc.value) != pynvml.NVML_ERROR_TIMEOUT:
+                log.debug("event wait: %s", _error_text(exc))
+                self._stop.wait(self._timeout_ms / 1000.0)  # GPU lost etc.: don't spin
+            return
+        if not int(data.eventType) & XID_EVENT_MASK:
+            return
+        uuid = self._uuid_by_addr.get(_addr(data.device))
+        if uuid is None:
+            try:
+                uuid = str(call(pynvml.nvmlDeviceGetUUID, data.device))
+            except NvmlError:
+                return
+        try:
+            self._loop.call_soon_threadsafe(self._on_xid, uuid, int(data.eventData))
+        except RuntimeError:  # loop closed during shutdown
+            self._stop.set()
+
+    def stop(self, timeout_seconds: float = 2.0) -> bool:
+        """Stop waiting and free the event set; False if the thread is still inside the driver."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout_seconds)
+        return not self._thread.is_alive()
+
+
+def _addr(handle: Any) -> int:
+    return int(ctypes.cast(handle, ctypes.c_void_p).value or 0)

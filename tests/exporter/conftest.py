@@ -1,0 +1,10 @@
+"""Fixtures for exporter tests: simulated NVML on a manual clock, a fleet and a sampler around it."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+_ROOT = str(Path(__file__).resolve().parents[2])
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
