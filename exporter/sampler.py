@@ -66,7 +66,7 @@ class Sampler:
             ok = True
         except CollectorError as exc:
             log.warning("collector %s failed: %s", collector.name, exc)
-            families, ok = [], False
+            families, ok = list(exc.families), False
         except TimeoutError:
             log.warning(
                 "collector %s took longer than %.1f s",
@@ -98,7 +98,7 @@ class Sampler:
         taken_unix, taken_mono = self.clock.time(), self.clock.monotonic()
         if good:
             self.last_good_unix, self.last_good_monotonic = taken_unix, taken_mono
-        families: list[Metric] = [f for fams, _ in results for f in fams]
+        families = merge_families([f for fams, _ in results for f in fams])
         stale = self.gpu_status.stale_gpus() if self.gpu_status is not None else ()
         families += self_families(rounds, self.last_good_unix, stale)
         snap = Snapshot.build(
@@ -185,3 +185,33 @@ class Sampler:
                 await collector.close()
             except Exception:
                 log.exception("closing collector %s", collector.name)
+
+
+def merge_families(families: list[Metric]) -> list[Metric]:
+    """One family per name, in first-seen order.
+
+    Collectors may share a family (gpupulse_series_dropped_total is written by attribution and by
+    engines); two HELP/TYPE blocks of one name are invalid exposition, so their samples are joined.
+    """
+    groups: dict[str, list[Metric]] = {}
+    for family in families:
+        groups.setdefault(family.name, []).append(family)
+    out: list[Metric] = []
+    for name, group in groups.items():
+        first = group[0]
+        if len(group) == 1:
+            out.append(first)
+            continue
+        joined = Metric(first.name, first.documentation, first.type, first.unit)
+        for family in group:
+            if family.type != first.type:
+                log.error(
+                    "families named %s disagree on type (%s, %s); dropping the latter",
+                    name,
+                    first.type,
+                    family.type,
+                )
+                continue
+            joined.samples.extend(family.samples)
+        out.append(joined)
+    return out

@@ -33,5 +33,4 @@ class PartialCollectorError(CollectorError):
     """
 
     def __init__(self, message: str, families: list[Metric]) -> None:
-        super().__init__(message)
-        self.families = families
+        super().__init__(message, families)

@@ -7,9 +7,7 @@ import contextlib
 import logging
 import os
 from dataclasses import dataclass
-
-import grpc
-import grpc.aio
+from typing import TYPE_CHECKING
 
 from exporter.attribution.clock import Clock, SystemClock
 from exporter.attribution.podresources_proto import (
@@ -19,6 +17,9 @@ from exporter.attribution.podresources_proto import (
     decode_list_response,
     encode_list_request,
 )
+
+if TYPE_CHECKING:
+    import grpc.aio
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,10 @@ class PodResourcesClient:
 
     async def list(self) -> tuple[PodResources, ...]:
         """One List call; raises PodResourcesError on any failure."""
+        # grpc is imported on first use: it costs about 10 MiB of RSS, and nodes without a kubelet
+        # (bare metal, --simulate) never need it.
+        import grpc.aio
+
         if self._channel is None:
             self._channel = grpc.aio.insecure_channel(
                 f"unix://{self._socket_path}",

@@ -57,7 +57,15 @@ class NodeState:
 
 
 class CollectorError(Exception):
-    """A collector could not produce its families this round; it is reported, not fatal."""
+    """A collector could not produce its families this round; it is reported, not fatal.
+
+    `families` carries what is still true despite the failure (e.g. allocations from the last
+    good kubelet answer): the sampler serves them while reporting the round as failed.
+    """
+
+    def __init__(self, message: str, families: Sequence[Metric] = ()) -> None:
+        super().__init__(message)
+        self.families: Sequence[Metric] = families
 
 
 class Collector(Protocol):

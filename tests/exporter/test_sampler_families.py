@@ -1,0 +1,69 @@
+"""How the sampler assembles collectors' families into one valid exposition."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Sequence
+
+import pytest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from exporter.collectors.base import CollectorError, NodeState
+from exporter.config import ExporterSettings
+from exporter.sampler import Sampler
+from tests.exporter.clocks import StepClock
+
+
+class _Fixed:
+    """A collector that returns (or fails with) prepared families."""
+
+    interval_seconds: float | None = None
+
+    def __init__(self, name: str, families: Sequence[Metric], fail: bool = False) -> None:
+        self.name, self.families, self.fail = name, families, fail
+
+    async def collect(self, state: NodeState) -> Sequence[Metric]:
+        if self.fail:
+            raise CollectorError("kubelet went away", families=self.families)
+        return self.families
+
+    async def close(self) -> None:
+        return None
+
+
+def _dropped(collector: str, value: float) -> CounterMetricFamily:
+    family = CounterMetricFamily(
+        "gpupulse_series_dropped", "Series not exported because a cap was reached.", labels=["collector"]
+    )
+    family.add_metric([collector], value)
+    return family
+
+
+async def test_a_family_two_collectors_share_is_rendered_once() -> None:
+    sampler = Sampler(
+        [_Fixed("attribution", [_dropped("attribution", 3)]), _Fixed("engines", [_dropped("engines", 5)])],
+        ExporterSettings(),
+        StepClock(),
+    )
+    text = (await sampler.sample_once()).body.decode()
+
+    assert text.count("# HELP gpupulse_series_dropped_total") == 1
+    assert text.count("# TYPE gpupulse_series_dropped_total counter") == 1
+    assert 'gpupulse_series_dropped_total{collector="attribution"} 3.0' in text
+    assert 'gpupulse_series_dropped_total{collector="engines"} 5.0' in text
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not installed")
+    checked = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stderr + checked.stdout
+
+
+async def test_failed_round_still_serves_the_families_it_vouches_for() -> None:
+    allocation = GaugeMetricFamily("gpu_allocation_info", "GPU allocated to a pod.", labels=["uuid", "pod"])
+    allocation.add_metric(["GPU-1", "llama-0"], 1)
+    sampler = Sampler([_Fixed("attribution", [allocation], fail=True)], ExporterSettings(), StepClock())
+    text = (await sampler.sample_once()).body.decode()
+
+    assert 'gpu_allocation_info{pod="llama-0",uuid="GPU-1"} 1.0' in text
+    assert 'gpupulse_collector_success{collector="attribution"} 0.0' in text
