@@ -32,6 +32,14 @@ class _Fixed:
         return None
 
 
+def _assert_promtool_accepts(text: str) -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not installed")
+    checked = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stderr + checked.stdout
+
+
 def _dropped(collector: str, value: float) -> CounterMetricFamily:
     family = CounterMetricFamily(
         "gpupulse_series_dropped", "Series not exported because a cap was reached.", labels=["collector"]
@@ -52,11 +60,7 @@ async def test_a_family_two_collectors_share_is_rendered_once() -> None:
     assert text.count("# TYPE gpupulse_series_dropped_total counter") == 1
     assert 'gpupulse_series_dropped_total{collector="attribution"} 3.0' in text
     assert 'gpupulse_series_dropped_total{collector="engines"} 5.0' in text
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.skip("promtool is not installed")
-    checked = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
-    assert checked.returncode == 0, checked.stderr + checked.stdout
+    _assert_promtool_accepts(text)
 
 
 async def test_failed_round_still_serves_the_families_it_vouches_for() -> None:
