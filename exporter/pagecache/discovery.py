@@ -46,13 +46,19 @@ class PathSpec:
 
     @classmethod
     def parse(cls, text: str) -> PathSpec:
-        """Split the optional `model[@namespace/pod]=` prefix (a bare glob names models by directory)."""
+        """Split the optional `model[@namespace/pod]=` prefix (a bare glob names models by directory).
+
+        Model names may hold a slash (Hugging Face ids such as `meta-llama/Llama-3.1-8B`, vLLM's
+        default served name), so a prefix is recognised only in front of an absolute pattern.
+        """
         head, sep, pattern = text.partition("=")
-        if not sep or not head or head.startswith("/"):
+        if not sep or not head or head.startswith("/") or not pattern.startswith("/"):
             return cls(pattern=text)
-        name, _, owner = head.partition("@")
+        name, at, owner = head.rpartition("@")
+        if not at:
+            name, owner = head, ""
         namespace, _, pod = owner.partition("/")
-        if "/" in name or (owner and not (namespace and pod)):
+        if not name or (owner and not (namespace and pod and "/" not in pod)):
             return cls(pattern=text)
         return cls(pattern=pattern, name=name, namespace=namespace, pod=pod)
 

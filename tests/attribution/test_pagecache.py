@@ -189,7 +189,12 @@ def test_model_names() -> None:
     assert PathSpec.parse("llama@serving/llama-0=/m/*.gguf") == PathSpec(
         "/m/*.gguf", "llama", "serving", "llama-0"
     )
-    assert PathSpec.parse("org/name=/m/x") == PathSpec(pattern="org/name=/m/x")
+    assert PathSpec.parse("org/name=/m/x") == PathSpec(pattern="/m/x", name="org/name")
+    assert PathSpec.parse("meta-llama/Llama-3.1-8B@serving/llama-0=/m/*") == PathSpec(
+        "/m/*", "meta-llama/Llama-3.1-8B", "serving", "llama-0"
+    )
+    # A relative glob that happens to hold "=" is a pattern, not a prefix.
+    assert PathSpec.parse("models/a=b*") == PathSpec(pattern="models/a=b*")
 
 
 async def test_scenario_eviction_drops_the_ratio_of_the_pods_model(
