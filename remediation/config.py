@@ -26,6 +26,26 @@ class ConfigError(Exception):
 
 
 @dataclass(frozen=True)
+class KubeSettings:
+    """How `serve --backend kubernetes` reaches the cluster and whether replicas elect a leader."""
+
+    # empty: the pod's service account when running in a cluster, else $KUBECONFIG (resolved by the CLI)
+    kubeconfig_path: str = ""
+    context: str = ""
+    namespace: str = ""  # the controller's namespace (Leases live here); default $POD_NAMESPACE
+    identity: str = ""  # this replica's name (Lease holder); default $POD_NAME, else the hostname
+    request_timeout_seconds: float = 10.0
+    # on whenever more than one replica may run at once (rollouts included); see docs/reliability.md
+    leader_election: bool = False
+    lease_name: str = "gpupulse-remediation-leader"
+    lease_duration_seconds: int = 15
+    renew_deadline_seconds: float = 10.0
+    retry_period_seconds: float = 2.0
+    # YAML mapping of KubernetesBackendSettings fields (eviction deadline, PDB policy, ...)
+    backend_config_file: Path | None = None
+
+
+@dataclass(frozen=True)
 class Settings:
     """Everything `gpupulse-remediation serve` is configured with."""
 
@@ -51,6 +71,7 @@ class Settings:
     # the decision engine's settings (dry-run, signatures, budgets, scope, backend, pager) live in
     # the engine's own dataclasses, so their defaults are defined once (remediation/engine_config.py)
     engine: EngineSettings = field(default_factory=EngineSettings)
+    kube: KubeSettings = field(default_factory=KubeSettings)
     log_format: LogFormat = "logfmt"
     log_level: str = "info"
     shutdown_grace_seconds: float = 10.0
@@ -93,8 +114,26 @@ class Settings:
         budgets = self.engine.budgets
         if not 0.0 <= budgets.max_nodes_migrated_fraction <= 1.0:
             raise ConfigError("--safety.max-nodes-migrated-fraction must be within [0, 1]")
+        if self.engine.backend == "kubernetes":
+            self._validate_kube()
         pager = self.engine.pager
         if pager.kind in ("webhook", "slack") and not pager.url:
             raise ConfigError(f"--pager={pager.kind} needs --pager.url (or --pager.url-file)")
         if pager.kind == "pagerduty" and not pager.pagerduty_routing_key:
             raise ConfigError("--pager=pagerduty needs --pager.pagerduty.routing-key-file")
+
+    def _validate_kube(self) -> None:
+        kube = self.kube
+        if not kube.namespace:
+            raise ConfigError("--backend=kubernetes needs --kube.namespace (or POD_NAMESPACE)")
+        if not kube.identity:
+            raise ConfigError("--backend=kubernetes needs --kube.identity (or POD_NAME)")
+        if kube.request_timeout_seconds <= 0:
+            raise ConfigError("--kube.request-timeout must be positive")
+        if kube.leader_election and not (
+            kube.lease_duration_seconds > kube.renew_deadline_seconds > kube.retry_period_seconds > 0
+        ):
+            raise ConfigError(
+                "leader election needs --kube.lease-duration > --kube.renew-deadline"
+                " > --kube.retry-period > 0"
+            )

@@ -1,0 +1,22 @@
+"""Small storm proof: many nodes fire XID 79 at once; the node budget holds and the rest page as one group."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench.proofs import storm
+
+pytestmark = pytest.mark.integration
+
+
+def test_xid79_storm_stays_within_the_node_budget_and_pages_once_as_a_group(tmp_path: Path) -> None:
+    res = storm.run(nodes=500, firing_count=60, seconds=3.0, seed=3, workdir=tmp_path, wait_full_group=False)
+    assert res.acked == 60 and res.incidents == 60
+    assert 0 < len(res.nodes_patched) <= 3
+    assert res.migrate_actions <= 3
+    assert res.grouped == 60 - len(res.nodes_patched)
+    keys = {p["dedup_key"] for p in res.pages}
+    assert len(keys) == 1 and next(iter(keys)).startswith("gpupulse-breaker")
+    assert res.rss_peak - res.rss_before < 200 * storm.MIB
