@@ -622,8 +622,7 @@ async def _rescan_shared_inbox(service: RunningService, interval_seconds: float)
         await asyncio.sleep(interval_seconds)
         cutoff = time.time() - interval_seconds
         if await inbox.count("processed_at IS NULL AND received_at < ?", (cutoff,)) > 0:
-            worker._backlog = True  # Worker has no public rescan yet (remediation/worker.py)
-            worker.wake()
+            worker.rescan()
 
 
 async def serve_kubernetes(settings: Settings) -> None:

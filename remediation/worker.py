@@ -85,6 +85,12 @@ class Worker:
         """New rows were committed: process them now instead of at the next tick."""
         self._wake.set()
 
+    def rescan(self) -> None:
+        """Read the inbox itself on the next pass: rows may exist that were never handed over
+        in memory (another replica committed them to a shared inbox)."""
+        self._backlog = True
+        self._wake.set()
+
     @property
     def running(self) -> bool:
         return self._task is not None and not self._task.done()
