@@ -30,6 +30,7 @@ from exporter.config import (
     DEFAULT_PORT,
     ExporterSettings,
     SystemClock,
+    duration_seconds,
     exporter_version,
     parse_listen_address,
 )
@@ -91,14 +92,14 @@ def build_parser(
     p.add_argument(
         "--sampling.interval",
         dest="sampling_interval",
-        type=float,
+        type=duration_seconds,
         default=d.sampling_interval_seconds,
         help="seconds between samples (default: %(default)s)",
     )
     p.add_argument(
         "--sampling.gpu-timeout",
         dest="sampling_gpu_timeout",
-        type=float,
+        type=duration_seconds,
         default=d.gpu_call_timeout_seconds,
         help="deadline in seconds for one GPU's NVML calls per collector; a slower GPU is marked "
         "stale (default: %(default)s)",

@@ -28,6 +28,7 @@ from exporter.attribution.poddir import DEFAULT_PODS_DIR, PodDirectory
 from exporter.attribution.procfs import DEFAULT_PROCFS, ProcessInfo, Procfs
 from exporter.attribution.resolve import PodResolver, ProcessDevices
 from exporter.collectors.base import CollectorError, GpuProcess, NodeState, PodRef
+from exporter.config import duration_seconds
 
 NAME = "attribution"
 AUTO = "auto"
@@ -208,7 +209,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--attribution.interval",
         dest="attribution_interval",
-        type=float,
+        type=duration_seconds,
         default=d.interval_seconds,
         help="seconds between attribution rounds (default: %(default)s)",
     )
@@ -222,21 +223,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--attribution.kubelet-refresh-interval",
         dest="attribution_kubelet_refresh_interval",
-        type=float,
+        type=duration_seconds,
         default=d.kubelet_refresh_interval_seconds,
         help="seconds between pod-resources List calls, in the background (default: %(default)s)",
     )
     group.add_argument(
         "--attribution.kubelet-timeout",
         dest="attribution_kubelet_timeout",
-        type=float,
+        type=duration_seconds,
         default=d.kubelet_timeout_seconds,
         help="List call timeout in seconds (default: %(default)s)",
     )
     group.add_argument(
         "--attribution.kubelet-max-stale",
         dest="attribution_kubelet_max_stale",
-        type=float,
+        type=duration_seconds,
         default=d.kubelet_max_stale_seconds,
         help="seconds the last good pod-resources answer is kept while the kubelet fails "
         "(default: %(default)s)",

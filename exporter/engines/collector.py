@@ -20,6 +20,7 @@ import aiohttp
 from prometheus_client.core import Metric
 
 from exporter.collectors.base import CollectorError, NodeState
+from exporter.config import duration_seconds as parse_duration
 from exporter.engines import procfs
 from exporter.engines.derived import DerivedHistogram
 from exporter.engines.detect import NORMALIZERS, detect_kind
@@ -317,14 +318,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--engines.interval",
         dest="engines_interval",
-        type=float,
+        type=parse_duration,
         default=d.interval_seconds,
         help="seconds between engine scrape rounds",
     )
     g.add_argument(
         "--engines.scrape-timeout",
         dest="engines_scrape_timeout",
-        type=float,
+        type=parse_duration,
         default=d.scrape_timeout_seconds,
         help="per-endpoint scrape timeout in seconds",
     )

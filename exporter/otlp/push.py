@@ -16,6 +16,7 @@ from prometheus_client.core import Metric
 
 from exporter.attribution.clock import Clock, SystemClock
 from exporter.catalog import ALL_METRICS
+from exporter.config import duration_seconds
 from exporter.metricspec import MetricSpec
 from exporter.otlp.convert import UCUM, to_metrics_data
 
@@ -134,7 +135,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--otlp.interval",
         dest="otlp_interval",
-        type=float,
+        type=duration_seconds,
         default=d.interval_seconds,
         help="minimum seconds between pushes (default: %(default)s)",
     )
@@ -147,7 +148,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--otlp.timeout",
         dest="otlp_timeout",
-        type=float,
+        type=duration_seconds,
         default=d.timeout_seconds,
         help="seconds per push, retries included (default: %(default)s)",
     )

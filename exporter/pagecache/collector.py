@@ -15,6 +15,7 @@ from exporter.attribution.families import add_value, new_family
 from exporter.attribution.flags import add_procfs_argument, collector_enabled, csv_list
 from exporter.attribution.procfs import DEFAULT_PROCFS, Procfs
 from exporter.collectors.base import CollectorError, NodeState
+from exporter.config import duration_seconds
 from exporter.pagecache import specs
 from exporter.pagecache.discovery import ModelKey, PathSpec, configured_files, mapped_files
 from exporter.pagecache.sampler import BudgetSettings, ModelResidency, ResidencySampler, RoundStats
@@ -115,7 +116,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--pagecache.interval",
         dest="pagecache_interval",
-        type=float,
+        type=duration_seconds,
         default=d.interval_seconds,
         help="seconds between page-cache rounds (default: %(default)s)",
     )
@@ -151,7 +152,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--pagecache.max-seconds-per-round",
         dest="pagecache_max_seconds_per_round",
-        type=float,
+        type=duration_seconds,
         default=d.max_seconds_per_round,
         help="time budget per round (default: %(default)s)",
     )

@@ -129,3 +129,32 @@ def test_chart_files_equal_alerts_and_dashboards() -> None:
     assert set(have) == set(want), "run: python helm/sync.py"
     for path, content in want.items():
         assert have[path] == content, f"{path} drifted from its source; run: python helm/sync.py"
+
+
+def _cli_flags(*command: str) -> set[str]:
+    import subprocess
+
+    out = subprocess.run(
+        [sys.executable, "-m", *command, "--help"], capture_output=True, text=True, check=True
+    )
+    return set(re.findall(r"--[a-z][\w.-]*", out.stdout))
+
+
+@pytest.mark.parametrize(
+    ("template", "command"),
+    [
+        ("exporter-daemonset.yaml", ("exporter.cli",)),
+        ("controller-deployment.yaml", ("remediation", "serve")),
+    ],
+)
+def test_every_flag_the_chart_passes_exists(template: str, command: tuple[str, ...]) -> None:
+    known = _cli_flags(*command)
+    text = (CHART / "templates" / template).read_text()
+    passed = set(re.findall(r"^\s*- (--[a-z][\w.-]*)", text, flags=re.MULTILINE))
+    # `--no-collector.{{ . }}` is checked by its stem against the real collector flags
+    passed = {flag.rstrip(".") for flag in passed}
+    assert passed, "no flags found in the template"
+    unknown = {
+        flag for flag in passed if flag not in known and not any(k.startswith(flag + ".") for k in known)
+    }
+    assert unknown == set(), f"{template} passes flags its program does not have: {unknown}"
