@@ -1,0 +1,535 @@
+"""`helm install` of the real chart with the real Helm library into an in-process API server.
+
+Each ci/ values file is installed into its own fake cluster (tests/fakes/helm_api.py); the tests
+assert on the objects Helm actually POSTed, i.e. the rendered manifests after Helm's own schema
+validation, ordering and release bookkeeping — more than lint, less than a real cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import functools
+import gzip
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.fakes.helm_api import RELEASE_SECRET_TYPE, FakeHelmAPI
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "helm" / "gpupulse"
+CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
+RELEASE = "pulse"
+JSON = dict[str, Any]
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("helm_sdkpy") is None, reason="helm-sdkpy is not installed"
+)
+
+
+@dataclass
+class Installed:
+    """What one `helm install` left in its fake cluster."""
+
+    values: JSON
+    result: JSON
+    objects: list[JSON]
+    api: FakeHelmAPI
+
+    def of_kind(self, kind: str) -> list[JSON]:
+        return [o for o in self.objects if o["kind"] == kind]
+
+    def one(self, kind: str) -> JSON:
+        found = self.of_kind(kind)
+        assert len(found) == 1, f"expected one {kind}, got {[o['metadata']['name'] for o in found]}"
+        return found[0]
+
+    def named(self, kind: str, name: str) -> JSON | None:
+        return next((o for o in self.of_kind(kind) if o["metadata"]["name"] == name), None)
+
+
+def _merge(base: JSON, extra: JSON) -> JSON:
+    out = dict(base)
+    for key, value in extra.items():
+        out[key] = (
+            _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+        )
+    return out
+
+
+def _effective_values(values_file: Path) -> JSON:
+    defaults = yaml.safe_load((CHART / "values.yaml").read_text())
+    return _merge(defaults, yaml.safe_load(values_file.read_text()) or {})
+
+
+async def _install(api: FakeHelmAPI, tls_dir: Path, namespace: str, values: JSON) -> JSON:
+    import helm_sdkpy
+
+    await api.start(tls_dir)
+    try:
+        kubeconfig = api.write_kubeconfig(tls_dir / "kubeconfig", namespace)
+        config = helm_sdkpy.Configuration(namespace=namespace, kubeconfig=str(kubeconfig))
+        action = helm_sdkpy.Install(config)
+        result: JSON = await action.run(
+            RELEASE, str(CHART), values=values, wait=False, timeout=30, disable_openapi_validation=True
+        )
+        return result
+    finally:
+        await api.stop()
+
+
+@pytest.fixture(scope="module")
+def installs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Installed]:
+    """Every ci/ values file installed once, each into its own fake cluster and namespace."""
+    out: dict[str, Installed] = {}
+    for values_file in CI_VALUES:
+        stem = values_file.name.removesuffix("-values.yaml")
+        namespace = f"ci-{stem}"
+        api = FakeHelmAPI(namespaces={namespace})
+        values = yaml.safe_load(values_file.read_text()) or {}
+        tls_dir = tmp_path_factory.mktemp(stem)
+        result = asyncio.run(_install(api, tls_dir, namespace, values))
+        out[values_file.name] = Installed(_effective_values(values_file), result, api.chart_objects(), api)
+    return out
+
+
+@pytest.fixture(params=[p.name for p in CI_VALUES])
+def inst(request: pytest.FixtureRequest, installs: dict[str, Installed]) -> Iterator[Installed]:
+    yield installs[request.param]
+
+
+def _container(workload: JSON) -> JSON:
+    containers = workload["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    container: JSON = containers[0]
+    return container
+
+
+@functools.cache
+def _help_flags(*command: str) -> set[str]:
+    out = subprocess.run(
+        [sys.executable, "-m", *command, "--help"], capture_output=True, text=True, check=True, timeout=60
+    )
+    return set(re.findall(r"--[a-z][\w.-]*", out.stdout))
+
+
+def _flag_names(args: list[str]) -> set[str]:
+    return {arg.split("=", 1)[0] for arg in args}
+
+
+# --- the release as a whole
+
+
+def test_install_creates_every_manifest_object_and_records_the_release(inst: Installed) -> None:
+    assert inst.result["info"]["status"] == "deployed"
+    manifest = [d for d in yaml.safe_load_all(inst.result["manifest"]) if d]
+    want = sorted((d["kind"], d["metadata"]["name"]) for d in manifest)
+    have = sorted((o["kind"], o["metadata"]["name"]) for o in inst.objects)
+    assert have == want
+    # Helm's release record: a Secret labelled owner=helm, updated to deployed after the objects
+    (record,) = inst.api.release_records()
+    assert record["type"] == RELEASE_SECRET_TYPE
+    assert record["metadata"]["labels"]["owner"] == "helm"
+    assert record["metadata"]["labels"]["status"] == "deployed"
+    release = json.loads(gzip.decompress(base64.b64decode(base64.b64decode(record["data"]["release"]))))
+    assert release["name"] == RELEASE and release["info"]["status"] == "deployed"
+
+
+def test_every_object_carries_the_identity_labels(inst: Installed) -> None:
+    for obj in inst.objects:
+        labels = obj["metadata"].get("labels") or {}
+        assert labels.get("app.kubernetes.io/name") == "gpupulse", obj["metadata"]["name"]
+        assert labels.get("app.kubernetes.io/instance") == RELEASE, obj["metadata"]["name"]
+
+
+def _selectors(node: Any) -> Iterator[JSON]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in ("selector", "podSelector", "matchLabels") and isinstance(value, dict):
+                yield value
+            yield from _selectors(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _selectors(item)
+
+
+def test_no_selector_uses_the_chart_version_label(inst: Installed) -> None:
+    # helm.sh/chart changes with every chart version; in an immutable selector it breaks upgrades
+    found = [s for o in inst.objects for s in _selectors(o)]
+    assert found, "no selectors found at all"
+    assert not [s for s in found if "helm.sh/chart" in json.dumps(s)]
+
+
+def test_services_select_their_workloads_pods(inst: Installed) -> None:
+    for service in inst.of_kind("Service"):
+        component = service["metadata"]["labels"]["app.kubernetes.io/component"]
+        kind = "DaemonSet" if component == "exporter" else "Deployment"
+        workload = inst.one(kind)
+        pod_labels = workload["spec"]["template"]["metadata"]["labels"]
+        assert service["spec"]["selector"].items() <= pod_labels.items()
+        assert workload["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+        port_names = {p["name"] for p in _container(workload)["ports"]}
+        assert {p["targetPort"] for p in service["spec"]["ports"]} <= port_names
+
+
+def test_references_resolve_to_created_objects(inst: Installed) -> None:
+    """ServiceAccounts, PVCs, Secrets and RBAC names a pod or binding uses are in the release
+    (except Secrets the values say exist already)."""
+    external = {
+        inst.values["controller"]["auth"]["existingSecret"],
+        inst.values["controller"]["pager"]["existingSecret"],
+    }
+    names = {(o["kind"], o["metadata"]["name"]) for o in inst.objects}
+    for kind in ("DaemonSet", "Deployment"):
+        for workload in inst.of_kind(kind):
+            spec = workload["spec"]["template"]["spec"]
+            assert ("ServiceAccount", spec["serviceAccountName"]) in names
+            for volume in spec["volumes"]:
+                if "persistentVolumeClaim" in volume:
+                    assert ("PersistentVolumeClaim", volume["persistentVolumeClaim"]["claimName"]) in names
+                if "secret" in volume and volume["secret"]["secretName"] not in external:
+                    assert ("Secret", volume["secret"]["secretName"]) in names
+    for binding in inst.of_kind("ClusterRoleBinding") + inst.of_kind("RoleBinding"):
+        assert (binding["roleRef"]["kind"], binding["roleRef"]["name"]) in names
+        for subject in binding["subjects"]:
+            assert ("ServiceAccount", subject["name"]) in names
+            assert subject["namespace"] == inst.result["namespace"]
+
+
+# --- the exporter DaemonSet
+
+
+def _exporter(inst: Installed) -> JSON:
+    if not inst.values["exporter"]["enabled"]:
+        assert inst.of_kind("DaemonSet") == []
+        pytest.skip("exporter disabled in this values file")
+    return inst.one("DaemonSet")
+
+
+def test_exporter_args_are_accepted_by_the_exporter(inst: Installed) -> None:
+    args = _container(_exporter(inst))["args"]
+    unknown = _flag_names(args) - _help_flags("exporter.cli")
+    assert unknown == set()
+    # and the real parser takes them, values included (durations, choices)
+    from exporter import cli
+    from exporter.collectors import registry
+    from exporter.config import duration_seconds
+
+    off = cli.switched_off(args, {})
+    parser = cli.build_parser(registry.available_plugins(skip=off), None, also_collectors=sorted(off))
+    settings = cli.settings_from_args(parser.parse_args(args))
+    assert settings.listen_port == inst.values["exporter"]["port"]
+    assert settings.sampling_interval_seconds == duration_seconds(inst.values["exporter"]["samplingInterval"])
+    if "--engines.discover-pods" in args:  # the exporter finds its node's pods by $NODE_NAME
+        assert _pod_environment(inst, _container(_exporter(inst)))["NODE_NAME"] == "gpu-1"
+    for name in inst.values["exporter"]["disabledCollectors"]:
+        assert f"--no-collector.{name}" in args
+
+
+def test_exporter_pod_is_placed_and_confined(inst: Installed) -> None:
+    ds = _exporter(inst)
+    pod = ds["spec"]["template"]["spec"]
+    values = inst.values["exporter"]
+    assert pod["hostPID"] is values["hostPID"]
+    assert pod.get("runtimeClassName", "") == values["runtimeClassName"]
+    assert pod["priorityClassName"] == "system-node-critical"
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert {"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]} in terms[0][
+        "matchExpressions"
+    ]
+    container = _container(ds)
+    security = container["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"]["drop"] == ["ALL"]
+    assert sorted(security["capabilities"]["add"]) == ["DAC_READ_SEARCH", "SYS_PTRACE"]
+    assert {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"} in container["env"]
+
+
+def test_pod_resources_socket_is_mounted_read_only(inst: Installed) -> None:
+    ds = _exporter(inst)
+    container = _container(ds)
+    volumes = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    socket_flags = [a for a in container["args"] if a.startswith("--attribution.kubelet-socket=")]
+    if not inst.values["exporter"]["podResources"]["enabled"]:
+        assert "pod-resources" not in volumes and socket_flags == []
+        return
+    assert volumes["pod-resources"]["hostPath"]["path"] == "/var/lib/kubelet/pod-resources"
+    mount = mounts["pod-resources"]
+    assert mount["readOnly"] is True
+    (flag,) = socket_flags
+    assert flag.split("=", 1)[1].startswith(mount["mountPath"] + "/")
+    # every host path is mounted read-only; only the emptyDir /tmp is writable
+    for name, volume in volumes.items():
+        if "hostPath" in volume:
+            assert mounts[name]["readOnly"] is True, name
+
+
+# --- the remediation controller
+
+
+def _controller(inst: Installed) -> JSON:
+    if not inst.values["controller"]["enabled"]:
+        assert inst.of_kind("Deployment") == []
+        pytest.skip("controller disabled in this values file")
+    return inst.one("Deployment")
+
+
+POD_NAME = "pulse-gpupulse-controller-7d9f8-abcde"
+
+
+def _pod_environment(inst: Installed, container: JSON) -> dict[str, str]:
+    """The container's environment as the kubelet would set it (Downward API fields filled in)."""
+    fields = {
+        "metadata.namespace": inst.result["namespace"],
+        "metadata.name": POD_NAME,
+        "spec.nodeName": "gpu-1",
+    }
+    env = {}
+    for var in container["env"]:
+        if "value" in var:
+            env[var["name"]] = var["value"]
+        else:
+            env[var["name"]] = fields[var["valueFrom"]["fieldRef"]["fieldPath"]]
+    return env
+
+
+def _mount_secrets(inst: Installed, workload: JSON, root: Path) -> list[str]:
+    """Write the Secret volumes under `root` as the kubelet would mount them; return args rewritten to
+    those paths. Secrets the values say exist already get placeholder contents."""
+    pod = workload["spec"]["template"]["spec"]
+    container = _container(workload)
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    args: list[str] = list(container["args"])
+    for mount in container["volumeMounts"]:
+        volume = volumes[mount["name"]]
+        if "secret" not in volume:
+            continue
+        assert mount["readOnly"] is True
+        target = root / mount["mountPath"].lstrip("/")
+        target.mkdir(parents=True)
+        created = inst.named("Secret", volume["secret"]["secretName"])
+        if created is not None:
+            files = {k: base64.b64decode(v).decode() for k, v in created["data"].items()}
+        else:
+            files = {"token": "existing-token", "routingKey": "existing-routing-key"}
+        for key, value in files.items():
+            (target / key).write_text(value)
+        args = [a.replace(f"={mount['mountPath']}/", f"={target}/") for a in args]
+    return args
+
+
+def test_controller_starts_with_the_rendered_args_env_and_secrets(inst: Installed, tmp_path: Path) -> None:
+    """The real flag parser and settings validation accept the pod as rendered: flags, values,
+    Downward-API environment, and the files its Secret volumes provide."""
+    deployment = _controller(inst)
+    container = _container(deployment)
+    assert container["command"] == ["gpupulse-remediation", "serve"]
+    unknown = _flag_names(container["args"]) - _help_flags("remediation", "serve")
+    assert unknown == set()
+    from remediation import cli
+
+    args = _mount_secrets(inst, deployment, tmp_path)
+    settings = cli.settings_from_flags(
+        cli.build_parser().parse_args(["serve", *args]), _pod_environment(inst, container)
+    )
+    values = inst.values["controller"]
+    assert settings.listen_port == values["port"]
+    assert settings.engine.backend == values["backend"]
+    assert settings.engine.dry_run is values["dryRun"]
+    assert settings.engine.pager.kind == values["pager"]["kind"]
+    assert settings.kube.leader_election is (values["replicas"] > 1)
+    if values["backend"] == "kubernetes":
+        assert (settings.kube.namespace, settings.kube.identity) == (inst.result["namespace"], POD_NAME)
+    token_secret = inst.named("Secret", f"{RELEASE}-gpupulse-controller-token")
+    if token_secret is not None:
+        assert settings.auth_token == base64.b64decode(token_secret["data"]["token"]).decode()
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    assert str(settings.storage_path) in mounts
+
+
+def test_leader_election_exactly_when_replicated(inst: Installed) -> None:
+    deployment = _controller(inst)
+    replicas = inst.values["controller"]["replicas"]
+    assert deployment["spec"]["replicas"] == replicas
+    assert ("--kube.leader-election" in _container(deployment)["args"]) is (replicas > 1)
+
+
+def test_token_secret_holds_a_token(inst: Installed) -> None:
+    deployment = _controller(inst)
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    secret_name = volumes["token"]["secret"]["secretName"]
+    existing = inst.values["controller"]["auth"]["existingSecret"]
+    if existing:
+        assert secret_name == existing
+        assert inst.named("Secret", existing) is None, "an existing Secret must not be created"
+        return
+    secret = inst.named("Secret", secret_name)
+    assert secret is not None
+    token = base64.b64decode(secret["data"]["token"]).decode()
+    assert len(token) >= 32 and token.isalnum()
+    # the lookup that keeps a generated token across upgrades asked the API server first
+    assert any(r.method == "GET" and r.path.endswith(f"/secrets/{secret_name}") for r in inst.api.requests)
+
+
+def test_alertmanager_config_routes_to_the_controller_with_its_token(inst: Installed) -> None:
+    configs = inst.of_kind("AlertmanagerConfig")
+    if not inst.values["controller"]["alertmanagerConfig"]["enabled"]:
+        assert configs == []
+        return
+    (amc,) = configs
+    (receiver,) = amc["spec"]["receivers"]
+    assert amc["spec"]["route"]["receiver"] == receiver["name"]
+    (hook,) = receiver["webhookConfigs"]
+    service = next(s for s in inst.of_kind("Service") if s["metadata"]["name"].endswith("-controller"))
+    namespace = inst.result["namespace"]
+    (port,) = service["spec"]["ports"]
+    assert hook["url"] == f"http://{service['metadata']['name']}.{namespace}.svc:{port['port']}/api/v1/alerts"
+    credentials = hook["httpConfig"]["authorization"]["credentials"]
+    secret = inst.named("Secret", credentials["name"])
+    assert secret is not None and credentials["key"] in secret["data"]
+    volumes = _controller(inst)["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "token", "secret": {"secretName": credentials["name"]}} in volumes
+
+
+def test_network_policy_only_when_enabled(inst: Installed) -> None:
+    policies = inst.of_kind("NetworkPolicy")
+    if not (inst.values["controller"]["enabled"] and inst.values["controller"]["networkPolicy"]["enabled"]):
+        assert policies == []
+        return
+    (policy,) = policies
+    pod_labels = _controller(inst)["spec"]["template"]["metadata"]["labels"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    (rule,) = policy["spec"]["ingress"]
+    assert rule["ports"] == [{"port": inst.values["controller"]["port"], "protocol": "TCP"}]
+
+
+def _rbac_doc_objects() -> dict[str, JSON]:
+    text = (ROOT / "docs" / "rbac.md").read_text()
+    blocks = re.findall(r"```yaml\n(.*?)```", text, flags=re.DOTALL)
+    assert len(blocks) == 1
+    return {d["kind"]: d for d in yaml.safe_load_all(blocks[0]) if d}
+
+
+def test_controller_rbac_equals_docs_rbac(inst: Installed) -> None:
+    backend_rbac = (
+        inst.values["controller"]["enabled"] and inst.values["controller"]["backend"] == "kubernetes"
+    )
+    role = next(
+        (o for o in inst.of_kind("ClusterRole") if o["metadata"]["name"].endswith("-controller")), None
+    )
+    if not backend_rbac:
+        assert role is None
+        return
+    assert role is not None
+    doc = _rbac_doc_objects()
+    want = doc["ClusterRole"]["rules"]
+    if not inst.values["controller"]["rbac"]["rolloutRestart"]:
+        want = [r for r in want if r["resources"] != ["deployments"]]
+    assert role["rules"] == want
+    (lease_role,) = inst.of_kind("Role")
+    assert lease_role["rules"] == doc["Role"]["rules"]
+
+
+# --- rules and dashboards
+
+
+def test_prometheus_rule_groups_equal_alerts(inst: Installed) -> None:
+    rules = inst.of_kind("PrometheusRule")
+    if not inst.values["prometheusRule"]["enabled"]:
+        assert rules == []
+        return
+    (rule,) = rules
+    want = []
+    for path in sorted((ROOT / "alerts").glob("*.rules.yaml")):
+        want.extend(yaml.safe_load(path.read_text())["groups"])
+    assert want, "no rule groups under alerts/"
+    assert rule["spec"]["groups"] == want
+
+
+def test_dashboard_configmaps_equal_dashboards(inst: Installed) -> None:
+    maps = [o for o in inst.of_kind("ConfigMap") if "-dashboard-" in o["metadata"]["name"]]
+    if not inst.values["dashboards"]["enabled"]:
+        assert maps == []
+        return
+    sources = {p.name: json.loads(p.read_text()) for p in (ROOT / "dashboards" / "json").glob("*.json")}
+    assert len(maps) == len(sources)
+    seen = set()
+    for cm in maps:
+        assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+        ((key, text),) = cm["data"].items()
+        assert json.loads(text) == sources[key], key
+        seen.add(key)
+    assert seen == set(sources)
+
+
+# --- Helm refuses bad values before touching the cluster
+
+
+async def test_invalid_values_fail_the_schema_before_anything_is_created(tmp_path: Path) -> None:
+    import helm_sdkpy
+
+    api = FakeHelmAPI(namespaces={"bad"})
+    with pytest.raises(helm_sdkpy.InstallError) as failure:
+        await _install(api, tmp_path, "bad", {"controller": {"replicas": 7}})
+    assert [r for r in api.requests if r.method != "GET"] == []
+    assert api.created == []
+    assert "/controller/replicas" in str(failure.value)
+
+
+async def test_template_guard_fails_before_anything_is_created(tmp_path: Path) -> None:
+    import helm_sdkpy
+
+    api = FakeHelmAPI(namespaces={"bad"})
+    with pytest.raises(helm_sdkpy.InstallError) as failure:
+        await _install(api, tmp_path, "bad", {"controller": {"replicas": 2, "backend": "local"}})
+    assert [r for r in api.requests if r.method != "GET"] == []
+    assert "leader election uses a Lease" in str(failure.value)
+
+
+# --- an upgrade keeps the generated token (the `lookup` in controller-secret.yaml)
+
+
+async def test_upgrade_keeps_the_generated_token_and_applies_changes(tmp_path: Path) -> None:
+    import helm_sdkpy
+
+    namespace = "upgrade"
+    api = FakeHelmAPI(namespaces={namespace})
+    await api.start(tmp_path)
+    try:
+        kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig", namespace)
+        config = helm_sdkpy.Configuration(namespace=namespace, kubeconfig=str(kubeconfig))
+        await helm_sdkpy.Install(config).run(RELEASE, str(CHART), wait=False, timeout=30)
+        secret_name = f"{RELEASE}-gpupulse-controller-token"
+        before = api.stored("v1", "secrets", namespace, secret_name)
+        assert before is not None
+        result = await helm_sdkpy.Upgrade(config).run(
+            RELEASE, str(CHART), values={"controller": {"dryRun": False}}, wait=False, timeout=30,
+            server_side_apply=False,
+        )  # fmt: skip
+    finally:
+        await api.stop()
+    assert result["version"] == 2 and result["info"]["status"] == "deployed"
+    after = api.stored("v1", "secrets", namespace, secret_name)
+    assert after is not None and after["data"]["token"] == before["data"]["token"]
+    patched = {path.rsplit("/", 1)[1] for path, _ in api.patches}
+    assert patched == {f"{RELEASE}-gpupulse-controller"}, "only the Deployment changed"
+    deployment = api.stored("apps/v1", "deployments", namespace, f"{RELEASE}-gpupulse-controller")
+    assert deployment is not None
+    assert "--dry-run" not in _container(deployment)["args"]
+    statuses = sorted(r["metadata"]["labels"]["status"] for r in api.release_records())
+    assert statuses == ["deployed", "superseded"]
