@@ -369,6 +369,17 @@ def test_leader_election_exactly_when_replicated(inst: Installed) -> None:
     assert ("--kube.leader-election" in _container(deployment)["args"]) is (replicas > 1)
 
 
+def test_replicas_sharing_one_ledger_are_placed_on_one_node(inst: Installed) -> None:
+    deployment = _controller(inst)
+    affinity = deployment["spec"]["template"]["spec"].get("affinity", {})
+    if inst.values["controller"]["replicas"] > 1 and not inst.values["controller"]["affinity"]:
+        (term,) = affinity["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert term["topologyKey"] == "kubernetes.io/hostname"
+        assert term["labelSelector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+    else:
+        assert "podAffinity" not in affinity
+
+
 def test_token_secret_holds_a_token(inst: Installed) -> None:
     deployment = _controller(inst)
     volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
@@ -499,6 +510,17 @@ async def test_template_guard_fails_before_anything_is_created(tmp_path: Path) -
         await _install(api, tmp_path, "bad", {"controller": {"replicas": 2, "backend": "local"}})
     assert [r for r in api.requests if r.method != "GET"] == []
     assert "leader election uses a Lease" in str(failure.value)
+
+
+async def test_replicas_on_a_shared_filesystem_are_refused(tmp_path: Path) -> None:
+    import helm_sdkpy
+
+    api = FakeHelmAPI(namespaces={"bad"})
+    values = {"controller": {"replicas": 2, "persistence": {"accessModes": ["ReadWriteMany"]}}}
+    with pytest.raises(helm_sdkpy.InstallError) as failure:
+        await _install(api, tmp_path, "bad", values)
+    assert [r for r in api.requests if r.method != "GET"] == []
+    assert "needs a local filesystem" in str(failure.value)
 
 
 # --- an upgrade keeps the generated token (the `lookup` in controller-secret.yaml)
