@@ -8,7 +8,6 @@ thread per GPU (GpuWorker) with a deadline, and XID events arrive from one dedic
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import ctypes
 import logging
 import math
@@ -231,35 +230,42 @@ class Device:
     mig_gpm: dict[int, GpmSampler] = field(default_factory=dict)
     nvlink_count: int | None = None
     nvlink_remote: dict[int, tuple[bool, str | None]] = field(default_factory=dict)  # link -> (switch, bus)
+    nvlink_states: dict[tuple[int, bool], NvLinkState] = field(default_factory=dict)  # (link, up) -> state
 
     def optional(self, key: str, fn: Callable[..., T], *args: Any) -> T | None:
         """Call fn; None when the feature is absent (remembered) or failed this round. Lost GPUs raise."""
         if key in self.absent:
             return None
         try:
-            return call(fn, *args)
-        except NotSupportedError:
+            return fn(*args)  # not through call(): this runs ~40 times per GPU per tick
+        except (pynvml.NVMLError, pynvml.NVMLLibraryMismatchError) as raw:
+            exc = classify(raw, getattr(fn, "__name__", "nvml"))
+        if isinstance(exc, NotSupportedError):
             self.absent.add(key)
-            return None
-        except GpuLostError:
-            raise
-        except NvmlError as exc:
+        elif isinstance(exc, GpuLostError):
+            raise exc from None
+        elif isinstance(exc, NvmlError):
             log.debug("gpu %s: %s failed: %s", self.static.index, key, exc)
-            return None
+        else:
+            raise exc from None
+        return None
+
+
+_FIELD_VALUE_ATTRS: Final = {
+    pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
+    pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
+    pynvml.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: "usVal",
+}
 
 
 def _field_value(fv: Any) -> float | None:
     if fv.nvmlReturn != pynvml.NVML_SUCCESS:
         return None
-    attr = {
-        pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal",
-        pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
-        pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
-        pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
-        pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
-        pynvml.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
-        pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: "usVal",
-    }.get(fv.valueType)
+    attr = _FIELD_VALUE_ATTRS.get(fv.valueType)
     return float(getattr(fv.value, attr)) if attr else None
 
 
@@ -405,14 +411,22 @@ def read_nvlink(dev: Device) -> list[NvLinkState]:
             count = int(n)
         dev.nvlink_count = count
     links: list[NvLinkState] = []
+    get_state, enabled, known = (
+        pynvml.nvmlDeviceGetNvLinkState,
+        pynvml.NVML_FEATURE_ENABLED,
+        dev.nvlink_states,
+    )
     for link in range(dev.nvlink_count):
         try:
-            state = call(pynvml.nvmlDeviceGetNvLinkState, h, link)
-        except GpuLostError:
-            raise
-        except NvmlError:
+            up = get_state(h, link) == enabled  # not through call(): 18 links per H100
+        except (pynvml.NVMLError, pynvml.NVMLLibraryMismatchError) as raw:
+            if isinstance(classify(raw), GpuLostError):
+                raise classify(raw, "nvmlDeviceGetNvLinkState") from None
             continue  # link absent on this board
-        up = state == pynvml.NVML_FEATURE_ENABLED
+        cached = known.get((link, up))  # the far end is static, so each (link, up) state is made once
+        if cached is not None:
+            links.append(cached)
+            continue
         if up and link not in dev.nvlink_remote:
             rtype = dev.optional("nvlinkrtype", pynvml.nvmlDeviceGetNvLinkRemoteDeviceType, h, link)
             is_switch, remote = rtype == pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH, None
@@ -420,8 +434,10 @@ def read_nvlink(dev: Device) -> list[NvLinkState]:
                 pci = dev.optional("nvlinkremote", pynvml.nvmlDeviceGetNvLinkRemotePciInfo, h, link)
                 remote = None if pci is None else str(pci.busId).upper()
             dev.nvlink_remote[link] = (is_switch, remote)
+            known.pop((link, False), None)  # made before the far end was known
         is_switch, remote = dev.nvlink_remote.get(link, (False, None))
-        links.append(NvLinkState(link, up, is_switch, remote))
+        state = known[(link, up)] = NvLinkState(link, up, is_switch, remote)
+        links.append(state)
     if not links:
         dev.absent.add("nvlink")
     return links
@@ -702,6 +718,16 @@ def nvlink_pairs(
 
 
 # --- per-GPU worker threads with deadlines -------------------------------------------------------
+class WorkerJob:
+    """One unit of work handed to a GpuWorker; `finished` turns True on the worker thread when it returns."""
+
+    __slots__ = ("finished", "fn", "on_done")
+
+    def __init__(self, fn: Callable[[], Any], on_done: Callable[[bool, Any], None]) -> None:
+        self.fn, self.on_done = fn, on_done
+        self.finished = False
+
+
 class GpuWorker:
     """A daemon thread that runs one GPU's NVML calls in order, each awaited with a deadline.
 
@@ -711,44 +737,57 @@ class GpuWorker:
     """
 
     def __init__(self, name: str) -> None:
-        self._queue: queue.SimpleQueue[tuple[Callable[[], Any], concurrent.futures.Future[Any]] | None] = (
-            queue.SimpleQueue()
-        )
-        self._stuck: concurrent.futures.Future[Any] | None = None
+        self._queue: queue.SimpleQueue[WorkerJob | None] = queue.SimpleQueue()
+        self._stuck: WorkerJob | None = None
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
     @property
     def stuck(self) -> bool:
         """True while a call that missed its deadline has not returned."""
-        return self._stuck is not None and not self._stuck.done()
+        return self._stuck is not None and not self._stuck.finished
 
     def _loop(self) -> None:
         while True:
-            item = self._queue.get()
-            if item is None:
+            job = self._queue.get()
+            if job is None:
                 return
-            fn, fut = item
-            if not fut.set_running_or_notify_cancel():
-                continue
             try:
-                result = fn()
+                ok, result = True, job.fn()
             except BaseException as exc:
-                fut.set_exception(exc)
-            else:
-                fut.set_result(result)
+                ok, result = False, exc
+            job.finished = True
+            try:
+                job.on_done(ok, result)
+            except Exception:
+                log.exception("handing a GPU result back failed")
+
+    def start(self, fn: Callable[[], Any], on_done: Callable[[bool, Any], None]) -> WorkerJob:
+        """Queue fn; the worker thread calls on_done(ok, result or exception) when it returns."""
+        job = WorkerJob(fn, on_done)
+        self._queue.put(job)
+        return job
+
+    def abandon(self, job: WorkerJob) -> None:
+        """The job missed its deadline: while it has not returned, the worker is stuck."""
+        if not job.finished:
+            self._stuck = job
 
     async def run(self, fn: Callable[[], T], timeout_seconds: float) -> T:
         """Run fn on this GPU's thread; DeadlineExceededError past the deadline, GpuStaleError while stuck."""
         if self.stuck:
             raise GpuStaleError("a previous call on this GPU has not returned")
-        fut: concurrent.futures.Future[T] = concurrent.futures.Future()
-        self._queue.put((fn, fut))
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[T] = loop.create_future()
+
+        def on_done(ok: bool, value: Any) -> None:
+            wake_loop(loop, _settle, fut, ok, value)
+
+        job = self.start(fn, on_done)
         try:
-            return await asyncio.wait_for(asyncio.wrap_future(fut), timeout_seconds)
+            return await asyncio.wait_for(fut, timeout_seconds)
         except TimeoutError:
-            if not fut.cancelled() and not fut.done():
-                self._stuck = fut  # it is running: the thread is held until the driver returns
+            self.abandon(job)
             raise DeadlineExceededError(f"no answer within {timeout_seconds:g} s") from None
 
     def stop(self) -> None:
@@ -759,6 +798,22 @@ class GpuWorker:
         """Wait for the thread; False when it is still inside a call."""
         self._thread.join(timeout_seconds)
         return not self._thread.is_alive()
+
+
+def _settle(fut: asyncio.Future[Any], ok: bool, value: Any) -> None:
+    if not fut.done():
+        if ok:
+            fut.set_result(value)
+        else:
+            fut.set_exception(value)
+
+
+def wake_loop(loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: Any) -> None:
+    """Schedule fn(*args) on the loop from another thread; nothing when the loop is already closed."""
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:  # the loop closed while the call was out (shutdown, or a late hung call)
+        pass
 
 
 # --- XID events ----------------------------------------------------------------------------------

@@ -60,9 +60,9 @@ class Sampler:
     async def _run_collector(self, collector: Collector) -> tuple[list[Metric], CollectorRound]:
         start = time.perf_counter()
         try:
-            families = list(
-                await asyncio.wait_for(collector.collect(self.state), self.settings.collector_timeout_seconds)
-            )
+            # asyncio.timeout, unlike wait_for, does not wrap the round in one more task
+            async with asyncio.timeout(self.settings.collector_timeout_seconds):
+                families = list(await collector.collect(self.state))
             ok = True
         except CollectorError as exc:
             log.warning("collector %s failed: %s", collector.name, exc)

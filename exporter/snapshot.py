@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 import gzip
-import math
 import re
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import cast
 
 from prometheus_client.core import Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 from prometheus_client.registry import Collector
-from prometheus_client.utils import floatToGoString
 
 from exporter.collectors.base import GpuRef
 from exporter.collectors.self import CollectorRound
+from exporter.collectors.series import SeriesFamily, escape_label_value, format_value, help_header
 
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 
@@ -33,28 +31,11 @@ _LEGACY_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 _SIMPLE_TYPES = {"gauge": "gauge", "counter": "counter", "unknown": "untyped", "untyped": "untyped"}
 _OM_SUFFIXES = ("_created", "_gsum", "_gcount")
-_go_float = cast(Callable[[float], str], floatToGoString)  # Go-style floats, as Prometheus prints
-
-
-def _format_value(value: float) -> str:
-    # 0 and 1 are most values (up, info, flags, link states): skip the general formatter for them
-    if value == 1.0:
-        return "1.0"
-    if value == 0.0 and math.copysign(1.0, value) > 0:
-        return "0.0"
-    return _go_float(value)
-
 
 _VALID_LABEL_NAMES: set[str] = set()
 # "name{labels} " per series: series repeat every tick, so their text is built once.
 _SERIES_PREFIX: dict[tuple[object, ...], str] = {}
 _SERIES_PREFIX_MAX = 100_000  # label names already checked against _LABEL_NAME
-
-
-def _escape_value(value: str) -> str:
-    if "\\" in value or '"' in value or "\n" in value:
-        return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-    return value
 
 
 def _fast_path(family: Metric) -> bool:
@@ -73,8 +54,7 @@ def _fast_path(family: Metric) -> bool:
 
 def _render_fast(family: Metric, out: list[str]) -> None:
     name = family.name + "_total" if family.type == "counter" else family.name
-    doc = family.documentation.replace("\\", "\\\\").replace("\n", "\\n")
-    out.append(f"# HELP {name} {doc}\n# TYPE {name} {_SIMPLE_TYPES[family.type]}\n")
+    out.append(help_header(name, family.documentation, _SIMPLE_TYPES[family.type]))
     cache = _SERIES_PREFIX
     if len(cache) > _SERIES_PREFIX_MAX:  # series churn (processes come and go): start over
         cache.clear()
@@ -83,23 +63,26 @@ def _render_fast(family: Metric, out: list[str]) -> None:
         prefix = cache.get(key)
         if prefix is None:
             if sample.labels:
-                labels = ",".join(f'{k}="{_escape_value(v)}"' for k, v in sorted(sample.labels.items()))
+                labels = ",".join(f'{k}="{escape_label_value(v)}"' for k, v in sorted(sample.labels.items()))
                 prefix = cache[key] = f"{sample.name}{{{labels}}} "
             else:
                 prefix = cache[key] = f"{sample.name} "
-        out.append(prefix + _format_value(sample.value) + "\n")
+        out.append(prefix + format_value(sample.value) + "\n")
 
 
 def render(families: Sequence[Metric]) -> bytes:
     """Text exposition format 0.0.4 of the families, byte-identical to prometheus_client's.
 
-    Gauges and counters with plain names take a direct path (about twice as fast as
-    generate_latest, which re-validates every name and label); anything else goes through
-    prometheus_client.
+    SeriesFamily rows render from their prepared text; other gauges and counters with plain names
+    take a direct path (about twice as fast as generate_latest, which re-validates every name and
+    label); anything else goes through prometheus_client.
     """
     out: list[str] = []
     for family in families:
-        if _fast_path(family):
+        # The collectors' own families render from their rows, unless a consumer replaced the samples
+        if type(family) is SeriesFamily and not family.materialized:
+            family.render_into(out)
+        elif _fast_path(family):
             _render_fast(family, out)
         else:
             out.append(generate_latest(_Families([family])).decode())

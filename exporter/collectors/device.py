@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from prometheus_client.core import Metric
 
 from exporter import catalog as c
 from exporter.collectors.base import NodeState
-from exporter.collectors.gpus import GpuFleet, Outcome
+from exporter.collectors.gpus import GpuFleet, GpuSlot, Outcome
+from exporter.collectors.series import Series, table
 from exporter.metricspec import MetricSpec
 from exporter.nvml import CLOCK_EVENT_REASONS, DeviceReading, read_device
 
@@ -30,6 +32,51 @@ _VALUES: tuple[tuple[MetricSpec, str], ...] = (
     (c.GPU_PSTATE, "performance_state"),
     (c.GPU_FAN_SPEED, "fan_speed_ratio"),
 )
+_MEMORY = (c.GPU_MEMORY_TOTAL, c.GPU_MEMORY_USED, c.GPU_MEMORY_FREE, c.GPU_MEMORY_RESERVED)
+_INDEX = {spec.name: i for i, spec in enumerate(c.DEVICE_METRICS)}  # family position per spec
+
+
+@dataclass(frozen=True)
+class _GpuSeries:
+    """One GPU's series, made once: a tick only pairs them with values."""
+
+    info: Series
+    up: Series
+    values: tuple[tuple[str, int, Series], ...]  # (DeviceReading attribute, family position, series)
+    statics: tuple[tuple[int, Series, float], ...]  # static facts: (family position, series, value)
+    memory: tuple[Series, Series, Series, Series]  # total, used, free, reserved
+    clock_events: tuple[tuple[int, Series], ...]  # (reason bit, series)
+
+
+def _series_of(slot: GpuSlot, driver_version: str) -> _GpuSeries:
+    s = slot.device.static
+    gpu = (s.uuid, str(s.index))
+    mig = "enabled" if s.mig_enabled else "disabled"
+    statics = [
+        (_INDEX[spec.name], table(spec).series(*gpu), float(value))
+        for spec, value in (
+            (c.GPU_SLOWDOWN_TEMPERATURE, s.slowdown_temperature_celsius),
+            (c.GPU_SHUTDOWN_TEMPERATURE, s.shutdown_temperature_celsius),
+            (c.GPU_PCIE_GEN_MAX, s.pcie_generation_max),
+            (c.GPU_PCIE_WIDTH_MAX, s.pcie_width_max),
+        )
+        if value is not None
+    ]
+    return _GpuSeries(
+        info=table(c.GPU_INFO).series(*gpu, s.name, s.pci_bus_id, driver_version, s.vbios_version, mig),
+        up=table(c.GPU_UP).series(*gpu),
+        values=tuple((attr, _INDEX[spec.name], table(spec).series(*gpu)) for spec, attr in _VALUES),
+        statics=tuple(statics),
+        memory=(
+            table(_MEMORY[0]).series(*gpu),
+            table(_MEMORY[1]).series(*gpu),
+            table(_MEMORY[2]).series(*gpu),
+            table(_MEMORY[3]).series(*gpu),
+        ),
+        clock_events=tuple(
+            (bit, table(c.GPU_CLOCK_EVENT).series(*gpu, reason)) for reason, bit in CLOCK_EVENT_REASONS
+        ),
+    )
 
 
 class DeviceCollector:
@@ -40,63 +87,51 @@ class DeviceCollector:
 
     def __init__(self, fleet: GpuFleet) -> None:
         self.fleet = fleet
+        self._series: dict[str, _GpuSeries] = {}  # by GPU UUID
 
     async def collect(self, state: NodeState) -> Sequence[Metric]:
         """Sample every live GPU and publish the GPU list to NodeState."""
         outcomes = await self.fleet.map(read_device)
         self.fleet.note_device_round([r for _, r in outcomes])
-        results = dict((slot.uuid, r) for slot, r in outcomes)
-        fam = {spec.name: c.family(spec) for spec in c.DEVICE_METRICS}
+        results = {slot.uuid: r for slot, r in outcomes}
+        fams = [table(spec).family() for spec in c.DEVICE_METRICS]
+        info, up = fams[_INDEX[c.GPU_INFO.name]], fams[_INDEX[c.GPU_UP.name]]
+        total, used, free, reserved = (fams[_INDEX[spec.name]] for spec in _MEMORY)
+        clock_event = fams[_INDEX[c.GPU_CLOCK_EVENT.name]]
         answered = False
         for slot in self.fleet.slots:
-            s = slot.device.static
-            gpu = [s.uuid, str(s.index)]
-            fam[c.GPU_INFO.name].add_metric(
-                [
-                    *gpu,
-                    s.name,
-                    s.pci_bus_id,
-                    self.fleet.driver_version,
-                    s.vbios_version,
-                    "enabled" if s.mig_enabled else "disabled",
-                ],
-                1.0,
-            )
-            reading = results.get(s.uuid, Outcome.LOST)
+            gs = self._series.get(slot.uuid)
+            if gs is None:
+                gs = self._series[slot.uuid] = _series_of(slot, self.fleet.driver_version)
+            info.add(gs.info, 1.0)
+            reading = results.get(slot.uuid, Outcome.LOST)
             if not isinstance(reading, DeviceReading):
-                fam[c.GPU_UP.name].add_metric(gpu, 0.0)
+                up.add(gs.up, 0.0)
                 continue
             answered = True
-            fam[c.GPU_UP.name].add_metric(gpu, 1.0)
-            for spec, attr in _VALUES:
+            up.add(gs.up, 1.0)
+            for attr, position, series in gs.values:
                 value = getattr(reading, attr)
                 if value is not None:
-                    fam[spec.name].add_metric(gpu, float(value))
-            _static(fam, gpu, s.slowdown_temperature_celsius, c.GPU_SLOWDOWN_TEMPERATURE)
-            _static(fam, gpu, s.shutdown_temperature_celsius, c.GPU_SHUTDOWN_TEMPERATURE)
-            _static(fam, gpu, s.pcie_generation_max, c.GPU_PCIE_GEN_MAX)
-            _static(fam, gpu, s.pcie_width_max, c.GPU_PCIE_WIDTH_MAX)
+                    fams[position].add(series, float(value))
+            for position, series, value in gs.statics:
+                fams[position].add(series, value)
             mem = reading.memory
             if mem is not None:
-                fam[c.GPU_MEMORY_TOTAL.name].add_metric(gpu, float(mem.total_bytes))
-                fam[c.GPU_MEMORY_USED.name].add_metric(gpu, float(mem.used_bytes))
-                fam[c.GPU_MEMORY_FREE.name].add_metric(gpu, float(mem.free_bytes))
+                total.add(gs.memory[0], float(mem.total_bytes))
+                used.add(gs.memory[1], float(mem.used_bytes))
+                free.add(gs.memory[2], float(mem.free_bytes))
                 if mem.reserved_bytes is not None:
-                    fam[c.GPU_MEMORY_RESERVED.name].add_metric(gpu, float(mem.reserved_bytes))
-            if reading.clock_event_reasons is not None:
-                for reason, bit in CLOCK_EVENT_REASONS:
-                    active = 1.0 if reading.clock_event_reasons & bit else 0.0
-                    fam[c.GPU_CLOCK_EVENT.name].add_metric([*gpu, reason], active)
+                    reserved.add(gs.memory[3], float(mem.reserved_bytes))
+            reasons = reading.clock_event_reasons
+            if reasons is not None:
+                for bit, series in gs.clock_events:
+                    clock_event.add(series, 1.0 if reasons & bit else 0.0)
         self.fleet.answered = answered or not self.fleet.slots
         live = {slot.uuid for slot in self.fleet.live()}
         migs = tuple(g for g in state.gpus if g.mig_uuid and g.uuid in live)
         state.gpus = tuple(slot.ref() for slot in self.fleet.live()) + migs
-        return [f for f in fam.values() if f.samples]
+        return [f for f in fams if f.rows]
 
     async def close(self) -> None:
         """Nothing to release: the GPU fleet is closed by the exporter."""
-
-
-def _static(fam: dict[str, c.Family], gpu: list[str], value: float | None, spec: MetricSpec) -> None:
-    if value is not None:
-        fam[spec.name].add_metric(gpu, float(value))

@@ -10,6 +10,7 @@ from prometheus_client.core import Metric
 from exporter import catalog as c
 from exporter.collectors.base import NodeState
 from exporter.collectors.gpus import GpuFleet
+from exporter.collectors.series import table
 from exporter.nvml import poll_gpm
 
 SPEC_BY_METRIC = {
@@ -34,15 +35,16 @@ class GpmCollector:
         supported = [
             s for s in self.fleet.live() if s.device.static.gpm_supported and not s.device.static.mig_enabled
         ]
-        fam = {spec.name: c.family(spec) for spec in c.GPM_METRICS}
+        fam = {spec.name: table(spec).family() for spec in c.GPM_METRICS}
         poll = partial(poll_gpm, monotonic=self.fleet.clock.monotonic)
         results = await self.fleet.map(poll, supported)
         for slot, values in results:
             if not isinstance(values, dict):
                 continue
             for metric, value in values.items():
-                fam[SPEC_BY_METRIC[metric].name].add_metric([slot.uuid, slot.index], value)
-        return [f for f in fam.values() if f.samples]
+                f = fam[SPEC_BY_METRIC[metric].name]
+                f.add(f.table.series(slot.uuid, slot.index), value)
+        return [f for f in fam.values() if f.rows]
 
     async def close(self) -> None:
         """Nothing to release: the GPU fleet is closed by the exporter."""

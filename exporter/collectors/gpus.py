@@ -4,21 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, TypeVar
 
 from exporter.collectors.base import GpuRef
 from exporter.config import Clock
-from exporter.nvml import (
-    DeadlineExceededError,
-    Device,
-    GpuLostError,
-    GpuStaleError,
-    GpuWorker,
-    Nvml,
-    NvmlUnknownError,
-)
+from exporter.nvml import Device, GpuLostError, GpuWorker, Nvml, NvmlUnknownError, wake_loop
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -54,6 +48,25 @@ class Outcome:
     UNKNOWN = "unknown"  # NVML_ERROR_UNKNOWN: in a container, usually a lost device cgroup
 
 
+_Job = tuple[Callable[[Device], Any], "asyncio.Future[Any]"]
+
+
+def _run_jobs(device: Device, jobs: list[_Job]) -> list[tuple[bool, Any]]:
+    # one GPU's batch, on its worker thread: a failing read fails only itself
+    out: list[tuple[bool, Any]] = []
+    for fn, _ in jobs:
+        try:
+            out.append((True, fn(device)))
+        except Exception as exc:
+            out.append((False, exc))
+    return out
+
+
+def _set_done(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
 class GpuFleet:
     """Runs per-GPU NVML work concurrently across GPUs, each GPU behind its own deadline."""
 
@@ -67,9 +80,7 @@ class GpuFleet:
         self.unknown_rounds = 0
         self.unknown_rounds_fatal = unknown_rounds_fatal
         self.fatal: str | None = None  # set when the exporter should exit (see note_device_round)
-        self._pending: dict[
-            str, tuple[GpuSlot, list[tuple[Callable[[Device], Any], asyncio.Future[Any]]]]
-        ] = {}
+        self._pending: dict[str, tuple[GpuSlot, list[_Job]]] = {}
         self._batches: set[asyncio.Task[None]] = set()
 
     @property
@@ -114,37 +125,58 @@ class GpuFleet:
 
     def _flush(self) -> None:
         pending, self._pending = self._pending, {}
-        for slot, jobs in pending.values():
-            task = asyncio.ensure_future(self._run_batch(slot, jobs))
-            self._batches.add(task)
-            task.add_done_callback(self._batches.discard)
+        task = asyncio.ensure_future(self._run_round(list(pending.values())))
+        self._batches.add(task)
+        task.add_done_callback(self._batches.discard)
 
-    async def _run_batch(
-        self, slot: GpuSlot, jobs: list[tuple[Callable[[Device], Any], asyncio.Future[Any]]]
-    ) -> None:
-        device = slot.device
+    async def _run_round(self, batches: list[tuple[GpuSlot, list[_Job]]]) -> None:
+        """Every GPU's batch on its own thread at once, under one deadline.
 
-        def batch() -> list[tuple[bool, Any]]:
-            out: list[tuple[bool, Any]] = []
-            for fn, _ in jobs:
-                try:
-                    out.append((True, fn(device)))
-                except Exception as exc:
-                    out.append((False, exc))
-            return out
+        The workers hand their results back through one wake-up of the loop, sent by the last to
+        finish, rather than one future and one wake-up per GPU.
+        """
+        loop = asyncio.get_running_loop()
+        all_done: asyncio.Future[None] = loop.create_future()
+        results: dict[str, tuple[bool, Any]] = {}
+        remaining = [len(batches)]
+        lock = threading.Lock()
 
+        def finished(index: str, ok: bool, value: Any) -> None:  # on the worker thread
+            results[index] = (ok, value)
+            with lock:
+                remaining[0] -= 1
+                last = remaining[0] == 0
+            if last:
+                wake_loop(loop, _set_done, all_done)
+
+        started = [
+            slot.worker.start(partial(_run_jobs, slot.device, jobs), partial(finished, slot.index))
+            for slot, jobs in batches
+        ]
         try:
-            results = await slot.worker.run(batch, self.call_timeout_seconds)
-        except (DeadlineExceededError, GpuStaleError) as exc:
-            if not slot.stale:
-                log.warning("GPU %s (%s) is stale: %s", slot.index, slot.uuid, exc)
-            slot.stale = True
-            results = [(True, Outcome.STALE)] * len(jobs)
-        else:
-            slot.stale = False
-        for (_, fut), (ok, value) in zip(jobs, results, strict=True):
-            if not fut.done():
-                fut.set_result(value if ok else self._failure(slot, value))
+            await asyncio.wait_for(all_done, self.call_timeout_seconds)
+        except TimeoutError:
+            pass
+        for (slot, jobs), job in zip(batches, started, strict=True):
+            got = results.get(slot.index)
+            if got is None:
+                slot.worker.abandon(job)
+                if not slot.stale:
+                    log.warning(
+                        "GPU %s (%s) is stale: no answer within %g s",
+                        slot.index,
+                        slot.uuid,
+                        self.call_timeout_seconds,
+                    )
+                slot.stale = True
+                outs: list[tuple[bool, Any]] = [(True, Outcome.STALE)] * len(jobs)
+            else:
+                slot.stale = False
+                ok, value = got
+                outs = value if ok else [(False, value)] * len(jobs)
+            for (_, fut), (ok, value) in zip(jobs, outs, strict=True):
+                if not fut.done():
+                    fut.set_result(value if ok else self._failure(slot, value))
 
     def _failure(self, slot: GpuSlot, exc: Exception) -> str:
         if isinstance(exc, GpuLostError):

@@ -9,6 +9,7 @@ from prometheus_client.core import Metric
 from exporter import catalog as c
 from exporter.collectors.base import NodeState
 from exporter.collectors.gpus import GpuFleet
+from exporter.collectors.series import table
 from exporter.collectors.xid import XidCounter
 from exporter.nvml import HealthReading, read_health
 
@@ -27,33 +28,31 @@ class HealthCollector:
 
     async def collect(self, state: NodeState) -> Sequence[Metric]:
         """Sample health counters and add the XID counts."""
-        fam = {spec.name: c.family(spec) for spec in c.HEALTH_METRICS}
+        xid, ecc, rows, pending, failed = (table(spec).family() for spec in c.HEALTH_METRICS)
         for slot, r in await self.fleet.map(read_health):
             if not isinstance(r, HealthReading):
                 continue
-            gpu = [slot.uuid, slot.index]
+            u, i = slot.uuid, slot.index
             if r.ecc_corrected is not None:
-                fam[c.GPU_ECC_ERRORS.name].add_metric([*gpu, "corrected"], float(r.ecc_corrected))
+                ecc.add(ecc.table.series(u, i, "corrected"), float(r.ecc_corrected))
             if r.ecc_uncorrected is not None:
-                fam[c.GPU_ECC_ERRORS.name].add_metric([*gpu, "uncorrected"], float(r.ecc_uncorrected))
+                ecc.add(ecc.table.series(u, i, "uncorrected"), float(r.ecc_uncorrected))
             if r.remapped_correctable is not None and r.remapped_uncorrectable is not None:
-                fam[c.GPU_REMAPPED_ROWS.name].add_metric([*gpu, "correctable"], float(r.remapped_correctable))
-                fam[c.GPU_REMAPPED_ROWS.name].add_metric(
-                    [*gpu, "uncorrectable"], float(r.remapped_uncorrectable)
-                )
+                rows.add(rows.table.series(u, i, "correctable"), float(r.remapped_correctable))
+                rows.add(rows.table.series(u, i, "uncorrectable"), float(r.remapped_uncorrectable))
             if r.remap_pending is not None:
-                fam[c.GPU_REMAPPED_ROWS_PENDING.name].add_metric(gpu, float(r.remap_pending))
+                pending.add(pending.table.series(u, i), float(r.remap_pending))
             if r.remap_failed is not None:
-                fam[c.GPU_REMAPPED_ROWS_FAILED.name].add_metric(gpu, float(r.remap_failed))
+                failed.add(failed.table.series(u, i), float(r.remap_failed))
         index_by_uuid = {slot.uuid: slot.index for slot in self.fleet.slots}
         known = [
-            (int(index_by_uuid[u]), xid, u, n)
-            for (u, xid), n in self.xids.counts().items()
+            (int(index_by_uuid[u]), code, u, n)
+            for (u, code), n in self.xids.counts().items()
             if u in index_by_uuid
         ]
-        for index, xid, uuid, count in sorted(known):
-            fam[c.GPU_XID_ERRORS.name].add_metric([uuid, str(index), str(xid)], float(count))
-        return [f for f in fam.values() if f.samples]
+        for index, code, uuid, count in sorted(known):
+            xid.add(xid.table.series(uuid, str(index), str(code)), float(count))
+        return [f for f in (xid, ecc, rows, pending, failed) if f.rows]
 
     async def close(self) -> None:
         """Nothing to release: the GPU fleet is closed by the exporter."""

@@ -10,6 +10,7 @@ from prometheus_client.core import Metric
 from exporter import catalog as c
 from exporter.collectors.base import GpuRef, NodeState
 from exporter.collectors.gpus import GpuFleet
+from exporter.collectors.series import table
 from exporter.nvml import Device, MigInstance, poll_mig_gpm, read_mig
 
 _GPM_SPECS = {
@@ -38,7 +39,7 @@ class MigCollector:
 
     async def collect(self, state: NodeState) -> Sequence[Metric]:
         """Read MIG instances and publish them to NodeState as GpuRefs with mig_uuid."""
-        fam = {spec.name: c.family(spec) for spec in c.MIG_METRICS}
+        fam = {spec.name: table(spec).family() for spec in c.MIG_METRICS}
         mig_slots = [s for s in self.fleet.live() if s.device.static.mig_enabled]
         refs: list[GpuRef] = []
         for slot, r in await self.fleet.map(self._read, mig_slots):
@@ -46,18 +47,20 @@ class MigCollector:
                 continue
             instances, gpm = r
             for inst in instances:
-                base = [slot.uuid, slot.index, inst.mig_uuid]
-                fam[c.GPU_MIG_INFO.name].add_metric(
-                    [*base, str(inst.gpu_instance_id), str(inst.compute_instance_id), inst.profile], 1.0
-                )
+                base = (slot.uuid, slot.index, inst.mig_uuid)
+                info = fam[c.GPU_MIG_INFO.name]
+                gi, ci = str(inst.gpu_instance_id), str(inst.compute_instance_id)
+                info.add(info.table.series(*base, gi, ci, inst.profile), 1.0)
                 if inst.memory is not None:
-                    fam[c.GPU_MIG_MEMORY_USED.name].add_metric(base, float(inst.memory.used_bytes))
-                    fam[c.GPU_MIG_MEMORY_TOTAL.name].add_metric(base, float(inst.memory.total_bytes))
+                    used, total = fam[c.GPU_MIG_MEMORY_USED.name], fam[c.GPU_MIG_MEMORY_TOTAL.name]
+                    used.add(used.table.series(*base), float(inst.memory.used_bytes))
+                    total.add(total.table.series(*base), float(inst.memory.total_bytes))
                 for metric, value in gpm.get(inst.gpu_instance_id, {}).items():
-                    fam[_GPM_SPECS[metric].name].add_metric(base, value)
+                    f = fam[_GPM_SPECS[metric].name]
+                    f.add(f.table.series(*base), value)
                 refs.append(replace(slot.ref(), mig_uuid=inst.mig_uuid))
         state.gpus = tuple(g for g in state.gpus if not g.mig_uuid) + tuple(refs)
-        return [f for f in fam.values() if f.samples]
+        return [f for f in fam.values() if f.rows]
 
     async def close(self) -> None:
         """Nothing to release: the GPU fleet is closed by the exporter."""

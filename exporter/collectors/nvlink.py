@@ -8,7 +8,8 @@ from prometheus_client.core import Metric
 
 from exporter import catalog as c
 from exporter.collectors.base import NodeState
-from exporter.collectors.gpus import GpuFleet
+from exporter.collectors.gpus import GpuFleet, GpuSlot
+from exporter.collectors.series import Series, table
 from exporter.nvml import NvLinkState, nvlink_pairs, read_nvlink
 
 
@@ -21,10 +22,39 @@ class NvLinkCollector:
     def __init__(self, fleet: GpuFleet) -> None:
         self.fleet = fleet
         self._pairs: list[tuple[int, int, str, int]] | None = None
+        # Both are static between changes, so a tick reuses them: the link series per GPU (keyed by
+        # the link numbers read), and the peer-info rows per set of live GPUs.
+        self._link_series: dict[str, tuple[tuple[int, ...], list[Series]]] = {}
+        self._peer_rows: tuple[tuple[str, ...], list[Series]] | None = None
+
+    def _series_for(self, slot: GpuSlot, links: list[NvLinkState]) -> list[Series]:
+        numbers = tuple(link.link for link in links)
+        cached = self._link_series.get(slot.uuid)
+        if cached is None or cached[0] != numbers:
+            series = table(c.GPU_NVLINK_UP).series
+            cached = self._link_series[slot.uuid] = (
+                numbers,
+                [series(slot.uuid, slot.index, str(n)) for n in numbers],
+            )
+        return cached[1]
+
+    def _peer_series(self) -> list[Series]:
+        live = self.fleet.live()
+        key = tuple(s.uuid for s in live)
+        if self._peer_rows is None or self._peer_rows[0] != key:
+            series = table(c.GPU_NVLINK_PEER_INFO).series
+            by_index = {s.device.static.index: s for s in live}
+            rows: list[Series] = []
+            for a, b, via, count in self._pairs or []:
+                if a in by_index and b in by_index:
+                    for x, y in ((by_index[a], by_index[b]), (by_index[b], by_index[a])):
+                        rows.append(series(x.uuid, x.index, y.uuid, y.index, via, str(count)))
+            self._peer_rows = (key, rows)
+        return self._peer_rows[1]
 
     async def collect(self, state: NodeState) -> Sequence[Metric]:
         """Read link states and emit the peer info."""
-        fam = {spec.name: c.family(spec) for spec in c.NVLINK_METRICS}
+        up, peers = (table(spec).family() for spec in c.NVLINK_METRICS)
         links: dict[int, list[NvLinkState]] = {}
         complete = True
         for slot, r in await self.fleet.map(read_nvlink):
@@ -32,18 +62,15 @@ class NvLinkCollector:
                 complete = False
                 continue
             links[slot.device.static.index] = r
-            for link in r:
-                fam[c.GPU_NVLINK_UP.name].add_metric([slot.uuid, slot.index, str(link.link)], float(link.up))
+            up.rows.extend(self._series_for(slot, r))
+            up.values.extend([1.0 if link.up else 0.0 for link in r])
         if self._pairs is None and complete:
             self._pairs = nvlink_pairs([s.device for s in self.fleet.slots], links)
-        by_index = {s.device.static.index: s for s in self.fleet.live()}
-        for a, b, via, count in self._pairs or []:
-            if a in by_index and b in by_index:
-                for x, y in ((by_index[a], by_index[b]), (by_index[b], by_index[a])):
-                    fam[c.GPU_NVLINK_PEER_INFO.name].add_metric(
-                        [x.uuid, x.index, y.uuid, y.index, via, str(count)], 1.0
-                    )
-        return [f for f in fam.values() if f.samples]
+            self._peer_rows = None
+        rows = self._peer_series()
+        peers.rows.extend(rows)
+        peers.values.extend([1.0] * len(rows))
+        return [f for f in (up, peers) if f.rows]
 
     async def close(self) -> None:
         """Nothing to release: the GPU fleet is closed by the exporter."""

@@ -10,6 +10,7 @@ from prometheus_client.core import Metric
 from exporter import catalog as c
 from exporter.collectors.base import GpuProcess, NodeState, PodRef
 from exporter.collectors.gpus import GpuFleet
+from exporter.collectors.series import table
 from exporter.nvml import Device, ProcessReading, ProcessSample, read_processes
 
 _NO_POD = PodRef(namespace="", pod="", container="")
@@ -30,7 +31,7 @@ class ProcessesCollector:
 
     async def collect(self, state: NodeState) -> Sequence[Metric]:
         """List processes per GPU and publish them to NodeState."""
-        fam = {spec.name: c.family(spec) for spec in c.PROCESS_METRICS}
+        memory, sm_util = (table(spec).family() for spec in c.PROCESS_METRICS)
         published: list[GpuProcess] = []
         pid_pods = state.pid_pods
         for slot, r in await self.fleet.map(self._read):
@@ -49,15 +50,15 @@ class ProcessesCollector:
                 seen.add(p.pid)
                 published.append(GpuProcess(slot.uuid, slot.index, p.pid, p.used_memory_bytes, p.mig_uuid))
                 pod = pid_pods.get(p.pid, _NO_POD)
-                labels = [slot.uuid, slot.index, str(p.pid), pod.namespace, pod.pod, pod.container]
+                labels = (slot.uuid, slot.index, str(p.pid), pod.namespace, pod.pod, pod.container)
                 if p.used_memory_bytes is not None:
-                    fam[c.GPU_PROCESS_MEMORY.name].add_metric(labels, float(p.used_memory_bytes))
+                    memory.add(memory.table.series(*labels), float(p.used_memory_bytes))
                 if measured:
                     values = sm.get(p.pid)
                     ratio = sum(values) / len(values) if values else 0.0
-                    fam[c.GPU_PROCESS_SM_UTILIZATION.name].add_metric(labels, ratio)
+                    sm_util.add(sm_util.table.series(*labels), ratio)
         state.processes = tuple(published)
-        return [f for f in fam.values() if f.samples]
+        return [f for f in (memory, sm_util) if f.rows]
 
     async def close(self) -> None:
         """Nothing to release: the GPU fleet is closed by the exporter."""

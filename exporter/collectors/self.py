@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import platform
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -9,6 +10,7 @@ from dataclasses import dataclass
 from prometheus_client.core import Metric
 
 from exporter import catalog as c
+from exporter.collectors.series import Series, table
 from exporter.config import exporter_version
 from exporter.nvml import BINDING_VERSION
 
@@ -21,26 +23,32 @@ class CollectorRound:
     duration_seconds: float
 
 
+@functools.cache
+def _build_series() -> Series:
+    # the installed version is read from package metadata (a file): once per process is enough
+    return table(c.BUILD_INFO).series(exporter_version(), platform.python_version(), BINDING_VERSION)
+
+
 def self_families(
     rounds: Mapping[str, CollectorRound],
     last_good_sample_unix: float | None,
     stale_gpus: Sequence[tuple[str, str, bool]],
 ) -> list[Metric]:
     """Families describing the exporter itself."""
-    success, duration = c.family(c.COLLECTOR_SUCCESS), c.family(c.COLLECTOR_DURATION)
+    success, duration = table(c.COLLECTOR_SUCCESS).family(), table(c.COLLECTOR_DURATION).family()
     for name in sorted(rounds):
-        success.add_metric([name], 1.0 if rounds[name].success else 0.0)
-        duration.add_metric([name], rounds[name].duration_seconds)
-    build = c.family(c.BUILD_INFO)
-    build.add_metric([exporter_version(), platform.python_version(), BINDING_VERSION], 1.0)
+        success.add(success.table.series(name), 1.0 if rounds[name].success else 0.0)
+        duration.add(duration.table.series(name), rounds[name].duration_seconds)
+    build = table(c.BUILD_INFO).family()
+    build.add(_build_series(), 1.0)
     out: list[Metric] = [success, duration, build]
     if last_good_sample_unix is not None:
-        ts = c.family(c.LAST_SAMPLE_TIMESTAMP)
-        ts.add_metric([], last_good_sample_unix)
+        ts = table(c.LAST_SAMPLE_TIMESTAMP).family()
+        ts.add(ts.table.series(), last_good_sample_unix)
         out.append(ts)
     if stale_gpus:
-        stale = c.family(c.GPU_STALE)
+        stale = table(c.GPU_STALE).family()
         for uuid, index, is_stale in stale_gpus:
-            stale.add_metric([uuid, index], 1.0 if is_stale else 0.0)
+            stale.add(stale.table.series(uuid, index), 1.0 if is_stale else 0.0)
         out.append(stale)
     return out

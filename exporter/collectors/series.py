@@ -1,0 +1,172 @@
+"""Series whose exposition text is prepared once, and families that render straight from them.
+
+Building ~1,400 prometheus_client samples per tick (a dict and a namedtuple each) and then turning
+them back into text cost more than the NVML calls themselves. A SeriesFamily instead keeps
+(series, value) rows: each Series holds its `name{labels} ` prefix, built once, and the last line it
+rendered, reused while the value does not change. The prometheus_client view (`samples`) is built
+only when a consumer asks for it (OTLP push, merging with a plug-in's family, tests).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import cast
+
+from prometheus_client.core import Metric
+from prometheus_client.samples import Sample
+from prometheus_client.utils import floatToGoString
+
+from exporter.metricspec import MetricSpec
+
+_go_float = cast(Callable[[float], str], floatToGoString)  # Go-style floats, as Prometheus prints
+_TABLE_MAX_SERIES = 50_000  # series churn (processes come and go): a table starts over past this
+
+
+def format_value(value: float) -> str:
+    """A sample value as prometheus_client's text exposition writes it."""
+    # 0 and 1 are most values (up, info, flags, link states): skip the general formatter for them
+    if value == 1.0:
+        return "1.0"
+    if value == 0.0 and math.copysign(1.0, value) > 0:
+        return "0.0"
+    return _go_float(value)
+
+
+def escape_label_value(value: str) -> str:
+    """A label value escaped for the text exposition."""
+    if "\\" in value or '"' in value or "\n" in value:
+        return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+    return value
+
+
+def help_header(name: str, documentation: str, type_: str) -> str:
+    """The `# HELP` and `# TYPE` lines of a family."""
+    doc = documentation.replace("\\", "\\\\").replace("\n", "\\n")
+    return f"# HELP {name} {doc}\n# TYPE {name} {type_}\n"
+
+
+class Series:
+    """One series: sample name, labels, its text prefix, and the last (value, line) it rendered."""
+
+    __slots__ = ("labels", "last", "name", "prefix")
+
+    def __init__(self, name: str, labels: dict[str, str]) -> None:
+        self.name, self.labels = name, labels
+        if labels:
+            text = ",".join(f'{k}="{escape_label_value(v)}"' for k, v in sorted(labels.items()))
+            self.prefix = f"{name}{{{text}}} "
+        else:
+            self.prefix = f"{name} "
+        # One tuple, swapped whole: a reader never pairs a value with another value's line.
+        self.last: tuple[float, str] = (math.nan, "")
+
+    def line(self, value: float) -> str:
+        """`name{labels} value\\n`, reusing last tick's text when the value is unchanged."""
+        last = self.last
+        # 0.0 == -0.0 but they print differently, so zero is always formatted (cheaply)
+        if value == last[0] and value != 0.0:
+            return last[1]
+        line = self.prefix + format_value(value) + "\n"
+        self.last = (value, line)
+        return line
+
+
+class SeriesTable:
+    """The series of one catalog spec, made once per distinct label values."""
+
+    def __init__(self, spec: MetricSpec) -> None:
+        self.spec = spec
+        self.counter = spec.type == "counter"
+        if spec.type not in ("gauge", "counter", "info"):
+            raise ValueError(f"{spec.name}: only gauges, counters and info metrics have series tables")
+        # prometheus_client names a counter family without _total and its samples with it
+        self.family_name = spec.name[: -len("_total")] if self.counter else spec.name
+        self.header = help_header(spec.name, spec.help, "counter" if self.counter else "gauge")
+        self._series: dict[tuple[str, ...], Series] = {}
+        # (rows, values, text) of the last family rendered; a tuple swapped whole, like Series.last
+        self.last_text: tuple[list[Series], list[float], str] | None = None
+
+    def series(self, *values: str) -> Series:
+        """The series with these label values, in the spec's label order."""
+        found = self._series.get(values)
+        if found is None:
+            if len(self._series) >= _TABLE_MAX_SERIES:
+                self._series.clear()
+            labels = dict(zip(self.spec.labels, values, strict=True))
+            found = self._series[values] = Series(self.spec.name, labels)
+        return found
+
+    def family(self) -> SeriesFamily:
+        """An empty family for one tick."""
+        return SeriesFamily(self)
+
+
+class SeriesFamily(Metric):
+    """A gauge or counter family holding (series, value) rows; `samples` is built on first use."""
+
+    def __init__(self, table: SeriesTable) -> None:
+        # Metric.__init__ would validate the name again and assign samples; the catalog is validated.
+        self.name = table.family_name
+        self.documentation = table.spec.help
+        self.unit = ""
+        self.type = "counter" if table.counter else "gauge"
+        self.table = table
+        self.rows: list[Series] = []
+        self.values: list[float] = []
+        self._samples: list[Sample] | None = None
+
+    def add(self, series: Series, value: float) -> None:
+        """Add one row."""
+        self.rows.append(series)
+        self.values.append(value)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @property
+    def materialized(self) -> bool:
+        """True once `samples` was read or set: from then on the samples are the truth."""
+        return self._samples is not None
+
+    @property
+    def samples(self) -> list[Sample]:
+        """The rows as prometheus_client samples (built once, on first use)."""
+        if self._samples is None:
+            self._samples = [
+                Sample(s.name, dict(s.labels), v, None, None)
+                for s, v in zip(self.rows, self.values, strict=True)
+            ]
+        return self._samples
+
+    @samples.setter
+    def samples(self, value: list[Sample]) -> None:
+        self._samples = list(value)
+
+    def render_into(self, out: list[str]) -> None:
+        """Append the family's exposition text (header and one line per row)."""
+        table, rows, values = self.table, self.rows, self.values
+        last = table.last_text
+        # Same series with the same values as the last render of this spec: the same text. Series
+        # compare by identity; -0.0 == 0.0 but prints differently, so a negative zero re-renders.
+        if last is not None and last[0] == rows and last[1] == values and not _negative_zero(values):
+            out.append(last[2])
+            return
+        text = table.header + "".join([s.line(v) for s, v in zip(rows, values, strict=True)])
+        table.last_text = (rows, values, text)
+        out.append(text)
+
+
+def _negative_zero(values: list[float]) -> bool:
+    return 0.0 in values and any(v == 0.0 and math.copysign(1.0, v) < 0 for v in values)
+
+
+_TABLES: dict[str, SeriesTable] = {}
+
+
+def table(spec: MetricSpec) -> SeriesTable:
+    """The process-wide series table of a spec."""
+    found = _TABLES.get(spec.name)
+    if found is None or found.spec is not spec:
+        found = _TABLES[spec.name] = SeriesTable(spec)
+    return found
