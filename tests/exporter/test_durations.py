@@ -11,7 +11,15 @@ from exporter.config import duration_seconds
 
 @pytest.mark.parametrize(
     ("text", "seconds"),
-    [("1", 1.0), ("0.5", 0.5), ("500ms", 0.5), ("15s", 15.0), ("1m30s", 90.0), ("2h", 7200.0), ("1d", 86400.0)],
+    [
+        ("1", 1.0),
+        ("0.5", 0.5),
+        ("500ms", 0.5),
+        ("15s", 15.0),
+        ("1m30s", 90.0),
+        ("2h", 7200.0),
+        ("1d", 86400.0),
+    ],
 )
 def test_durations_parse_to_seconds(text: str, seconds: float) -> None:
     assert duration_seconds(text) == pytest.approx(seconds)
