@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -10,9 +11,11 @@ import sys
 import time
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from demo.binaries import find_binaries
+from tests.alerts.panel_queries import CONTROLLER_DASHBOARDS, PanelQuery, by_uid, has_data, panel_queries
 
 pytestmark = [
     pytest.mark.integration,
@@ -22,6 +25,9 @@ pytestmark = [
 CONSOLE_SCRIPT = Path(sys.executable).with_name("gpupulse-demo")
 DEMO = [str(CONSOLE_SCRIPT)] if CONSOLE_SCRIPT.exists() else [sys.executable, "-m", "demo.cli"]
 CHILDREN = {"prometheus", "alertmanager", "controller", "sim-engine"}
+# The remediation dashboard's queries, with the window Grafana's $__rate_interval takes for a range of
+# about an hour at the demo's 1 s scrape interval: long enough to hold the demo's few actions.
+CONTROLLER_QUERIES = by_uid(panel_queries(rate_interval="1m"), CONTROLLER_DASHBOARDS)
 
 
 def _alive(pid: int) -> bool:
@@ -73,7 +79,7 @@ async def _start(state_file: Path, *args: str) -> asyncio.subprocess.Process:
 
 async def _read_until(proc: asyncio.subprocess.Process, marker: str, timeout_seconds: float) -> str:
     assert proc.stdout is not None
-    seen = []
+    seen: list[str] = []
     deadline = time.monotonic() + timeout_seconds
     while True:
         line = await asyncio.wait_for(proc.stdout.readline(), max(0.1, deadline - time.monotonic()))
@@ -84,12 +90,43 @@ async def _read_until(proc: asyncio.subprocess.Process, marker: str, timeout_sec
             return "".join(seen)
 
 
+def _prometheus_url(state_file: Path) -> str | None:
+    """The demo's Prometheus, once the demo has written its state file (atomically, at READY)."""
+    if not state_file.exists():
+        return None
+    return str(json.loads(state_file.read_text())["urls"]["Prometheus"])
+
+
+async def _watch_panels(state_file: Path, done: asyncio.Event) -> set[PanelQuery]:
+    """Run the remediation dashboard's queries every second while the demo runs; those that had data."""
+    proven: set[PanelQuery] = set()
+    prometheus = None
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session:
+        while not done.is_set() and len(proven) < len(CONTROLLER_QUERIES):
+            prometheus = prometheus or _prometheus_url(state_file)
+            for query in (q for q in CONTROLLER_QUERIES if prometheus and q not in proven):
+                # the demo may stop between two queries: a refused connection just ends the watch
+                with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                    async with session.get(f"{prometheus}/api/v1/query", params={"query": query.expr}) as r:
+                        if has_data((await r.json())["data"]["result"]):
+                            proven.add(query)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(done.wait(), 1.0)
+    return proven
+
+
 @pytest.mark.timeout(200)
 async def test_full_run_plays_the_ladder_and_leaves_nothing_running(tmp_path: Path) -> None:
     state_file = tmp_path / "state.json"
     started = time.monotonic()
     proc = await _start(state_file, "--duration", "120", "--stop-when-verified")
-    out, _ = await asyncio.wait_for(proc.communicate(), 180)
+    done = asyncio.Event()
+    watcher = asyncio.create_task(_watch_panels(state_file, done))
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), 180)
+    finally:
+        done.set()
+        proven = await watcher
     text = out.decode()
     assert proc.returncode == 0, text[-4000:]
     assert time.monotonic() - started < 150
@@ -98,6 +135,10 @@ async def test_full_run_plays_the_ladder_and_leaves_nothing_running(tmp_path: Pa
     assert "WORLD    restarted serving/chat-" in text and "drained GPU 2" in text
     assert "PAGE     [CRITICAL] gpupulse-incident-" in text
     _assert_nothing_left(state_file, proc.pid)
+    # every panel of the remediation dashboard showed data from the controller during the run
+    assert len(CONTROLLER_QUERIES) >= 12
+    missing = [str(q) for q in CONTROLLER_QUERIES if q not in proven]
+    assert not missing, "remediation dashboard queries without data during the demo:\n" + "\n".join(missing)
 
 
 @pytest.mark.timeout(120)
