@@ -343,6 +343,9 @@ class Inbox:
         self.timeout_seconds = timeout_seconds
         self._writer: _WriterThread | None = None
         self._reader: _ReaderThread | None = None
+        # highest row id ingest has written (set in the writer thread, so a caller cancelled
+        # between commit and hand-over still moves it); the worker's lost-hand-over check uses it
+        self.written_upto = 0
 
     async def start(self) -> None:
         """Open the database, create the inbox table, start the writer and reader threads."""
@@ -438,6 +441,7 @@ class Inbox:
                     ids.append(None)
             inserted = sum(by_status.values())
             tx.pending += inserted
+            self.written_upto = max([self.written_upto, *(i for i in ids if i is not None)])
             return IngestResult(inserted_by_status=by_status, duplicates=len(params) - inserted, ids=ids)
 
         return await self._write(job)
@@ -498,6 +502,15 @@ class Inbox:
             finally:
                 conn.execute("COMMIT")
             return [_row(r) for r in rows], {fp: int(i) for fp, i in waiting}, int(max_id)
+
+        return await self._read(job)
+
+    async def has_pending_upto(self, row_id: int) -> bool:
+        """True when some row with id <= row_id is still unprocessed."""
+
+        def job(conn: sqlite3.Connection, tx: _Tx) -> bool:
+            sql = "SELECT 1 FROM inbox WHERE processed_at IS NULL AND id <= ? LIMIT 1"
+            return conn.execute(sql, (row_id,)).fetchone() is not None
 
         return await self._read(job)
 

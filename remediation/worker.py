@@ -73,6 +73,9 @@ class Worker:
         # True while the inbox may hold due rows that are not in _fresh: at start and after failures
         self._backlog = True
         self._fresh_lossy = False
+        # lost hand-over check: the inbox's written_upto at the last tick that saw unexplained
+        # pending rows; rows up to it still pending one tick later were never handed over
+        self._suspect_upto: int | None = None
         # the gauge reads the writer's exact count at scrape time
         metrics.queue_depth.set_function(lambda: float(inbox.pending))
 
@@ -156,7 +159,7 @@ class Worker:
             if now >= next_tick:
                 await self._tick()
                 next_tick = now + self.settings.tick_interval_seconds
-                if not self._backlog and not self._fresh and self.inbox.pending > 0:
+                if await self._lost_hand_over():
                     # committed rows that never reached submit(): let the next pass read the inbox
                     self._backlog = True
                     more = True
@@ -171,6 +174,24 @@ class Worker:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(max(0.0, timeout)):
                     await self._wake.wait()
+
+    async def _lost_hand_over(self) -> bool:
+        """True when rows committed before the previous tick are pending but were never handed
+        over. Checked across two ticks: a hand-over in flight right now (committed, submit() not yet
+        called) is normal and must not cost an inbox read."""
+        if self._backlog or self._fresh or self.inbox.pending == 0:
+            self._suspect_upto = None
+            return False
+        suspect, self._suspect_upto = self._suspect_upto, self.inbox.written_upto
+        if suspect is None:
+            return False
+        try:
+            lost = await self.inbox.has_pending_upto(suspect)
+        except StoreError:
+            lost = True  # the inbox read that follows reports the error and retries
+        if lost:
+            self._suspect_upto = None
+        return lost
 
     async def _until_next_retry(self) -> float:
         try:

@@ -203,7 +203,8 @@ async def test_queue_depth_metric_follows_the_inbox(tmp_path: Path) -> None:
 
 
 async def test_new_alerts_skip_the_inbox_read_once_the_backlog_is_clear(tmp_path: Path) -> None:
-    h = await start_harness(make_settings(tmp_path))
+    # several ticks pass during the posts: a hand-over in flight at one tick must not look lost
+    h = await start_harness(make_settings(tmp_path, engine_tick_interval_seconds=0.2))
     inbox = h.service.ctl.inbox
     reads = 0
     real_load = inbox.load_ready
@@ -223,6 +224,23 @@ async def test_new_alerts_skip_the_inbox_read_once_the_backlog_is_clear(tmp_path
         await h.engine.wait_for(lambda: len(h.engine.handled) == 21)
         assert reads == before  # handed over in memory, not read back from SQLite
         assert [e.fingerprint for e in h.engine.handled[1:]] == [f"fast{i}" for i in range(20)]
+    finally:
+        await h.session.close()
+        await h.service.stop()
+
+
+async def test_rows_committed_but_never_handed_over_are_found_at_the_next_ticks(tmp_path: Path) -> None:
+    h = await start_harness(make_settings(tmp_path))
+    inbox = h.service.ctl.inbox
+    try:
+        await h.post_alerts(notification([alert(fingerprint="warmup")]))
+        await h.engine.wait_for(lambda: len(h.engine.handled) == 1)
+        # as if the intake handler was cancelled between its commit and worker.submit()
+        await inbox.ingest(parse_notification(_body(alert(fingerprint="orphan")), 2.0), max_pending=100)
+        assert inbox.written_upto == 2
+        await h.engine.wait_for(lambda: len(h.engine.handled) == 2)
+        assert h.engine.handled[1].fingerprint == "orphan"
+        await h.service.ctl.worker.wait_until(lambda: inbox.pending == 0, within_seconds=5)
     finally:
         await h.session.close()
         await h.service.stop()
