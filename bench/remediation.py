@@ -44,12 +44,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run_bare_server(port: int) -> None:
-    """The baseline: the least an aiohttp JSON webhook can do."""
+def run_bare_server(port: int, decoder: str = "json") -> None:
+    """The baseline: the least an aiohttp JSON webhook can do (stdlib json, or orjson as intake uses)."""
+    import orjson
     from aiohttp import web
 
+    loads = orjson.loads if decoder == "orjson" else json.loads
+
     async def handle(request: web.Request) -> web.Response:
-        json.loads(await request.read())
+        loads(await request.read())
         return web.json_response({"status": "ok"})
 
     async def healthz(request: web.Request) -> web.Response:
@@ -151,9 +154,9 @@ def _wait_ready(url: str, proc: subprocess.Popen[bytes]) -> None:
     raise RuntimeError("server never became ready")
 
 
-def start_bare() -> Server:
+def start_bare(decoder: str = "json") -> Server:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, __file__, "--bare-server", str(port)])
+    proc = subprocess.Popen([sys.executable, __file__, "--bare-server", str(port), decoder])
     url = f"http://127.0.0.1:{port}"
     _wait_ready(url, proc)
     return Server(proc, url, None)
@@ -343,13 +346,14 @@ def _pct(values: Sequence[float], p: float) -> float:
 @dataclass(frozen=True)
 class Case:
     name: str
-    kind: str  # bare | noop | engine
+    kind: str  # bare | bare-orjson | noop | engine
     sync: str = "FULL"
     per_request: int = 1
 
 
 CASES = (
     Case("bare aiohttp handler (read, json.loads, 200)", "bare"),
+    Case("bare aiohttp handler with orjson.loads", "bare-orjson"),
     Case("intake + no-op engine, synchronous=FULL", "noop"),
     Case("intake + no-op engine, synchronous=NORMAL", "noop", "NORMAL"),
     Case("controller (real engine, dry-run), FULL", "engine"),
@@ -360,6 +364,8 @@ CASES = (
 def start_case(case: Case, storage: Path) -> Server:
     if case.kind == "bare":
         return start_bare()
+    if case.kind == "bare-orjson":
+        return start_bare("orjson")
     if case.kind == "noop":
         return start_noop_controller(storage, case.sync)
     return start_controller(storage, "--dry-run", f"--storage.synchronous={case.sync}")
@@ -373,11 +379,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--concurrency", type=int, default=32, help="closed-loop clients")
     ap.add_argument("--open-loop-seconds", type=float, default=10.0)
     ap.add_argument("--actions", type=int, default=200, help="alerts for the alert → action measurement")
-    ap.add_argument("--bare-server", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--bare-server", nargs=2, help=argparse.SUPPRESS)
     ap.add_argument("--noop-controller", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.bare_server:
-        run_bare_server(args.bare_server)
+        run_bare_server(int(args.bare_server[0]), args.bare_server[1])
         return 0
     if args.noop_controller:
         port, storage, sync = args.noop_controller
@@ -433,13 +439,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return f"{x:,.0f}" if x >= 100 else f"{x:.1f}"
 
     bare_rate = best[CASES[0].name]["alerts_per_second"]
+    bare_orjson_rate = best[CASES[1].name]["alerts_per_second"]
     print(
         f"\n{os.cpu_count()} CPUs, Python {sys.version.split()[0]}, load average during the runs "
         f"{min(load):.1f}-{max(load):.1f}; closed loop: {args.concurrency} keep-alive clients x "
         f"{args.seconds:.0f} s, best of {args.rounds} interleaved rounds\n"
     )
-    print("| run | alerts/s | vs bare | ack p50 ms | ack p99 ms | server CPU µs/request | engine caught up |")
-    print("|---|---:|---:|---:|---:|---:|---|")
+    print(
+        "| run | alerts/s | vs bare | vs bare (orjson) | ack p50 ms | ack p99 ms | server CPU µs/request "
+        "| engine caught up |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---|")
     for case in CASES:
         r = best[case.name]
         caught = (
@@ -449,6 +459,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         print(
             f"| {case.name} | {f(r['alerts_per_second'])} | {r['alerts_per_second'] / bare_rate:.2f} | "
+            f"{r['alerts_per_second'] / bare_orjson_rate:.2f} | "
             f"{f(r['p50_ms'])} | {f(r['p99_ms'])} | {f(r['server_cpu_us_per_request'])} | {caught} |"
         )
     secs = args.open_loop_seconds

@@ -12,8 +12,10 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, cast
 
+import orjson
+
 from .model import AlertStatus
-from .store import InboxRecord
+from .store import InboxRecord, canonical_json
 
 SUPPORTED_VERSION = "4"
 MAX_FINGERPRINT_CHARS = 128
@@ -21,6 +23,8 @@ MAX_FINGERPRINT_CHARS = 128
 _RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})$")
 # Go's zero time.Time: Alertmanager sends it as endsAt when an alert has no end yet
 _GO_ZERO_YEAR = 1
+_GO_ZERO_PREFIX = "0001-01-01T00:00:00"
+_GO_ZERO = datetime(1, 1, 1, tzinfo=UTC)
 
 
 class PayloadError(Exception):
@@ -39,12 +43,18 @@ def parse_rfc3339(value: object, field: str) -> datetime:
     """Parse an RFC 3339 timestamp (nanoseconds truncated to microseconds) into an aware UTC datetime."""
     if not isinstance(value, str) or not _RFC3339.match(value):
         raise PayloadError(field, "must be an RFC 3339 timestamp such as 2026-01-02T03:04:05Z")
-    text = value.replace("z", "Z").replace("t", "T")
-    frac = re.search(r"\.(\d+)", text)
-    if frac and len(frac.group(1)) > 6:  # Go sends nanoseconds; Python keeps microseconds
-        text = text[: frac.start(1) + 6] + text[frac.end(1) :]
+    if value.startswith(_GO_ZERO_PREFIX):  # Alertmanager's "no end yet", on every firing alert
+        return _GO_ZERO
+    text = value if value[-1] != "z" else value[:-1] + "Z"
+    dot = text.find(".")
+    if dot != -1:
+        end = dot + 1
+        while end < len(text) and text[end].isdigit():
+            end += 1
+        if end - dot - 1 > 6:  # Go sends nanoseconds; Python keeps microseconds
+            text = text[: dot + 7] + text[end:]
     try:
-        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        parsed = datetime.fromisoformat(text)  # 3.11 reads "Z", "t" and " " as RFC 3339 allows
     except ValueError as e:
         raise PayloadError(field, f"not a valid timestamp ({e})") from e
     return parsed.astimezone(UTC) if parsed.year > _GO_ZERO_YEAR else parsed
@@ -92,6 +102,11 @@ def _status(value: object, field: str) -> AlertStatus:
 
 def decode_json(body: bytes) -> Any:
     """Decode a request body as UTF-8 JSON, mapping every failure to PayloadError."""
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        pass  # the standard parser decides: it names the error, and it accepts lone surrogates,
+        # which parse_notification then rejects naming the field that holds one
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -153,13 +168,15 @@ def parse_notification(body: bytes, received_at: float) -> list[InboxRecord]:
                 status=status,
                 starts_at=starts_at.isoformat(),
                 ends_at=ends_at.isoformat() if ends_at else None,
+                starts=starts_at,
+                ends=ends_at,
                 labels=labels,
                 annotations=annotations,
                 generator_url=generator_url,
                 receiver=receiver,
                 group_key=group_key,
                 received_at=received_at,
-                raw=json.dumps(alert, separators=(",", ":"), sort_keys=True),
+                raw=canonical_json(alert),
             )
         )
     return records

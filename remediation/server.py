@@ -11,6 +11,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -127,9 +128,8 @@ class WebhookHandler:
         for status, n in result.inserted_by_status.items():
             self._received[status].inc(n)
         ctl.metrics.ingest_latency.observe(time.perf_counter() - started)
-        return web.json_response(
-            {"status": "ok", "accepted": result.inserted, "duplicates": result.duplicates}
-        )
+        body = orjson.dumps({"status": "ok", "accepted": result.inserted, "duplicates": result.duplicates})
+        return web.Response(body=body, content_type="application/json")
 
 
 def build_app(ctl: Controller) -> web.Application:

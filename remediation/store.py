@@ -16,11 +16,14 @@ import queue
 import sqlite3
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Generic, TypeVar, cast
+
+import orjson
 
 from .model import AlertEvent, AlertStatus
 
@@ -55,6 +58,15 @@ CREATE TABLE IF NOT EXISTS inbox (
 CREATE INDEX IF NOT EXISTS inbox_unprocessed ON inbox (id) WHERE processed_at IS NULL;
 CREATE INDEX IF NOT EXISTS inbox_processed_at ON inbox (processed_at) WHERE processed_at IS NOT NULL;
 """
+
+
+def canonical_json(value: Any) -> str:
+    """Compact JSON with sorted keys (orjson; the standard encoder for what orjson refuses, such as
+    integers beyond 64 bits)."""
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+    except TypeError:
+        return json.dumps(value, separators=(",", ":"), sort_keys=True)
 
 
 class StoreError(Exception):
@@ -97,16 +109,24 @@ class InboxRecord:
     group_key: str
     received_at: float
     raw: str
+    # the parsed forms of starts_at and ends_at, kept so the hand-over to the worker skips a re-parse
+    starts: datetime | None = field(default=None, compare=False, repr=False)
+    ends: datetime | None = field(default=None, compare=False, repr=False)
 
     def to_event(self, inbox_id: int) -> AlertEvent:
         """The engine's view of this record once stored as row `inbox_id`."""
+        ends = (
+            self.ends
+            if self.ends is not None or self.ends_at is None
+            else datetime.fromisoformat(self.ends_at)
+        )
         return AlertEvent(
             fingerprint=self.fingerprint,
             status=self.status,
             labels=self.labels,
             annotations=self.annotations,
-            starts_at=datetime.fromisoformat(self.starts_at),
-            ends_at=datetime.fromisoformat(self.ends_at) if self.ends_at else None,
+            starts_at=self.starts if self.starts is not None else datetime.fromisoformat(self.starts_at),
+            ends_at=ends,
             generator_url=self.generator_url,
             receiver=self.receiver,
             group_key=self.group_key,
@@ -280,6 +300,38 @@ def _resolve_all(items: list[tuple[_Job[Any], Any, BaseException | None]]) -> No
         job.resolve(result, exc)
 
 
+class _Deadlines:
+    """Fails jobs the database threads have not answered within the timeout. Every job has the same
+    timeout, so deadlines come in submission order and one timer serves all jobs in flight (a timer
+    per job cost more than the rest of the hand-over)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, timeout_seconds: float) -> None:
+        self.loop = loop
+        self.timeout_seconds = timeout_seconds
+        self.jobs: deque[tuple[float, _Job[Any]]] = deque()
+        self.timer: asyncio.TimerHandle | None = None
+
+    def watch(self, job: _Job[Any]) -> None:
+        jobs = self.jobs
+        while jobs and jobs[0][1].future.done():  # answered jobs leave from the front
+            jobs.popleft()
+        jobs.append((self.loop.time() + self.timeout_seconds, job))
+        if self.timer is None:
+            self.timer = self.loop.call_at(jobs[0][0], self._expire)
+
+    def _expire(self) -> None:
+        self.timer = None
+        now = self.loop.time()
+        while self.jobs:
+            deadline, job = self.jobs[0]
+            if not job.future.done():
+                if deadline > now:
+                    self.timer = self.loop.call_at(deadline, self._expire)
+                    return
+                job.future.set_exception(StoreError(f"inbox did not answer within {self.timeout_seconds} s"))
+            self.jobs.popleft()
+
+
 class _ReaderThread(threading.Thread):
     """Runs read jobs one at a time on its own connection (WAL readers never block the writer)."""
 
@@ -323,8 +375,8 @@ def _row(r: Sequence[Any]) -> InboxRow:
         status=r[2],
         starts_at=r[3],
         ends_at=r[4],
-        labels=json.loads(r[5]),
-        annotations=json.loads(r[6]),
+        labels=orjson.loads(r[5]),
+        annotations=orjson.loads(r[6]),
         generator_url=r[7],
         receiver=r[8],
         group_key=r[9],
@@ -346,6 +398,7 @@ class Inbox:
         # highest row id ingest has written (set in the writer thread, so a caller cancelled
         # between commit and hand-over still moves it); the worker's lost-hand-over check uses it
         self.written_upto = 0
+        self._deadlines: _Deadlines | None = None
 
     async def start(self) -> None:
         """Open the database, create the inbox table, start the writer and reader threads."""
@@ -390,14 +443,15 @@ class Inbox:
     ) -> T:
         if thread is None or not thread.is_alive():
             raise StoreError("inbox is not open")
-        job = _Job(fn, asyncio.get_running_loop())
+        loop = asyncio.get_running_loop()
+        job = _Job(fn, loop)
         thread.jobs.put(job)
-        try:
-            # cancelling job.future on timeout is harmless: the thread skips settled futures
-            async with asyncio.timeout(self.timeout_seconds):
-                return await job.future
-        except TimeoutError as e:
-            raise StoreError(f"inbox did not answer within {self.timeout_seconds} s") from e
+        deadlines = self._deadlines
+        if deadlines is None or deadlines.loop is not loop:
+            deadlines = self._deadlines = _Deadlines(loop, self.timeout_seconds)
+        deadlines.watch(job)
+        # a job that times out fails here; the thread skips futures that are already settled
+        return await job.future
 
     async def _write(self, fn: Callable[[sqlite3.Connection, _Tx], T]) -> T:
         return await self._submit(self._writer, fn)
@@ -414,8 +468,8 @@ class Inbox:
                 r.starts_at,
                 r.status,
                 r.ends_at,
-                json.dumps(dict(r.labels), sort_keys=True, separators=(",", ":")),
-                json.dumps(dict(r.annotations), sort_keys=True, separators=(",", ":")),
+                canonical_json(r.labels),
+                canonical_json(r.annotations),
                 r.generator_url,
                 r.receiver,
                 r.group_key,

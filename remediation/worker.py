@@ -42,6 +42,25 @@ def backoff_seconds(attempts: int, initial: float, maximum: float) -> float:
     return float(min(maximum, initial * 2 ** max(0, attempts - 1)))
 
 
+async def _settled_within(call: asyncio.Future[None], timeout_seconds: float) -> None:
+    """Wait until `call` is done or the timeout passes, never cancelling it (asyncio.wait without
+    its set bookkeeping: this runs once per alert)."""
+    loop = asyncio.get_running_loop()
+    waiter: asyncio.Future[None] = loop.create_future()
+
+    def wake(*_: object) -> None:
+        if not waiter.done():
+            waiter.set_result(None)
+
+    timer = loop.call_later(timeout_seconds, wake)
+    call.add_done_callback(wake)
+    try:
+        await waiter
+    finally:
+        timer.cancel()
+        call.remove_done_callback(wake)
+
+
 class Worker:
     """One asyncio task that drains the inbox into the engine and calls engine.tick() on schedule."""
 
@@ -284,9 +303,10 @@ class Worker:
         # a call that overruns is left running, never cancelled: a decision may already be committed
         # and cancelling could drop the effects that follow it; the retry meets the engine's dedup
         call = asyncio.ensure_future(self.engine.handle(event))
-        done, _ = await asyncio.wait({call}, timeout=self.settings.handle_timeout_seconds)
+        if not call.done():
+            await _settled_within(call, self.settings.handle_timeout_seconds)
         error: BaseException | None
-        if call in done:
+        if call.done():
             error = call.exception()
         else:
             self.late_calls.add(call)
