@@ -89,8 +89,10 @@ class Sampler:
         self._cached[collector.name] = (due, families, round_)
         return families, round_
 
-    async def sample_once(self) -> Snapshot:
-        """Run one tick and publish its snapshot."""
+    async def sample_once(self, precompress: bool = False) -> Snapshot:
+        """Run one tick and publish its snapshot. With `precompress`, the gzip body is made on a
+        thread before publishing (zlib runs without the GIL), so no scrape compresses on the loop
+        while the previous snapshot keeps being served."""
         now = self.clock.monotonic()
         results = await asyncio.gather(*(self._collect(col, now) for col in self.collectors))
         rounds = {col.name: r for col, (_, r) in zip(self.collectors, results, strict=True)}
@@ -109,6 +111,8 @@ class Sampler:
             gpus=self._gpu_states(),
             rounds=rounds,
         )
+        if precompress:
+            await asyncio.to_thread(snap.gzipped)
         self.snapshot = snap
         self.ticks += 1
         self._fire_hooks(snap)
@@ -161,7 +165,7 @@ class Sampler:
         next_tick = time.monotonic()
         while not stop.is_set():
             try:
-                await self.sample_once()
+                await self.sample_once(precompress=True)
             except Exception:
                 log.exception("sampling tick failed")
             if self.fatal is not None:

@@ -125,6 +125,11 @@ class Snapshot:
             rounds=dict(rounds or {}),
         )
 
+    @property
+    def compressed(self) -> bool:
+        """True once the gzip body exists (scrapes asking for gzip then only copy bytes)."""
+        return bool(self._gzip)
+
     def gzipped(self) -> bytes:
         """The body gzip-compressed, computed on first use and kept."""
         with self._lock:

@@ -74,6 +74,29 @@ async def test_gzip_when_the_client_accepts_it(client: TestClient[object, object
     assert b"fake_value" in gzip.decompress(await resp.read())
 
 
+async def test_the_sampling_loop_publishes_snapshots_already_compressed(sampler: Sampler) -> None:
+    published: list[bool] = []
+
+    async def hook(snap: object) -> None:
+        published.append(snap.compressed)  # type: ignore[attr-defined]
+        stop.set()
+
+    stop = asyncio.Event()
+    sampler.hooks.append(hook)
+    await asyncio.wait_for(sampler.run(stop), 10)
+    await sampler.close()
+    assert published == [True]  # no scrape of this snapshot compresses on the event loop
+    snap = sampler.snapshot
+    assert snap is not None and gzip.decompress(snap.gzipped()) == snap.body
+
+
+async def test_a_snapshot_from_sample_once_compresses_on_first_use(sampler: Sampler) -> None:
+    snap = await sampler.sample_once()
+    assert not snap.compressed
+    snap.gzipped()
+    assert snap.compressed
+
+
 async def test_failing_collector_reports_itself_and_others_keep_serving(clock: StepClock) -> None:
     good, bad = FakeCollector("good"), FakeCollector("bad")
     bad.fail = True
