@@ -28,6 +28,7 @@ import importlib
 import json
 import math
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -341,8 +342,6 @@ async def _wait_up(session: aiohttp.ClientSession, url: str) -> None:
 
 
 async def _scrape_latencies(url: str, per_scraper: int, pause_seconds: float) -> list[float]:
-    import random
-
     latencies: list[float] = []
     connector = aiohttp.TCPConnector(limit=SCRAPERS)
     # Ask for gzip like Prometheus does, but leave the body compressed: the client's own decompression

@@ -105,8 +105,9 @@ def decode_json(body: bytes) -> Any:
     try:
         return orjson.loads(body)
     except orjson.JSONDecodeError:
-        pass  # the standard parser decides: it names the error, and it accepts lone surrogates,
-        # which parse_notification then rejects naming the field that holds one
+        # the standard parser decides: it names the error, and it accepts lone surrogates, which
+        # parse_notification then rejects naming the field that holds one
+        pass
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as e:

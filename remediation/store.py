@@ -115,17 +115,16 @@ class InboxRecord:
 
     def to_event(self, inbox_id: int) -> AlertEvent:
         """The engine's view of this record once stored as row `inbox_id`."""
-        ends = (
-            self.ends
-            if self.ends is not None or self.ends_at is None
-            else datetime.fromisoformat(self.ends_at)
-        )
+        starts = self.starts if self.starts is not None else datetime.fromisoformat(self.starts_at)
+        ends = self.ends
+        if ends is None and self.ends_at is not None:
+            ends = datetime.fromisoformat(self.ends_at)
         return AlertEvent(
             fingerprint=self.fingerprint,
             status=self.status,
             labels=self.labels,
             annotations=self.annotations,
-            starts_at=self.starts if self.starts is not None else datetime.fromisoformat(self.starts_at),
+            starts_at=starts,
             ends_at=ends,
             generator_url=self.generator_url,
             receiver=self.receiver,
@@ -495,7 +494,8 @@ class Inbox:
                     ids.append(None)
             inserted = sum(by_status.values())
             tx.pending += inserted
-            self.written_upto = max([self.written_upto, *(i for i in ids if i is not None)])
+            if inserted:  # ids grow within a transaction: the last new one is the highest
+                self.written_upto = max(self.written_upto, next(i for i in reversed(ids) if i is not None))
             return IngestResult(inserted_by_status=by_status, duplicates=len(params) - inserted, ids=ids)
 
         return await self._write(job)
