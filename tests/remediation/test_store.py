@@ -25,13 +25,15 @@ async def test_a_stalled_writer_fails_waiting_callers_in_time_and_later_writes_s
 ) -> None:
     inbox = Inbox(tmp_path / "inbox.db", timeout_seconds=0.2)
     await inbox.start()
-    release = threading.Event()
+    entered, release = threading.Event(), threading.Event()
 
     def stall(conn: sqlite3.Connection, tx: object) -> None:
+        entered.set()
         release.wait(10)  # a disk that stops answering
 
     stalled = asyncio.ensure_future(inbox._write(stall))  # type: ignore[arg-type]
     try:
+        assert await asyncio.to_thread(entered.wait, 10)  # the writer is stuck inside the stall
         records = parse_notification(_body(alert(fingerprint="late")), 1.0)
         with pytest.raises(StoreError, match=r"did not answer within 0\.2 s"):
             await inbox.ingest(records, max_pending=100)
