@@ -359,13 +359,14 @@ class FakeHelmAPI:
         version = request.match_info["version"]
         return f"{group}/{version}" if group else version
 
-    def _resource(self, request: web.Request) -> tuple[str, Resource] | None:
+    def _resource(self, request: web.Request) -> tuple[str, Resource]:
+        """The served resource the path names; 404 (no Status body, like an unknown path) otherwise."""
         gv = self._group_version(request)
         plural = request.match_info["plural"]
         for res in RESOURCES.get(gv, []):
             if res.plural == plural and res.namespaced == ("ns" in request.match_info):
                 return gv, res
-        return None
+        raise web.HTTPNotFound()
 
     def _key(self, request: web.Request, gv: str, res: Resource, name: str) -> Key:
         return (gv, res.plural, request.match_info.get("ns", ""), name)
@@ -459,10 +460,7 @@ class FakeHelmAPI:
     # --- objects
 
     async def _list(self, request: web.Request) -> web.Response:
-        found = self._resource(request)
-        if found is None:
-            raise web.HTTPNotFound()
-        gv, res = found
+        gv, res = self._resource(request)
         ns = request.match_info.get("ns", "")
         selector = request.query.get("labelSelector", "")
         items = [
@@ -482,10 +480,7 @@ class FakeHelmAPI:
         return web.json_response(body)
 
     async def _get(self, request: web.Request) -> web.Response:
-        found = self._resource(request)
-        if found is None:
-            raise web.HTTPNotFound()
-        gv, res = found
+        gv, res = self._resource(request)
         name = request.match_info["name"]
         obj = self.objects.get(self._key(request, gv, res, name))
         if obj is None:
@@ -493,10 +488,7 @@ class FakeHelmAPI:
         return web.json_response(obj)
 
     async def _create(self, request: web.Request) -> web.Response:
-        found = self._resource(request)
-        if found is None:
-            raise web.HTTPNotFound()
-        gv, res = found
+        gv, res = self._resource(request)
         obj = await _object_body(request)
         meta = obj.setdefault("metadata", {})
         key = self._key(request, gv, res, meta.get("name", ""))
@@ -514,10 +506,7 @@ class FakeHelmAPI:
         return web.json_response(obj, status=201)
 
     async def _replace(self, request: web.Request) -> web.Response:
-        found = self._resource(request)
-        if found is None:
-            raise web.HTTPNotFound()
-        gv, res = found
+        gv, res = self._resource(request)
         key = self._key(request, gv, res, request.match_info["name"])
         if key not in self.objects:
             return _error(404, "NotFound", f'{res.plural} "{key[3]}" not found')
@@ -528,10 +517,7 @@ class FakeHelmAPI:
         return web.json_response(obj)
 
     async def _patch(self, request: web.Request) -> web.Response:
-        found = self._resource(request)
-        if found is None:
-            raise web.HTTPNotFound()
-        gv, res = found
+        gv, res = self._resource(request)
         key = self._key(request, gv, res, request.match_info["name"])
         if key not in self.objects:
             return _error(404, "NotFound", f'{res.plural} "{key[3]}" not found')
@@ -549,10 +535,7 @@ class FakeHelmAPI:
         return web.json_response(obj)
 
     async def _delete(self, request: web.Request) -> web.Response:
-        found = self._resource(request)
-        if found is None:
-            raise web.HTTPNotFound()
-        gv, res = found
+        gv, res = self._resource(request)
         key = self._key(request, gv, res, request.match_info["name"])
         obj = self.objects.pop(key, None)
         if obj is None:
