@@ -37,7 +37,7 @@ from exporter.config import (
 from exporter.logging import FORMATS, LEVELS, setup_logging
 from exporter.nvml import Nvml, NvmlInitError, XidWatcher
 from exporter.sampler import Sampler, SnapshotHook
-from exporter.server import make_app
+from exporter.server import make_app, make_site
 from exporter.snapshot import Snapshot
 
 log = logging.getLogger("exporter")
@@ -364,7 +364,7 @@ async def _serve(
     runner = web.AppRunner(make_app(exporter.sampler), access_log=None)
     try:
         await runner.setup()
-        site = web.TCPSite(runner, settings.listen_host, settings.listen_port)
+        site = make_site(runner, settings.listen_host, settings.listen_port)
         await site.start()
         log.info("listening on %s:%d", settings.listen_host, settings.listen_port)
         await stop.wait()

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import html
+import logging
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
@@ -11,6 +14,12 @@ from exporter.sampler import Sampler
 from exporter.snapshot import CONTENT_TYPE
 
 SAMPLER_KEY = web.AppKey("sampler", Sampler)
+# a request head must be complete this long after its first byte; aiohttp itself has no such deadline,
+# so a client sending one header byte a second would hold a connection forever (slowloris)
+HEADER_TIMEOUT_SECONDS = 10.0
+_TIMEOUT_REPLY = b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+
+log = logging.getLogger(__name__)
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -72,9 +81,102 @@ async def index(request: web.Request) -> web.Response:
     return web.Response(text=body, content_type="text/html")
 
 
+class _HeadDeadline(asyncio.Protocol):
+    """Wraps aiohttp's protocol for one connection and closes it when a request head is late.
+
+    The same guard as the controller's (remediation/httpguard.py); the two services share no code.
+    Every route here is a GET, so no request body is ever read and needs no deadline of its own.
+    """
+
+    def __init__(self, inner: asyncio.Protocol, timeout_seconds: float) -> None:
+        self._inner = inner
+        self._timeout_seconds = timeout_seconds
+        self._timer: asyncio.TimerHandle | None = None
+        self._in_request = False
+        self._transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
+        self._inner.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        if not self._in_request and self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self._timeout_seconds, self._expire)
+        self._inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self._inner.eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.head_received()
+        self._inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self._inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._inner.resume_writing()
+
+    def head_received(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._in_request = True
+
+    def request_done(self) -> None:
+        self._in_request = False
+
+    def _expire(self) -> None:
+        self._timer = None
+        if self._transport is not None and not self._transport.is_closing():
+            log.info("closing a connection: request head not complete in %.0f s", self._timeout_seconds)
+            self._transport.write(_TIMEOUT_REPLY)
+            self._transport.close()
+
+
+class _DeadlineSite(web.BaseSite):
+    def __init__(self, runner: web.BaseRunner, host: str, port: int, timeout_seconds: float) -> None:
+        super().__init__(runner)
+        self._host, self._port, self._timeout_seconds = host, port, timeout_seconds
+
+    @property
+    def name(self) -> str:
+        return f"http://{self._host}:{self._port}"
+
+    async def start(self) -> None:
+        await super().start()
+        server = self._runner.server
+        assert server is not None
+        timeout = self._timeout_seconds
+        self._server = await asyncio.get_running_loop().create_server(
+            lambda: _HeadDeadline(server(), timeout), self._host, self._port, backlog=self._backlog
+        )
+
+
+def make_site(
+    runner: web.BaseRunner, host: str, port: int, header_timeout_seconds: float = HEADER_TIMEOUT_SECONDS
+) -> web.BaseSite:
+    """The TCP site the exporter listens on: aiohttp's, plus a deadline for each request head."""
+    return _DeadlineSite(runner, host, port, header_timeout_seconds)
+
+
+@web.middleware
+async def _head_deadline(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    proto = request.transport.get_protocol() if request.transport is not None else None
+    if not isinstance(proto, _HeadDeadline):
+        return await handler(request)
+    proto.head_received()
+    try:
+        return await handler(request)
+    finally:
+        proto.request_done()
+
+
 def make_app(sampler: Sampler) -> web.Application:
     """The aiohttp application serving one sampler's snapshots."""
-    app = web.Application()
+    app = web.Application(middlewares=[_head_deadline])
     app[SAMPLER_KEY] = sampler
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)

@@ -124,6 +124,13 @@ SERVE_FLAGS: tuple[Flag, ...] = (
     ),
     Flag("web.max-body-bytes", int, 1024 * 1024, "Largest webhook body accepted (larger → 413)."),
     Flag(
+        "web.read-header-timeout",
+        parse_duration,
+        "10s",
+        "A request head must be complete this long after its first byte (else 408 and close).",
+    ),
+    Flag("web.read-body-timeout", parse_duration, "30s", "Longest time to receive a request body (408)."),
+    Flag(
         "storage.path", str, "/var/lib/gpupulse-remediation", "Directory of the controller's SQLite database."
     ),
     Flag("storage.synchronous", str.upper, "FULL", "SQLite synchronous mode.", choices=("FULL", "NORMAL")),
@@ -375,6 +382,8 @@ def settings_from_flags(ns: argparse.Namespace, environ: Mapping[str, str] | Non
         tls_key_file=_path_or_none(v["web_tls_key_file"]),
         tls_client_ca_file=_path_or_none(v["web_tls_client_ca_file"]),
         max_body_bytes=v["web_max_body_bytes"],
+        web_read_header_timeout_seconds=v["web_read_header_timeout"],
+        web_read_body_timeout_seconds=v["web_read_body_timeout"],
         storage_path=Path(v["storage_path"]),
         storage_synchronous=v["storage_synchronous"],
         inbox_retention_seconds=v["storage_inbox_retention"],

@@ -59,6 +59,9 @@ class Settings:
     tls_key_file: Path | None = None
     tls_client_ca_file: Path | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    # a request head must be complete this long after its first byte (slowloris), the body after the head
+    web_read_header_timeout_seconds: float = 10.0
+    web_read_body_timeout_seconds: float = 30.0
     storage_path: Path = Path("/var/lib/gpupulse-remediation")
     storage_synchronous: SyncMode = "FULL"
     storage_timeout_seconds: float = 5.0
@@ -105,6 +108,8 @@ class Settings:
             raise ConfigError(f"--web.listen-address: port {self.listen_port} out of range")
         if self.max_body_bytes < 1024:
             raise ConfigError("--web.max-body-bytes must be at least 1024")
+        if self.web_read_header_timeout_seconds <= 0 or self.web_read_body_timeout_seconds <= 0:
+            raise ConfigError("--web.read-header-timeout and --web.read-body-timeout must be positive")
         if self.queue_max_pending < 1:
             raise ConfigError("--queue.max-pending must be at least 1")
         if self.engine_tick_interval_seconds <= 0:

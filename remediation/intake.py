@@ -23,7 +23,6 @@ MAX_FINGERPRINT_CHARS = 128
 _RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})$")
 # Go's zero time.Time: Alertmanager sends it as endsAt when an alert has no end yet
 _GO_ZERO_YEAR = 1
-_GO_ZERO_PREFIX = "0001-01-01T00:00:00"
 _GO_ZERO = datetime(1, 1, 1, tzinfo=UTC)
 
 
@@ -40,11 +39,13 @@ class PayloadError(Exception):
 
 
 def parse_rfc3339(value: object, field: str) -> datetime:
-    """Parse an RFC 3339 timestamp (nanoseconds truncated to microseconds) into an aware UTC datetime."""
+    """Parse an RFC 3339 timestamp (nanoseconds truncated to microseconds) into an aware UTC datetime.
+
+    Go's zero time (`0001-01-01T00:00:00Z`, Alertmanager's "no end yet") comes back as year 1 UTC;
+    any other instant that is not representable in UTC between years 1 and 9999 is a PayloadError.
+    """
     if not isinstance(value, str) or not _RFC3339.match(value):
         raise PayloadError(field, "must be an RFC 3339 timestamp such as 2026-01-02T03:04:05Z")
-    if value.startswith(_GO_ZERO_PREFIX):  # Alertmanager's "no end yet", on every firing alert
-        return _GO_ZERO
     text = value if value[-1] != "z" else value[:-1] + "Z"
     dot = text.find(".")
     if dot != -1:
@@ -55,9 +56,15 @@ def parse_rfc3339(value: object, field: str) -> datetime:
             text = text[: dot + 7] + text[end:]
     try:
         parsed = datetime.fromisoformat(text)  # 3.11 reads "Z", "t" and " " as RFC 3339 allows
+        utc = parsed.astimezone(UTC)
     except ValueError as e:
         raise PayloadError(field, f"not a valid timestamp ({e})") from e
-    return parsed.astimezone(UTC) if parsed.year > _GO_ZERO_YEAR else parsed
+    except OverflowError:  # e.g. 9999-12-31T23:59:59-14:00 lies past year 9999 in UTC
+        raise PayloadError(field, "lies outside the years 1 to 9999 once converted to UTC") from None
+    if utc.year == _GO_ZERO_YEAR and utc != _GO_ZERO:
+        # only the zero time itself means something in year 1; anything else there is a broken clock
+        raise PayloadError(field, "lies in year 1 but is not Go's zero time 0001-01-01T00:00:00Z")
+    return utc
 
 
 def _string_map(value: object, field: str, required: bool, escapes: bool) -> dict[str, str]:
@@ -100,6 +107,11 @@ def _status(value: object, field: str) -> AlertStatus:
     raise PayloadError(field, 'must be "firing" or "resolved"')
 
 
+def _no_constant(name: str) -> Any:
+    # Python's parser reads NaN and Infinity, which JSON (and orjson, and Go) do not have
+    raise ValueError(f"{name} is not a JSON value")
+
+
 def decode_json(body: bytes) -> Any:
     """Decode a request body as UTF-8 JSON, mapping every failure to PayloadError."""
     try:
@@ -113,7 +125,7 @@ def decode_json(body: bytes) -> Any:
     except UnicodeDecodeError as e:
         raise PayloadError("body", f"not UTF-8 ({e.reason} at byte {e.start})") from e
     try:
-        return json.loads(text)
+        return json.loads(text, parse_constant=_no_constant)
     except RecursionError as e:
         raise PayloadError("body", "JSON nested too deeply") from e
     except ValueError as e:  # JSONDecodeError, and int strings beyond Python's digit limit
@@ -154,13 +166,13 @@ def parse_notification(body: bytes, received_at: float) -> list[InboxRecord]:
         # Go marshals an empty annotation map as null in some releases; treat as none
         annotations = _string_map(alert.get("annotations"), f"{where}.annotations", False, escapes)
         starts_at = parse_rfc3339(alert.get("startsAt"), f"{where}.startsAt")
-        if starts_at.year <= _GO_ZERO_YEAR:
+        if starts_at == _GO_ZERO:
             raise PayloadError(f"{where}.startsAt", "is the zero time")
         ends_raw = alert.get("endsAt")
         ends_at: datetime | None = None
         if ends_raw not in (None, ""):
             ends_at = parse_rfc3339(ends_raw, f"{where}.endsAt")
-            if ends_at.year <= _GO_ZERO_YEAR:
+            if ends_at == _GO_ZERO:
                 ends_at = None
         generator_url = _string(alert, "generatorURL", f"{where}.generatorURL", required=False)
         records.append(

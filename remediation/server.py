@@ -19,6 +19,15 @@ from .api import Api
 from .auth import TokenAuth, auth_middleware, build_ssl_context
 from .clock import Clock, SystemClock
 from .config import Settings
+from .httpguard import (
+    BodyRefused,
+    DeadlineSite,
+    check_content_type,
+    content_coding,
+    decode_body,
+    head_deadline_middleware,
+    read_body,
+)
 from .intake import PayloadError, parse_notification
 from .metrics import RemediationMetrics
 from .model import Engine
@@ -32,24 +41,6 @@ RETRY_AFTER_SECONDS = "5"
 REJECT_REASONS = ("auth", "size", "invalid", "overloaded", "storage")
 
 EngineFactory = Callable[[Settings, RemediationMetrics], Awaitable[Engine]]
-
-
-class BodyTooLarge(Exception):
-    """The request body exceeds --web.max-body-bytes."""
-
-
-async def read_limited(request: web.Request, limit_bytes: int) -> bytes:
-    """Read the whole body, giving up as soon as it exceeds the limit (no unbounded buffering)."""
-    if request.content_length is not None and request.content_length > limit_bytes:
-        raise BodyTooLarge
-    try:
-        # the app's client_max_size is limit_bytes: aiohttp stops reading a chunked body past it
-        body = await request.read()
-    except web.HTTPRequestEntityTooLarge as e:
-        raise BodyTooLarge from e
-    if len(body) > limit_bytes:
-        raise BodyTooLarge
-    return body
 
 
 def _error(status: int, field: str, message: str, headers: dict[str, str] | None = None) -> web.Response:
@@ -97,12 +88,21 @@ class WebhookHandler:
             return self._reject(
                 "overloaded", _error(503, "", "shutting down", {"Retry-After": RETRY_AFTER_SECONDS})
             )
+        settings = ctl.settings
         try:
-            body = await read_limited(request, ctl.settings.max_body_bytes)
-        except BodyTooLarge:
-            limit = ctl.settings.max_body_bytes
-            msg = f"body larger than {limit} bytes (set max_alerts on the webhook receiver)"
-            return self._reject("size", _error(413, "body", msg))
+            # authentication already passed (middleware): only now is the body read and inflated
+            check_content_type(request)
+            coding = content_coding(request)
+            raw = await read_body(request, settings.max_body_bytes, settings.web_read_body_timeout_seconds)
+            body = decode_body(raw, coding, settings.max_body_bytes)
+        except BodyRefused as e:
+            log.info("rejected webhook from %s: %s: %s", request.remote, e.field, e.message)
+            reason = "size" if e.status == 413 else "invalid"
+            message = e.message
+            if e.status == 413:
+                message += " (set max_alerts on the webhook receiver)"
+            headers = {"Connection": "close"} if e.status in (408, 413) else None
+            return self._reject(reason, _error(e.status, e.field, message, headers))
         try:
             records = parse_notification(body, ctl.clock.now())
         except PayloadError as e:
@@ -140,7 +140,7 @@ def build_app(ctl: Controller) -> web.Application:
             ctl.metrics.alerts_rejected.labels(reason="auth").inc()
 
     app = web.Application(
-        middlewares=[auth_middleware(ctl.auth, on_auth_reject)],
+        middlewares=[head_deadline_middleware, auth_middleware(ctl.auth, on_auth_reject)],
         client_max_size=ctl.settings.max_body_bytes,
     )
     app.router.add_post(ALERTS_PATH, WebhookHandler(ctl).handle)
@@ -233,10 +233,22 @@ async def start_service(
         ssl_ctx = build_ssl_context(
             settings.tls_cert_file, settings.tls_key_file, settings.tls_client_ca_file
         )
-    runner = web.AppRunner(build_app(ctl), access_log=None, shutdown_timeout=settings.shutdown_grace_seconds)
+    # auto_decompress off: bodies are inflated by the handler, after authentication and bounded
+    runner = web.AppRunner(
+        build_app(ctl),
+        access_log=None,
+        shutdown_timeout=settings.shutdown_grace_seconds,
+        auto_decompress=False,
+    )
     await runner.setup()
     try:
-        site = web.TCPSite(runner, settings.listen_host, settings.listen_port, ssl_context=ssl_ctx)
+        site = DeadlineSite(
+            runner,
+            settings.listen_host,
+            settings.listen_port,
+            header_timeout_seconds=settings.web_read_header_timeout_seconds,
+            ssl_context=ssl_ctx,
+        )
         await site.start()
     except BaseException:
         await runner.cleanup()

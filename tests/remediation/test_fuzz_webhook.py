@@ -1,12 +1,15 @@
-"""Property-based fuzz of POST /api/v1/alerts: no 5xx for any body, nothing recorded when rejected."""
+"""Property-based fuzz of POST /api/v1/alerts from recorded Alertmanager payloads: no 5xx for any body,
+timestamp, content type or encoding, and nothing recorded when a request is refused."""
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import gzip
 import http.client
 import json
 import threading
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -33,15 +36,11 @@ class ServiceThread:
     def _run(self, coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(30)
 
-    def post(self, body: bytes, token: str = TOKEN) -> int:
+    def post(self, body: bytes, token: str = TOKEN, headers: dict[str, str] | None = None) -> int:
         conn = http.client.HTTPConnection("127.0.0.1", self.service.port, timeout=10)
+        hdrs = {"Authorization": f"Bearer {token}", "Content-Type": "application/json", **(headers or {})}
         try:
-            conn.request(
-                "POST",
-                "/api/v1/alerts",
-                body=body,
-                headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
-            )
+            conn.request("POST", "/api/v1/alerts", body=body, headers={k: v for k, v in hdrs.items() if v})
             return conn.getresponse().status
         finally:
             conn.close()
@@ -104,10 +103,78 @@ def mutated_payloads(draw: st.DrawFn) -> bytes:
     return json.dumps(doc).encode()
 
 
+# RFC 3339 look-alikes around the edges: the first and last instants of years 1 and 9999 with offsets
+# that push them out of range in UTC (the timestamps intake overflowed on), impossible dates,
+# offsets up to ±24 h, 0 to 12 fraction digits
+zones = st.sampled_from(
+    ["Z", "z", "+00:00", "-00:00", "+05:30", "-05:30", "+14:00", "-14:00", "+23:59", "-23:59", "+24:00", ""]
+)
+timestamps = st.one_of(
+    st.builds(lambda hh, z: f"0001-01-01T{hh:02d}:00:00{z}", st.integers(0, 23), zones),
+    st.builds(lambda hh, z: f"9999-12-31T{hh:02d}:59:59.999999999{z}", st.integers(0, 23), zones),
+    st.builds(
+        lambda y, mo, d, h, mi, s, frac, zone: f"{y}-{mo}-{d}T{h}:{mi}:{s}{frac}{zone}",
+        st.sampled_from(["0001", "0002", "1970", "2026", "9998", "9999"]),
+        st.sampled_from(["00", "01", "02", "12", "13"]),
+        st.sampled_from(["00", "01", "28", "29", "31", "32"]),
+        st.sampled_from(["00", "03", "23", "24"]),
+        st.sampled_from(["00", "59", "60"]),
+        st.sampled_from(["00", "59", "60"]),
+        st.sampled_from(["", ".", ".5", ".886825742", ".123456789012"]),
+        zones,
+    ),
+)
+
+
+@st.composite
+def payloads_with_timestamps(draw: st.DrawFn) -> bytes:
+    """A recorded payload whose startsAt and/or endsAt are edge-case timestamps."""
+    doc: dict[str, Any] = copy.deepcopy(draw(st.sampled_from(BASES)))
+    for a in doc["alerts"]:
+        a["fingerprint"] = draw(st.text("0123456789abcdef", min_size=16, max_size=16))
+        for key in ("startsAt", "endsAt"):
+            if draw(st.booleans()):
+                a[key] = draw(timestamps)
+    return json.dumps(doc).encode()
+
+
+def _gzip_plain(raw: bytes) -> bytes:
+    return raw  # labelled gzip, sent plain
+
+
+ENCODINGS: dict[str, Any] = {
+    "": lambda raw: raw,
+    "identity": lambda raw: raw,
+    "gzip": gzip.compress,
+    "deflate": zlib.compress,
+    "gzip ": _gzip_plain,
+    "br": lambda raw: raw,
+    "gzip, gzip": lambda raw: gzip.compress(gzip.compress(raw)),
+}
+
+
+@st.composite
+def encoded_requests(draw: st.DrawFn) -> tuple[bytes, dict[str, str]]:
+    """A body, a content coding (honest, lying or unknown) and a content type."""
+    raw = draw(st.one_of(mutated_payloads(), payloads_with_timestamps()))
+    coding = draw(st.sampled_from(sorted(ENCODINGS)))
+    body = ENCODINGS[coding](raw)
+    if draw(st.integers(0, 9)) == 0:  # a damaged compressed stream now and then
+        cut = draw(st.integers(0, max(0, len(body) - 1)))
+        body = body[:cut] + body[cut + 1 :]
+    content_type = draw(
+        st.sampled_from(
+            ["application/json", "application/json; charset=utf-8", "text/plain", "", "application/x-gzip"]
+        )
+    )
+    return body, {"Content-Encoding": coding.strip(), "Content-Type": content_type}
+
+
 bodies = st.one_of(
     st.binary(max_size=300),
     json_values.map(lambda v: json.dumps(v).encode()),
     mutated_payloads(),
+    payloads_with_timestamps(),
 )
 
 
@@ -121,6 +188,19 @@ def test_no_body_causes_a_5xx_and_rejected_bodies_record_nothing(service: Servic
     after = count_rows(service.service.ctl.settings.inbox_path)
     if status != 200:
         assert after == before, body
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(request=encoded_requests())
+def test_no_encoding_or_content_type_causes_a_5xx_and_refusals_record_nothing(
+    service: ServiceThread, request: tuple[bytes, dict[str, str]]
+) -> None:
+    body, headers = request
+    before = count_rows(service.service.ctl.settings.inbox_path)
+    status = service.post(body, headers=headers)
+    assert status in (200, 400, 413, 415), (status, headers, body[:200])
+    if status != 200:
+        assert count_rows(service.service.ctl.settings.inbox_path) == before, (status, headers)
 
 
 @settings(max_examples=30, deadline=None)

@@ -65,7 +65,8 @@ async def test_oversized_body_gets_413_and_nothing_is_recorded(tmp_path: Path) -
             for i in range(0, len(body), 1000):
                 yield body[i : i + 1000]
 
-        async with h.session.post(f"{h.url}/api/v1/alerts", data=chunked(), headers=h.headers) as r:
+        json_headers = {**h.headers, "Content-Type": "application/json"}
+        async with h.session.post(f"{h.url}/api/v1/alerts", data=chunked(), headers=json_headers) as r:
             assert r.status == 413
         assert count_rows(h.inbox_path) == 0
         assert _rejected(h, "size") == 2
