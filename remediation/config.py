@@ -10,6 +10,7 @@ from .engine_config import EngineSettings
 
 LogFormat = Literal["logfmt", "json"]
 SyncMode = Literal["FULL", "NORMAL"]
+OnCorrupt = Literal["refuse", "recreate"]
 
 DEFAULT_LISTEN_HOST = "0.0.0.0"
 # 9836: next to the common GPU exporter ports; documented in docs/design/remediation-intake.md
@@ -65,6 +66,10 @@ class Settings:
     storage_path: Path = Path("/var/lib/gpupulse-remediation")
     storage_synchronous: SyncMode = "FULL"
     storage_timeout_seconds: float = 5.0
+    # a corrupt inbox: refuse to start (default), or set it aside and start empty, logging the loss
+    storage_on_corrupt: OnCorrupt = "refuse"
+    # pair the ledger with an inbox other than the one it remembers (after deliberately replacing it)
+    storage_accept_new_inbox: bool = False
     inbox_retention_seconds: float = 7 * 24 * 3600.0
     queue_max_pending: int = 10_000
     engine_tick_interval_seconds: float = 1.0

@@ -120,7 +120,7 @@ class RemediationEngine:
         self.pager = pager
         self.tracer = tracer
         self.verifier = verifier
-        self._db = Ledger(connect(db_path))  # decisions, on the executor thread only
+        self._db = Ledger(connect(db_path, verify=True))  # decisions, on the executor thread only
         self._ro = Ledger(connect(db_path))  # sync API reads and the rare operator writes
         self._loops = LoopDetector(self._db, settings.loops)
         self._safety = SafetyGate(self._db, settings.budgets, settings.cluster_node_count)

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from remediation.store import open_db
+from remediation.store import StoreCorrupt, StoreError, check_integrity, is_corruption, open_db
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS rem_incidents (
@@ -109,12 +109,62 @@ ACTION_RUNGS = ("restart", "migrate")
 REAL_ACTION_STATUSES = ("started", "success", "failed", "temporary", "interrupted")
 
 
-def connect(db_path: Path) -> sqlite3.Connection:
-    """Open the shared database (intake's open_db: WAL, synchronous=FULL) and create our tables."""
+INBOX_PAIR = "inbox"
+
+
+def connect(db_path: Path, verify: bool = False) -> sqlite3.Connection:
+    """Open the ledger (intake's open_db: WAL, synchronous=FULL) and create our tables.
+
+    With verify, SQLite's integrity check runs first; a damaged or foreign file raises StoreCorrupt
+    naming it, never a raw sqlite3 traceback.
+    """
     conn = open_db(db_path)
-    conn.row_factory = sqlite3.Row
-    conn.executescript(SCHEMA)
+    try:
+        if verify:
+            check_integrity(conn, db_path)
+        conn.row_factory = sqlite3.Row
+        conn.executescript(SCHEMA)
+    except StoreError:
+        conn.close()
+        raise
+    except sqlite3.DatabaseError as e:
+        conn.close()
+        if is_corruption(e):
+            raise StoreCorrupt(f"{db_path}: {e}") from e
+        raise StoreError(f"{db_path}: {e}") from e
     return conn
+
+
+def pair_inbox(db_path: Path, inbox_id: str, now: float, accept_new: bool) -> str:
+    """Check that the ledger pairs with this inbox, pairing a new ledger with it.
+
+    A ledger that remembers another inbox means the inbox was emptied, truncated, deleted or
+    replaced: accepted alerts not yet processed may be gone. That raises StoreError unless
+    accept_new, which re-pairs; the return value is then the warning to log ("" when all is well).
+    """
+    conn = connect(db_path, verify=True)
+    try:
+        ledger = Ledger(conn)
+        known = ledger.get_state(INBOX_PAIR)
+        if known.get("id") == inbox_id:
+            return ""
+        warning = ""
+        if known:
+            warning = (
+                f"the inbox next to {db_path} is not the one this ledger paired with on "
+                f"{known.get('paired_at')} (ledger expects inbox {known.get('id')}, found {inbox_id}): it "
+                "was emptied, truncated, deleted or replaced, and alerts accepted but not processed "
+                "before that are lost"
+            )
+            if not accept_new:
+                raise StoreError(
+                    warning + "; start with --storage.accept-new-inbox to pair with the new inbox"
+                )
+        with ledger.transaction():
+            ledger.set_state(INBOX_PAIR, {"id": inbox_id, "paired_at": now, "previous": known.get("id", "")})
+        return warning
+    finally:
+        conn.close()
 
 
 def _loads(text: str) -> Any:
@@ -133,10 +183,14 @@ class Ledger:
         self.conn.execute("BEGIN IMMEDIATE")
         try:
             yield
+            self.conn.execute("COMMIT")
         except BaseException:
-            self.conn.execute("ROLLBACK")
+            # SQLite may already have rolled back (disk full): a transaction left open would make
+            # every later BEGIN fail, so the engine could never recover once space returns
+            if self.conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    self.conn.execute("ROLLBACK")
             raise
-        self.conn.execute("COMMIT")
 
     # -- handled keys ---------------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ class RemediationMetrics:
         )
         self.alerts_rejected = Counter(
             "gpupulse_remediation_alerts_rejected_total",
-            "Webhook requests rejected, by reason (auth, size, invalid, overloaded).",
+            "Webhook requests rejected, by reason (auth, size, invalid, overloaded, storage).",
             ["reason"],
             registry=r,
         )
@@ -28,6 +28,21 @@ class RemediationMetrics:
             "Time from request received to durable acknowledgement.",
             registry=r,
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
+        )
+        self.inbox_writable = Gauge(
+            "gpupulse_remediation_inbox_writable",
+            "1 while the inbox commits (0 after a failed transaction, e.g. disk full, until one succeeds).",
+            registry=r,
+        )
+        self.inbox_recreated = Counter(
+            "gpupulse_remediation_inbox_recreated_total",
+            "Corrupt inboxes set aside and replaced by an empty one (--storage.on-corrupt=recreate).",
+            registry=r,
+        )
+        self.inbox_alerts_lost = Counter(
+            "gpupulse_remediation_inbox_alerts_lost_total",
+            "Unprocessed alerts the set-aside corrupt inboxes still showed (a lower bound of the loss).",
+            registry=r,
         )
         self.queue_depth = Gauge(
             "gpupulse_remediation_queue_depth", "Accepted alerts not yet processed by the engine.", registry=r

@@ -29,6 +29,7 @@ from .httpguard import (
     read_body,
 )
 from .intake import PayloadError, parse_notification
+from .ledger import pair_inbox
 from .metrics import RemediationMetrics
 from .model import Engine
 from .store import Inbox, QueueFull, StoreError
@@ -60,10 +61,25 @@ class Controller:
     clock: Clock = field(default_factory=SystemClock)
     draining: bool = False
 
+    def not_ready(self) -> str:
+        """Why webhooks should not be sent here now ("" when ready): shutting down, the inbox or the
+        worker stopped, or the inbox cannot commit (disk full, corrupt)."""
+        if self.draining:
+            return "shutting down"
+        if not self.inbox.running:
+            return "inbox is not open"
+        if self.inbox.corrupt:
+            return "inbox is corrupt"
+        if not self.inbox.writable:
+            return f"inbox cannot commit: {self.inbox.failure}"
+        if not self.worker.running:
+            return "worker is not running"
+        return ""
+
     @property
     def ready(self) -> bool:
-        """True while the inbox and the worker run and no shutdown has begun."""
-        return not self.draining and self.inbox.running and self.worker.running
+        """True while webhooks can be committed and processed."""
+        return not self.not_ready()
 
 
 class WebhookHandler:
@@ -151,15 +167,19 @@ def build_app(ctl: Controller) -> web.Application:
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def healthz(request: web.Request) -> web.Response:
-        # liveness: a worker that died of a bug will not come back by itself; let the kubelet restart us
+        # liveness: a worker that died of a bug, or an inbox SQLite calls damaged, will not come back
+        # by itself; a restart does (the integrity check then refuses or recreates the inbox)
         if ctl.worker.crashed:
             return web.json_response({"status": "worker stopped unexpectedly"}, status=503)
+        if ctl.inbox.corrupt:
+            return web.json_response({"status": "inbox is corrupt; restart to check it"}, status=503)
         return web.json_response({"status": "ok"})
 
     async def readyz(request: web.Request) -> web.Response:
-        if ctl.ready:
+        why = ctl.not_ready()
+        if not why:
             return web.json_response({"status": "ready", "queue_depth": ctl.inbox.pending})
-        return web.json_response({"status": "not ready"}, status=503)
+        return web.json_response({"status": "not ready", "reason": why}, status=503)
 
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
@@ -220,12 +240,35 @@ async def start_service(
     metrics = metrics or RemediationMetrics()
     clock = clock or SystemClock()
     inbox = Inbox(settings.inbox_path, settings.storage_synchronous, settings.storage_timeout_seconds)
-    await inbox.start()
+    recreated = await inbox.start(settings.storage_on_corrupt)
     try:
+        if recreated is not None:
+            lost = "an unknown number of" if recreated.lost_alerts is None else str(recreated.lost_alerts)
+            log.error(
+                "inbox %s was corrupt (%s): set aside as %s and replaced by an empty inbox; "
+                "%s accepted alerts not yet processed are lost",
+                settings.inbox_path,
+                recreated.reason,
+                recreated.set_aside_as,
+                lost,
+            )
+            metrics.inbox_recreated.inc()
+            metrics.inbox_alerts_lost.inc(recreated.lost_alerts or 0)
+        # the ledger remembers its inbox: an emptied or replaced one is refused (or re-paired, loudly)
+        warning = await asyncio.to_thread(
+            pair_inbox,
+            settings.db_path,
+            inbox.identity,
+            clock.now(),
+            settings.storage_accept_new_inbox or recreated is not None,
+        )
+        if warning:
+            log.error("%s; paired with the new inbox", warning)
         engine = await engine_factory(settings, metrics)
     except BaseException:
         await inbox.close()
         raise
+    metrics.inbox_writable.set_function(lambda: 1.0 if inbox.writable else 0.0)
     worker = Worker(inbox, engine, metrics, worker_settings(settings), clock)
     ctl = Controller(settings, inbox, engine, worker, metrics, TokenAuth(settings.auth_token), clock)
     ssl_ctx = None

@@ -12,10 +12,12 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import queue
 import sqlite3
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -57,6 +59,10 @@ CREATE TABLE IF NOT EXISTS inbox (
 );
 CREATE INDEX IF NOT EXISTS inbox_unprocessed ON inbox (id) WHERE processed_at IS NULL;
 CREATE INDEX IF NOT EXISTS inbox_processed_at ON inbox (processed_at) WHERE processed_at IS NOT NULL;
+CREATE TABLE IF NOT EXISTS inbox_meta (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
 """
 
 
@@ -73,6 +79,47 @@ class StoreError(Exception):
     """The inbox could not be read or written (disk full, corrupt file, timeout)."""
 
 
+class StoreCorrupt(StoreError):
+    """A database file fails SQLite's integrity check or is not a database at all."""
+
+
+def is_corruption(error: BaseException) -> bool:
+    """True for SQLite's "database disk image is malformed" and "file is not a database"."""
+    name = str(getattr(error, "sqlite_errorname", ""))
+    return name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB"))
+
+
+def check_integrity(conn: sqlite3.Connection, path: Path) -> None:
+    """Run PRAGMA quick_check (every page, no index cross-check); raise StoreCorrupt naming the file."""
+    try:
+        problems = [str(r[0]) for r in conn.execute("PRAGMA quick_check(5)").fetchall()]
+    except sqlite3.DatabaseError as e:
+        raise StoreCorrupt(f"{path}: {e}") from e
+    if problems != ["ok"]:
+        raise StoreCorrupt(f"{path}: integrity check failed: {'; '.join(problems)}")
+
+
+def set_aside(path: Path, now: float) -> Path:
+    """Move a database file and its WAL and shared-memory files out of the way; returns the new name."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
+    target = path.with_name(f"{path.name}.corrupt-{stamp}")
+    for suffix in ("", "-wal", "-shm"):
+        src = Path(f"{path}{suffix}")
+        if src.exists():
+            os.replace(src, Path(f"{target}{suffix}"))
+    return target
+
+
+@dataclass(frozen=True)
+class RecreatedInbox:
+    """What was lost when a corrupt inbox was set aside and replaced by an empty one."""
+
+    set_aside_as: Path
+    # unprocessed alerts the damaged file still showed; None when it could not be read at all
+    lost_alerts: int | None
+    reason: str
+
+
 class QueueFull(Exception):
     """Accepting these alerts would exceed the pending-work limit; nothing was recorded."""
 
@@ -87,10 +134,16 @@ def open_db(path: Path | str, synchronous: str = "FULL") -> sqlite3.Connection:
     conn = sqlite3.connect(
         db_path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000
     )
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute(f"PRAGMA synchronous={synchronous}")
-    conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
-    conn.execute("PRAGMA foreign_keys=ON")
+    try:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute(f"PRAGMA synchronous={synchronous}")
+        conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        conn.execute("PRAGMA foreign_keys=ON")
+    except sqlite3.DatabaseError as e:
+        conn.close()
+        if is_corruption(e):
+            raise StoreCorrupt(f"{db_path}: {e}") from e
+        raise
     return conn
 
 
@@ -222,6 +275,14 @@ class _WriterThread(threading.Thread):
         self.jobs_done = 0
         self.last_batch_size = 0
         self.commit_delay_seconds = COMMIT_DELAY_SECONDS
+        # why the last transaction failed; "" once one commits again (readiness reads it)
+        self.failure = ""
+        self.corrupt = False
+
+    def _failed(self, error: BaseException) -> None:
+        self.failure = f"{type(error).__name__}: {error}"
+        if is_corruption(error):
+            self.corrupt = True
 
     def run(self) -> None:
         stopping = False
@@ -253,6 +314,7 @@ class _WriterThread(threading.Thread):
         try:
             self.conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as e:
+            self._failed(e)
             for job in batch:
                 job.settle(None, StoreError(f"begin failed: {e}"))
             return
@@ -267,6 +329,7 @@ class _WriterThread(threading.Thread):
                 # whole batch, and every caller gets a retryable error
                 with contextlib.suppress(sqlite3.Error):
                     self.conn.execute("ROLLBACK")
+                self._failed(e)
                 err = e if isinstance(e, StoreError) else StoreError(f"{type(e).__name__}: {e}")
                 _settle_all([(j, None, err) for j in batch])
                 return
@@ -276,10 +339,13 @@ class _WriterThread(threading.Thread):
         except sqlite3.Error as e:
             with contextlib.suppress(sqlite3.Error):
                 self.conn.execute("ROLLBACK")
-            self.pending = _count_pending(self.conn)
+            self._failed(e)
+            with contextlib.suppress(sqlite3.Error):
+                self.pending = _count_pending(self.conn)
             _settle_all([(j, None, StoreError(f"commit failed: {e}")) for j in batch])
             return
         self.pending = tx.pending
+        self.failure = ""
         self.batches += 1
         self.jobs_done += len(batch)
         _settle_all(outcomes)
@@ -338,6 +404,7 @@ class _ReaderThread(threading.Thread):
         super().__init__(name="gpupulse-inbox-reader", daemon=True)
         self.conn = conn
         self.jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.corrupt = False
 
     def run(self) -> None:
         while True:
@@ -347,8 +414,36 @@ class _ReaderThread(threading.Thread):
             try:
                 job.settle(job.fn(self.conn, _Tx(0)), None)
             except BaseException as e:
+                if is_corruption(e):
+                    self.corrupt = True
                 job.settle(None, StoreError(str(e)))
         self.conn.close()
+
+
+def _identity(conn: sqlite3.Connection) -> str:
+    row = conn.execute("SELECT value FROM inbox_meta WHERE key = 'id'").fetchone()
+    if row is not None:
+        return str(row[0])
+    identity = uuid.uuid4().hex
+    conn.execute(
+        "INSERT INTO inbox_meta (key, value) VALUES ('id', ?), ('created_at', ?)",
+        (identity, str(time.time())),
+    )
+    return identity
+
+
+def _count_salvageable(path: Path) -> int | None:
+    """Unprocessed rows a damaged inbox still shows (a lower bound of what is lost), None if unreadable."""
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    except sqlite3.Error:
+        return None
+    try:
+        return _count_pending(conn)
+    except sqlite3.Error:
+        return None
+    finally:
+        conn.close()
 
 
 def _count_pending(conn: sqlite3.Connection) -> int:
@@ -398,23 +493,57 @@ class Inbox:
         # between commit and hand-over still moves it); the worker's lost-hand-over check uses it
         self.written_upto = 0
         self._deadlines: _Deadlines | None = None
+        # random id written into the file when it is created: the ledger remembers the inbox it
+        # pairs with, so an emptied, truncated or replaced inbox is noticed
+        self.identity = ""
 
-    async def start(self) -> None:
-        """Open the database, create the inbox table, start the writer and reader threads."""
+    async def start(self, on_corrupt: str = "refuse") -> RecreatedInbox | None:
+        """Open the database after an integrity check, create the inbox tables, start both threads.
 
-        def _open() -> tuple[sqlite3.Connection, sqlite3.Connection, int]:
-            wconn = open_db(self.path, self.synchronous)
-            wconn.executescript(SCHEMA)
-            return wconn, open_db(self.path, self.synchronous), _count_pending(wconn)
-
+        A corrupt file raises StoreCorrupt, or with on_corrupt="recreate" is moved aside and replaced by
+        an empty inbox; the return value then says what was lost (the caller logs and counts it).
+        """
+        if on_corrupt not in ("refuse", "recreate"):
+            raise ValueError(f"on_corrupt must be refuse or recreate, not {on_corrupt!r}")
+        recreated: RecreatedInbox | None = None
         try:
-            wconn, rconn, pending = await asyncio.wait_for(asyncio.to_thread(_open), self.timeout_seconds * 4)
-        except (sqlite3.Error, OSError) as e:
-            raise StoreError(f"cannot open {self.path}: {e}") from e
+            opened = await asyncio.wait_for(asyncio.to_thread(self._open), self.timeout_seconds * 4)
+        except StoreCorrupt as e:
+            if on_corrupt != "recreate":
+                raise
+            lost = await asyncio.to_thread(_count_salvageable, self.path)
+            aside = await asyncio.to_thread(set_aside, self.path, time.time())
+            recreated = RecreatedInbox(aside, lost, str(e))
+            opened = await asyncio.wait_for(asyncio.to_thread(self._open), self.timeout_seconds * 4)
+        wconn, rconn, pending, self.identity = opened
         self._writer = _WriterThread(wconn, pending)
         self._reader = _ReaderThread(rconn)
         self._writer.start()
         self._reader.start()
+        return recreated
+
+    def _open(self) -> tuple[sqlite3.Connection, sqlite3.Connection, int, str]:
+        try:
+            wconn = open_db(self.path, self.synchronous)
+        except StoreCorrupt:
+            raise
+        except (sqlite3.Error, OSError) as e:
+            raise StoreError(f"cannot open {self.path}: {e}") from e
+        try:
+            check_integrity(wconn, self.path)
+            wconn.executescript(SCHEMA)
+            identity = _identity(wconn)
+            pending = _count_pending(wconn)
+            rconn = open_db(self.path, self.synchronous)
+        except StoreError:
+            wconn.close()
+            raise
+        except (sqlite3.Error, OSError) as e:
+            wconn.close()
+            if is_corruption(e):
+                raise StoreCorrupt(f"{self.path}: {e}") from e
+            raise StoreError(f"cannot open {self.path}: {e}") from e
+        return wconn, rconn, pending, identity
 
     async def close(self) -> None:
         """Finish queued writes, then stop both threads."""
@@ -427,6 +556,34 @@ class Inbox:
     @property
     def running(self) -> bool:
         return self._writer is not None and self._writer.is_alive()
+
+    @property
+    def writable(self) -> bool:
+        """False from a failed transaction until the next commit (a webhook's or probe()'s)."""
+        return self.running and self._writer is not None and not self._writer.failure
+
+    @property
+    def failure(self) -> str:
+        """Why the last transaction failed ("" when the last one committed)."""
+        return self._writer.failure if self._writer is not None else "inbox is not open"
+
+    @property
+    def corrupt(self) -> bool:
+        """SQLite reported the file damaged while running: only a restart (integrity check) helps."""
+        return any(t is not None and t.corrupt for t in (self._writer, self._reader))
+
+    async def probe(self) -> None:
+        """Commit a tiny write: how an unwritable inbox (disk full) finds out it can commit again."""
+        at = str(time.time())
+
+        def job(conn: sqlite3.Connection, tx: _Tx) -> None:
+            conn.execute(
+                "INSERT INTO inbox_meta (key, value) VALUES ('probed_at', ?)"
+                " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                (at,),
+            )
+
+        await self._write(job)
 
     @property
     def pending(self) -> int:

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import heapq
 import logging
+import sqlite3
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -222,12 +223,21 @@ class Worker:
         return max(0.0, due - self.clock.now())
 
     async def _tick(self) -> None:
+        if not self.inbox.writable and self.inbox.running:
+            # nothing else commits while /readyz is 503 (no webhooks arrive): a probe write tells
+            # when the disk has room again, so readiness returns within one tick
+            try:
+                await self.inbox.probe()
+                log.warning("inbox commits again")
+            except StoreError as e:
+                log.debug("inbox still cannot commit: %s", e)
         try:
             async with asyncio.timeout(self.settings.handle_timeout_seconds):
                 await self.engine.tick()
             self.ticks += 1
         except Exception:
             log.exception("engine.tick failed")
+        await self._notify()
 
     async def _prune(self) -> None:
         try:
@@ -319,6 +329,10 @@ class Worker:
             delay = backoff_seconds(
                 attempts, self.settings.retry_initial_seconds, self.settings.retry_max_seconds
             )
+            if isinstance(error, sqlite3.OperationalError | StoreError):
+                # the engine's store failed (disk full, locked), not this alert: retry at the next
+                # tick without growing the backoff, so the queue drains as soon as space returns
+                attempts, delay = attempts_before, self.settings.tick_interval_seconds
             self.failures += 1
             self.last_error = f"{type(error).__name__}: {error}"
             log.warning(
