@@ -152,6 +152,13 @@ SERVE_FLAGS: tuple[Flag, ...] = (
     Flag("queue.max-pending", int, 10_000, "Unprocessed alerts before the webhook answers 503."),
     Flag("engine.tick-interval", parse_duration, "1s", "How often the engine's timers advance."),
     Flag("engine.handle-timeout", parse_duration, "60s", "Longest one engine.handle call may take."),
+    Flag(
+        "engine.max-event-age",
+        parse_duration,
+        f"{_E.max_event_age_seconds}s",
+        "Evidence older than this never acts: alerts processed this long after arrival, and open "
+        "incidents after the controller did not watch for this long, until a fresh notification.",
+    ),
     Flag("dry-run", parse_bool, False, "Decide and record, never act or page.", boolean=True),
     Flag("signatures", parse_list, "", "Extra signature directories (comma-separated; flag repeatable)."),
     Flag("backend", str, _E.backend, "Action backend.", choices=("local", "kubernetes", "none")),
@@ -351,6 +358,7 @@ def settings_from_flags(ns: argparse.Namespace, environ: Mapping[str, str] | Non
     engine = dataclasses.replace(
         base,
         dry_run=v["dry_run"],
+        max_event_age_seconds=v["engine_max_event_age"],
         signature_dirs=tuple(Path(d) for d in v["signatures"]),
         backend=v["backend"],
         local_backend=dataclasses.replace(

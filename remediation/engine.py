@@ -34,7 +34,7 @@ from remediation.ladder import (
     target_from_labels,
     target_problem,
 )
-from remediation.ledger import Ledger, connect
+from remediation.ledger import OPEN_STATES, Ledger, connect
 from remediation.loops import LoopDetector, LoopVerdict
 from remediation.metrics import RemediationMetrics
 from remediation.model import (
@@ -59,6 +59,10 @@ T = TypeVar("T")
 
 # how long a page send may take before the tick considers it lost and sends it again
 _PAGE_INFLIGHT_SECONDS = 120.0
+# rem_state row of the last tick: a start long after it means the engine did not watch meanwhile
+HEARTBEAT = "heartbeat"
+# held: 1 = waiting for a fresh notification after a gap, 2 = and its next step came due meanwhile
+_HELD, _HELD_DUE = 1, 2
 
 
 @dataclass(frozen=True)
@@ -200,6 +204,8 @@ class RemediationEngine:
             "automated_ratio": (automated / acted) if acted else None,
             "by_signature": self._ro.resolution_by_signature(),
             "loops_detected": len(self._ro.loops(limit=1_000_000)),
+            # alerts recorded and never acted on (out_of_order, expired, too_old)
+            "stale_alerts": self._ro.stale_counts(),
             "breaker": breaker or {"open": False},
             "paused": self._ro.get_state(PAUSE) or {"paused": False},
             "dry_run": self.settings.dry_run,
@@ -344,17 +350,109 @@ class RemediationEngine:
                     self._set(int(inc["id"]), resolved_at=now)
                     if not (sig.verify_promql and self.verifier):
                         self._enter_cooldown(int(inc["id"]), now)
+            self._hold_after_gap(now)
             self._post = []
         self.metrics.incidents_open.set(self._db.count_open())
         self.metrics.breaker_open.set(1 if self._safety.breaker_open() else 0)
         self.metrics.paused.set(1 if self._safety.paused() else 0)
 
+    def _hold_after_gap(self, now: float) -> None:
+        """After the engine did not watch for longer than the evidence may age (a restart after an
+        outage, a failover), what it knew about firing alerts may be stale: no open incident acts
+        again until a fresh notification confirms its alert."""
+        last = self._db.get_state(HEARTBEAT).get("at")
+        self._db.set_state(HEARTBEAT, {"at": now})
+        if last is None or now - float(last) <= self.settings.max_event_age_seconds:
+            return
+        gap = now - float(last)
+        held = self._db.holdable_incidents()
+        for inc in held:
+            self._entry(
+                inc,
+                "event",
+                "held",
+                f"the controller did not watch for {gap:.0f} s (restart, failover or stall): what it knew "
+                "may be stale, so nothing acts until a fresh notification confirms the alert",
+            )
+            self._set(int(inc["id"]), held=_HELD)
+        if held:
+            log.warning(
+                "not watched for %.0f s: %d open incidents wait for fresh notifications", gap, len(held)
+            )
+
     # ------------------------------------------------------------------ events
+
+    def _staleness(self, event: AlertEvent, now: float, fresh: bool) -> tuple[str, str]:
+        """(reason, detail) when the event must not act, ("", "") when it is fresh evidence."""
+        state = self._db.alert_state(event.fingerprint)
+        starts = event.starts_at.timestamp()
+        if state is not None:
+            if float(state["starts"]) > starts:
+                return "out_of_order", (
+                    f"an older episode (startsAt {event.starts_at.isoformat()}) of an alert whose latest "
+                    f"{state['status']} notification started later"
+                )
+            if (
+                float(state["starts"]) == starts
+                and state["status"] == "resolved"
+                and event.status == "firing"
+            ):
+                return "out_of_order", "the firing notification arrived after its own resolution"
+        if event.status != "firing":
+            return "", ""  # a resolution never acts; however old, it is still true
+        if event.ends_at is not None and event.ends_at.timestamp() <= now:
+            return "expired", (
+                f"endsAt {event.ends_at.isoformat()} has passed: Alertmanager counts the alert resolved"
+            )
+        if not fresh:
+            age = now - event.received_at.timestamp()
+            limit = self.settings.max_event_age_seconds
+            return "too_old", f"received {age:.0f} s before it was processed (limit {limit:.0f} s)"
+        return "", ""
+
+    def _record_stale(self, event: AlertEvent, reason: str, detail: str, now: float) -> None:
+        alertname = event.labels.get("alertname", "")
+        self._db.add_stale(now, event.dedup_key, alertname, reason, detail)
+        self._db.mark_handled(event.dedup_key, None, now, stale=reason == "too_old")
+        self._later(lambda: self.metrics.stale_alerts.labels(reason=reason).inc())
+        log.info("not acting on %s (%s): %s: %s", alertname or "alert", event.dedup_key, reason, detail)
+
+    def _renew_evidence(self, incident_id: int | None, event: AlertEvent, now: float) -> list[_Effect]:
+        """A fresh re-delivery of a firing alert already handled: the incident's evidence is current."""
+        inc = self._db.incident(incident_id) if incident_id is not None else None
+        if (
+            inc is not None
+            and inc["state"] in OPEN_STATES
+            and event.fingerprint in json.loads(inc["firing_fps"])
+        ):
+            self._renew(inc, event, now)
+        return []
+
+    def _renew(self, inc: sqlite3.Row, event: AlertEvent, now: float) -> None:
+        fields: dict[str, Any] = {"evidence_at": event.received_at.timestamp()}
+        if inc["held"]:
+            self._entry(inc, "event", "evidence_renewed", "a fresh notification confirms the alert")
+            fields["held"] = 0
+            if inc["held"] == _HELD_DUE:
+                fields["next_at"] = now  # the step that came due while held runs at the next tick
+        self._set(int(inc["id"]), **fields)
 
     def _on_event(self, event: AlertEvent) -> list[_Effect]:
         db = self._db
         now = self.clock.now()
-        if db.is_handled(event.dedup_key):
+        fresh = now - event.received_at.timestamp() <= self.settings.max_event_age_seconds
+        seen = db.handled(event.dedup_key)
+        if seen is not None and not (seen["stale"] and fresh):
+            if event.status == "firing" and fresh:
+                return self._renew_evidence(seen["incident_id"], event, now)
+            return []
+        reason, detail = self._staleness(event, now, fresh)
+        if reason and reason != "too_old":
+            self._record_stale(event, reason, detail, now)
+            return []
+        db.set_alert_state(event.fingerprint, event.starts_at.timestamp(), event.status, now)
+        if reason:
+            self._record_stale(event, reason, detail, now)
             return []
         labels = dict(event.labels)
         annotations = dict(event.annotations)
@@ -404,6 +502,7 @@ class RemediationEngine:
                 "updated_at": now,
                 "labels": _json(labels),
                 "annotations": _json(dict(event.annotations)),
+                "evidence_at": event.received_at.timestamp(),
             }
         )
         attrs: dict[str, AttrValue] = {
@@ -461,7 +560,12 @@ class RemediationEngine:
     def _firing_again(self, inc: sqlite3.Row, event: AlertEvent, now: float) -> list[_Effect]:
         incident_id = int(inc["id"])
         fps = set(json.loads(inc["firing_fps"])) | {event.fingerprint}
-        self._set(incident_id, firing_fps=_json(sorted(fps)))
+        self._set(incident_id, firing_fps=_json(sorted(fps)), evidence_at=event.received_at.timestamp())
+        if inc["held"]:
+            self._entry(
+                inc, "event", "evidence_renewed", "a fresh notification confirms the alert; continuing"
+            )
+            self._set(incident_id, held=0, **({"next_at": now} if inc["held"] == _HELD_DUE else {}))
         state = inc["state"]
         if state != "paged":
             flap = self._loops.flapping(inc["key"], now)
@@ -750,6 +854,9 @@ class RemediationEngine:
             incident_id = int(inc["id"])
             state = inc["state"]
             sig = self._sig(inc)
+            if inc["held"] and state != "paged":
+                effects += self._held_due(inc, now)
+                continue
             if state == "open":
                 if json.loads(inc["firing_fps"]):
                     self._entry(inc, "event", "persistent", "still firing; starting the ladder")
@@ -776,6 +883,26 @@ class RemediationEngine:
         horizon = max(self.settings.loops.flap_window_seconds, 3600.0)
         self._db.prune(now - horizon, now - self.settings.handled_keys_retention_seconds)
         return effects
+
+    def _held_due(self, inc: sqlite3.Row, now: float) -> list[_Effect]:
+        """A held incident's next step came due: it waits for a fresh notification, then gives up."""
+        incident_id = int(inc["id"])
+        if inc["held"] == _HELD_DUE:
+            why = "no fresh notification confirmed the alert after the controller's gap"
+            self._set(incident_id, reason=why)
+            return self._close(incident_id, "unresolved", now)
+        if inc["state"] == "cooldown" and not json.loads(inc["firing_fps"]):
+            self._set(incident_id, held=0)  # closing on a quiet cooldown acts on nothing
+            return self._close(incident_id, "automated", now)
+        self._entry(
+            inc,
+            "event",
+            "held",
+            f"{inc['state']} step due, not taken on evidence from before the gap; waiting up to "
+            f"{self.settings.paged_incident_max_age_seconds:.0f} s for a fresh notification",
+        )
+        self._set(incident_id, held=_HELD_DUE, next_at=now + self.settings.paged_incident_max_age_seconds)
+        return []
 
     def _flush_group(self, now: float) -> list[_Effect]:
         breaker = self._safety.breaker()

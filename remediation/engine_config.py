@@ -96,6 +96,10 @@ class EngineSettings:
     # Prometheus base URL for PromQL verification (signatures with verify_promql); "" disables
     prometheus_url: str = ""
     prometheus_timeout_seconds: float = 5.0
+    # evidence older than this is never acted on: a firing alert processed longer than this after it
+    # was received (a backlog after an outage), and, after the engine did not watch for longer than
+    # this (restart, failover), every open incident until a fresh notification confirms it
+    max_event_age_seconds: float = 900.0
     # retries of an action that raised TemporaryError before the rung counts as failed
     max_temporary_retries: int = 3
     # an action still running after this long counts as a temporary failure
@@ -130,6 +134,7 @@ class EngineSettings:
             "loops.flap_max_transitions": lp.flap_max_transitions,
             "loops.flap_window_seconds": lp.flap_window_seconds,
             "action_timeout_seconds": self.action_timeout_seconds,
+            "max_event_age_seconds": self.max_event_age_seconds,
             "local_backend.timeout_seconds": self.local_backend.timeout_seconds,
             "pager.timeout_seconds": self.pager.timeout_seconds,
         }

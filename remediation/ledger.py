@@ -50,7 +50,9 @@ CREATE TABLE IF NOT EXISTS rem_incidents (
     page_group TEXT NOT NULL DEFAULT '',
     group_sent INTEGER NOT NULL DEFAULT 0,
     trace_id TEXT NOT NULL DEFAULT '',
-    span_id TEXT NOT NULL DEFAULT ''
+    span_id TEXT NOT NULL DEFAULT '',
+    evidence_at REAL,
+    held INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS rem_incidents_key ON rem_incidents (key, state);
 CREATE INDEX IF NOT EXISTS rem_incidents_timer ON rem_incidents (state, next_at);
@@ -76,8 +78,26 @@ CREATE INDEX IF NOT EXISTS rem_ledger_loop ON rem_ledger (loop_key, rung, at);
 CREATE TABLE IF NOT EXISTS rem_handled (
     dedup_key TEXT PRIMARY KEY,
     incident_id INTEGER,
+    at REAL NOT NULL,
+    stale INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS rem_handled_at ON rem_handled (at);
+CREATE TABLE IF NOT EXISTS rem_alerts (
+    fingerprint TEXT PRIMARY KEY,
+    starts REAL NOT NULL,
+    status TEXT NOT NULL,
     at REAL NOT NULL
 );
+CREATE INDEX IF NOT EXISTS rem_alerts_at ON rem_alerts (at);
+CREATE TABLE IF NOT EXISTS rem_stale (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    at REAL NOT NULL,
+    dedup_key TEXT NOT NULL,
+    alertname TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    detail TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS rem_stale_at ON rem_stale (at);
 CREATE TABLE IF NOT EXISTS rem_transitions (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     key TEXT NOT NULL,
@@ -103,6 +123,12 @@ CREATE TABLE IF NOT EXISTS rem_nodes (
 );
 """
 
+# columns added after the first release: ledgers created before get them on open
+ADDED_COLUMNS = (
+    ("rem_incidents", "evidence_at", "REAL"),
+    ("rem_incidents", "held", "INTEGER NOT NULL DEFAULT 0"),
+    ("rem_handled", "stale", "INTEGER NOT NULL DEFAULT 0"),
+)
 OPEN_STATES = ("open", "acting", "verifying", "cooldown", "retry_wait", "paged")
 ACTION_RUNGS = ("restart", "migrate")
 # ledger statuses of actions that count as "really done or possibly done" for loops and budgets
@@ -123,6 +149,7 @@ def connect(db_path: Path, verify: bool = False) -> sqlite3.Connection:
         if verify:
             check_integrity(conn, db_path)
         conn.row_factory = sqlite3.Row
+        _add_missing_columns(conn)
         conn.executescript(SCHEMA)
     except StoreError:
         conn.close()
@@ -133,6 +160,13 @@ def connect(db_path: Path, verify: bool = False) -> sqlite3.Connection:
             raise StoreCorrupt(f"{db_path}: {e}") from e
         raise StoreError(f"{db_path}: {e}") from e
     return conn
+
+
+def _add_missing_columns(conn: sqlite3.Connection) -> None:
+    for table, column, decl in ADDED_COLUMNS:
+        have = {str(r[1]) for r in conn.execute(f"PRAGMA table_info({table})")}
+        if have and column not in have:  # an empty set: the table does not exist yet
+            conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
 
 
 def pair_inbox(db_path: Path, inbox_id: str, now: float, accept_new: bool) -> str:
@@ -195,13 +229,61 @@ class Ledger:
     # -- handled keys ---------------------------------------------------------------------------
 
     def is_handled(self, dedup_key: str) -> bool:
-        row = self.conn.execute("SELECT 1 FROM rem_handled WHERE dedup_key = ?", (dedup_key,)).fetchone()
-        return row is not None
+        return self.handled(dedup_key) is not None
 
-    def mark_handled(self, dedup_key: str, incident_id: int | None, at: float) -> None:
+    def handled(self, dedup_key: str) -> sqlite3.Row | None:
+        """The record of an event already handled (its incident, and whether it was too old to act)."""
+        row: sqlite3.Row | None = self.conn.execute(
+            "SELECT * FROM rem_handled WHERE dedup_key = ?", (dedup_key,)
+        ).fetchone()
+        return row
+
+    def mark_handled(self, dedup_key: str, incident_id: int | None, at: float, stale: bool = False) -> None:
+        # a key first handled as too old is handled again when it comes back fresh: replace it
         self.conn.execute(
-            "INSERT OR IGNORE INTO rem_handled (dedup_key, incident_id, at) VALUES (?, ?, ?)",
-            (dedup_key, incident_id, at),
+            "INSERT INTO rem_handled (dedup_key, incident_id, at, stale) VALUES (?, ?, ?, ?)"
+            " ON CONFLICT (dedup_key) DO UPDATE SET incident_id = excluded.incident_id,"
+            " at = excluded.at, stale = excluded.stale",
+            (dedup_key, incident_id, at, 1 if stale else 0),
+        )
+
+    # -- the latest state of each alert, and evidence too stale to act on -----------------------
+
+    def alert_state(self, fingerprint: str) -> sqlite3.Row | None:
+        """The newest (startsAt, status) seen for this alert fingerprint."""
+        row: sqlite3.Row | None = self.conn.execute(
+            "SELECT * FROM rem_alerts WHERE fingerprint = ?", (fingerprint,)
+        ).fetchone()
+        return row
+
+    def set_alert_state(self, fingerprint: str, starts: float, status: str, at: float) -> None:
+        self.conn.execute(
+            "INSERT INTO rem_alerts (fingerprint, starts, status, at) VALUES (?, ?, ?, ?)"
+            " ON CONFLICT (fingerprint) DO UPDATE SET starts = excluded.starts, status = excluded.status,"
+            " at = excluded.at",
+            (fingerprint, starts, status, at),
+        )
+
+    def add_stale(self, at: float, dedup_key: str, alertname: str, reason: str, detail: str) -> None:
+        self.conn.execute(
+            "INSERT INTO rem_stale (at, dedup_key, alertname, reason, detail) VALUES (?, ?, ?, ?, ?)",
+            (at, dedup_key, alertname, reason, detail),
+        )
+
+    def stale_counts(self) -> dict[str, int]:
+        rows = self.conn.execute("SELECT reason, COUNT(*) FROM rem_stale GROUP BY reason")
+        return {str(r[0]): int(r[1]) for r in rows}
+
+    def stale_events(self, limit: int = 100) -> list[sqlite3.Row]:
+        return list(self.conn.execute("SELECT * FROM rem_stale ORDER BY id DESC LIMIT ?", (limit,)))
+
+    def holdable_incidents(self) -> list[sqlite3.Row]:
+        """Open incidents whose next step may act (everything but paged ones)."""
+        return list(
+            self.conn.execute(
+                "SELECT * FROM rem_incidents WHERE held = 0 "
+                "AND state IN ('open', 'acting', 'verifying', 'cooldown', 'retry_wait') ORDER BY id"
+            )
         )
 
     # -- incidents --------------------------------------------------------------------------------
@@ -396,6 +478,8 @@ class Ledger:
     def prune(self, transitions_before: float, handled_before: float) -> None:
         self.conn.execute("DELETE FROM rem_transitions WHERE at < ?", (transitions_before,))
         self.conn.execute("DELETE FROM rem_handled WHERE at < ?", (handled_before,))
+        self.conn.execute("DELETE FROM rem_alerts WHERE at < ?", (handled_before,))
+        self.conn.execute("DELETE FROM rem_stale WHERE at < ?", (handled_before,))
 
     def add_loop(
         self, loop_key: str, kind: str, incident_id: int, at: float, details: Mapping[str, Any]

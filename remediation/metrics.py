@@ -54,6 +54,13 @@ class RemediationMetrics:
             ["rung", "outcome"],
             registry=r,
         )
+        self.stale_alerts = Counter(
+            "gpupulse_remediation_stale_alerts_total",
+            "Alerts recorded but never acted on because their evidence was stale, by reason "
+            "(out_of_order, expired, too_old).",
+            ["reason"],
+            registry=r,
+        )
         self.loops = Counter(
             "gpupulse_remediation_loops_detected_total",
             "Targets that stopped being restarted because they were restarted too often.",

@@ -125,7 +125,9 @@ class WebhookHandler:
             log.info("rejected webhook from %s: %s", request.remote, e)
             return self._reject("invalid", web.json_response(e.as_json(), status=400))
         try:
-            result = await ctl.inbox.ingest(records, ctl.settings.queue_max_pending)
+            result = await ctl.inbox.ingest(
+                records, settings.queue_max_pending, settings.engine.max_event_age_seconds
+            )
         except QueueFull as e:
             # 5xx: Alertmanager retries it; a 4xx (429 included) would drop the notification
             return self._reject(
@@ -136,7 +138,7 @@ class WebhookHandler:
             return self._reject(
                 "storage", _error(503, "alerts", "storage unavailable", {"Retry-After": RETRY_AFTER_SECONDS})
             )
-        if result.inserted:
+        if result.inserted or result.requeued:
             ctl.worker.submit(
                 [(i, r.to_event(i)) for r, i in zip(records, result.ids, strict=True) if i is not None]
             )

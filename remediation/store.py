@@ -226,8 +226,10 @@ class InboxRow:
 class IngestResult:
     inserted_by_status: Mapping[str, int]
     duplicates: int
-    # inbox id of each input record, None where it was a duplicate
+    # inbox id of each input record, None where it was a duplicate (a re-queued duplicate has its id)
     ids: Sequence[int | None] = ()
+    # duplicates queued again because their stored copy was processed long ago
+    requeued: int = 0
 
     @property
     def inserted(self) -> int:
@@ -456,6 +458,11 @@ _INSERT = (
     " receiver, group_key, received_at, raw) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
     " ON CONFLICT (fingerprint, starts_at, status) DO NOTHING"
 )
+_REQUEUE = (
+    "UPDATE inbox SET received_at = ?, processed_at = NULL, attempts = 0, next_attempt_at = 0,"
+    " last_error = NULL WHERE fingerprint = ? AND starts_at = ? AND status = 'firing'"
+    " AND processed_at IS NOT NULL AND received_at < ? RETURNING id"
+)
 _ROW_COLUMNS = (
     "id, fingerprint, status, starts_at, ends_at, labels, annotations, generator_url, receiver,"
     " group_key, received_at, attempts, next_attempt_at"
@@ -615,9 +622,16 @@ class Inbox:
     async def _read(self, fn: Callable[[sqlite3.Connection, _Tx], T]) -> T:
         return await self._submit(self._reader, fn)
 
-    async def ingest(self, records: Sequence[InboxRecord], max_pending: int) -> IngestResult:
+    async def ingest(
+        self, records: Sequence[InboxRecord], max_pending: int, requeue_after_seconds: float = 0.0
+    ) -> IngestResult:
         """Store new alerts durably (committed on return); raise QueueFull, storing none, when the
-        queue already holds max_pending unprocessed alerts."""
+        queue already holds max_pending unprocessed alerts.
+
+        With requeue_after_seconds, a re-sent firing alert whose stored copy was processed and received
+        longer ago than that is queued again with the new receive time: Alertmanager's re-sends are
+        how an alert that is still firing renews evidence the engine would otherwise think stale.
+        """
         params = [
             (
                 r.fingerprint,
@@ -642,18 +656,27 @@ class Inbox:
                 raise QueueFull(f"{tx.pending} alerts pending, limit {max_pending}")
             by_status: dict[str, int] = {}
             ids: list[int | None] = []
+            requeued = 0
             for p in params:
                 cur = conn.execute(_INSERT, p)
                 if cur.rowcount:
                     by_status[p[2]] = by_status.get(p[2], 0) + 1
                     ids.append(cur.lastrowid)
-                else:
-                    ids.append(None)
+                    continue
+                again: tuple[int] | None = None
+                if requeue_after_seconds > 0 and p[2] == "firing":
+                    received = float(p[9])
+                    cutoff = received - requeue_after_seconds
+                    again = conn.execute(_REQUEUE, (received, p[0], p[1], cutoff)).fetchone()
+                ids.append(int(again[0]) if again else None)
+                requeued += 1 if again else 0
             inserted = sum(by_status.values())
-            tx.pending += inserted
-            if inserted:  # ids grow within a transaction: the last new one is the highest
-                self.written_upto = max(self.written_upto, next(i for i in reversed(ids) if i is not None))
-            return IngestResult(inserted_by_status=by_status, duplicates=len(params) - inserted, ids=ids)
+            tx.pending += inserted + requeued
+            if inserted:
+                self.written_upto = max(self.written_upto, max(i for i in ids if i is not None))
+            return IngestResult(
+                inserted_by_status=by_status, duplicates=len(params) - inserted, ids=ids, requeued=requeued
+            )
 
         return await self._write(job)
 

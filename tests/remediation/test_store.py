@@ -111,3 +111,30 @@ def test_undecodable_bodies_get_the_standard_parsers_message(body: bytes, messag
 
 def test_a_lone_surrogate_is_decoded_so_that_validation_can_name_its_field() -> None:
     assert decode_json(b'{"a": "\\ud800"}') == {"a": "\ud800"}
+
+
+async def test_a_resent_firing_alert_is_queued_again_only_once_its_stored_copy_is_old(tmp_path: Path) -> None:
+    inbox = Inbox(tmp_path / "inbox.db")
+    await inbox.start()
+    try:
+        firing = _body(alert(fingerprint="f"))
+        first = await inbox.ingest(parse_notification(firing, 1000.0), 100, requeue_after_seconds=900)
+        row = first.ids[0]
+        # not processed yet: a re-send is a plain duplicate, however late
+        again = await inbox.ingest(parse_notification(firing, 5000.0), 100, requeue_after_seconds=900)
+        assert (again.requeued, again.ids) == (0, [None])
+        await inbox.mark_processed([row], 1001.0)  # type: ignore[list-item]
+        soon = await inbox.ingest(parse_notification(firing, 1800.0), 100, requeue_after_seconds=900)
+        assert (soon.requeued, soon.ids) == (0, [None])
+        late = await inbox.ingest(parse_notification(firing, 1901.0), 100, requeue_after_seconds=900)
+        assert (late.requeued, late.ids, late.duplicates) == (1, [row], 1)
+        assert inbox.pending == 1
+        assert await inbox.count("processed_at IS NULL AND received_at = 1901.0") == 1
+        # resolutions are never queued again: they act on nothing and hold no evidence
+        resolved = _body(alert(fingerprint="r", status="resolved"))
+        done = await inbox.ingest(parse_notification(resolved, 1000.0), 100)
+        await inbox.mark_processed([done.ids[0]], 1001.0)  # type: ignore[list-item]
+        later = await inbox.ingest(parse_notification(resolved, 9000.0), 100, requeue_after_seconds=900)
+        assert later.requeued == 0
+    finally:
+        await inbox.close()
