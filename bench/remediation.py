@@ -75,7 +75,9 @@ class NoopEngine:
     async def tick(self) -> None:
         return None
 
-    def list_incidents(self, state: str | None = None, limit: int = 100) -> list[Any]:
+    def list_incidents(
+        self, state: str | None = None, limit: int = 100, signature: str | None = None
+    ) -> list[Any]:
         return []
 
     def get_incident(self, incident_id: int) -> None:

@@ -54,15 +54,16 @@ class Api:
         self.engine = engine
 
     async def incidents(self, request: web.Request) -> web.Response:
-        """GET /api/v1/incidents[?state=&limit=]"""
+        """GET /api/v1/incidents[?state=&signature=&limit=]"""
         state = request.query.get("state") or None
+        signature = request.query.get("signature") or None
         try:
             limit = int(request.query.get("limit", "100"))
         except ValueError:
             return _error(400, "limit", "must be an integer")
         if not 1 <= limit <= INCIDENT_STATES_LIMIT:
             return _error(400, "limit", f"must be within 1..{INCIDENT_STATES_LIMIT}")
-        items = [dict(i) for i in self.engine.list_incidents(state=state, limit=limit)]
+        items = [dict(i) for i in self.engine.list_incidents(state=state, limit=limit, signature=signature)]
         return _json({"incidents": items})
 
     async def incident(self, request: web.Request) -> web.Response:

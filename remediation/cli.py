@@ -538,9 +538,11 @@ class EngineProxy:
         if self.engine is not None:
             await self.engine.tick()
 
-    def list_incidents(self, state: str | None = None, limit: int = 100) -> Sequence[Mapping[str, Any]]:
+    def list_incidents(
+        self, state: str | None = None, limit: int = 100, signature: str | None = None
+    ) -> Sequence[Mapping[str, Any]]:
         """The leader's incidents; a follower has none open (it never opened the ledger)."""
-        return self.engine.list_incidents(state, limit) if self.engine is not None else []
+        return self.engine.list_incidents(state, limit, signature) if self.engine is not None else []
 
     def get_incident(self, incident_id: int) -> Mapping[str, Any] | None:
         """One incident, from the leader's ledger."""

@@ -18,8 +18,10 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar, cast
+from urllib.parse import urlencode
 
 from opentelemetry.sdk.trace import TracerProvider
 
@@ -61,6 +63,9 @@ T = TypeVar("T")
 _PAGE_INFLIGHT_SECONDS = 120.0
 # rem_state row of the last tick: a start long after it means the engine did not watch meanwhile
 HEARTBEAT = "heartbeat"
+# rem_state rows of summary pages (one per signature and storm) are named SUMMARY + group
+SUMMARY = "summary:"
+_SUMMARY_TARGETS = 10
 # held: 1 = waiting for a fresh notification after a gap, 2 = and its next step came due meanwhile
 _HELD, _HELD_DUE = 1, 2
 
@@ -86,6 +91,8 @@ class _SendGroupPage:
     group: str
     page: Page
     member_ids: tuple[int, ...]
+    # the rem_state row that schedules this group's pages (the breaker's, or a summary's)
+    state_key: str = "breaker"
 
 
 @dataclass(frozen=True)
@@ -172,9 +179,13 @@ class RemediationEngine:
 
     # ------------------------------------------------------------------ Engine protocol: sync
 
-    def list_incidents(self, state: str | None = None, limit: int = 100) -> Sequence[Mapping[str, Any]]:
-        """Incidents, newest first; state filters one state, or "active" for all open ones."""
-        return [self._incident_dict(r) for r in self._ro.list_incidents(state, max(1, min(limit, 10_000)))]
+    def list_incidents(
+        self, state: str | None = None, limit: int = 100, signature: str | None = None
+    ) -> Sequence[Mapping[str, Any]]:
+        """Incidents, newest first; state filters one state ("active": all open ones), signature one
+        signature (the link a summary page carries)."""
+        rows = self._ro.list_incidents(state, max(1, min(limit, 10_000)), signature)
+        return [self._incident_dict(r) for r in rows]
 
     def get_incident(self, incident_id: int) -> Mapping[str, Any] | None:
         """One incident with its full ledger history."""
@@ -542,9 +553,13 @@ class RemediationEngine:
                 return incident_id, self._loop_page(incident_id, recurrence, now)
         effects: list[_Effect] = []
         if sig.ladder.page_on_open:
-            effects += self._request_page(
-                incident_id, now, "informational page on open; the ladder continues"
-            )
+            spent = self._page_budget_spent(now)
+            if spent:
+                self._entry(inc, "event", "page_skipped", f"informational page not sent: {spent}")
+            else:
+                effects += self._request_page(
+                    incident_id, now, "informational page on open; the ladder continues"
+                )
         if sig.ladder.act_after_seconds > 0:
             self._set(incident_id, next_at=now + sig.ladder.act_after_seconds)
             self._entry(
@@ -713,10 +728,26 @@ class RemediationEngine:
         )
         self._set(incident_id, state="cooldown", next_at=now + cooldown)
 
+    def _page_budget_spent(self, now: float) -> str:
+        """Why no further incident may page on its own now ("" while the page budget lasts)."""
+        if self.settings.dry_run:
+            return ""
+        b = self.settings.budgets
+        paged = self._db.paged_incidents_since(now - b.page_window_seconds)
+        if paged < b.max_pages_per_window:
+            return ""
+        return (
+            f"page budget spent: {paged} incidents paged within {b.page_window_seconds:.0f} s "
+            f"(limit {b.max_pages_per_window})"
+        )
+
     def _page(self, incident_id: int, now: float, reason: str) -> list[_Effect]:
         inc = self._row(incident_id)
         if self._safety.breaker_open():
             return self._join_group(incident_id, now)
+        spent = self._page_budget_spent(now)
+        if spent:
+            return self._join_summary(incident_id, now, reason, spent)
         self._set(
             incident_id,
             state="paged",
@@ -796,6 +827,105 @@ class RemediationEngine:
             next_at=now + self.settings.paged_incident_max_age_seconds,
         )
         return []
+
+    def _join_summary(self, incident_id: int, now: float, reason: str, spent: str) -> list[_Effect]:
+        """Over the page budget: the incident joins its signature's summary page of this storm."""
+        inc = self._row(incident_id)
+        signature = str(inc["signature"])
+        window = self.settings.budgets.page_window_seconds
+        current = [
+            st
+            for st in self._db.states(SUMMARY).values()
+            if st.get("signature") == signature and now - float(st.get("last_join_at", 0.0)) <= window
+        ]
+        if current:
+            state = current[-1]
+        else:  # the first incident over budget, or the last storm of this signature ended
+            group = f"summary-{signature}-{int(now)}"
+            state = {"group": group, "signature": signature, "started_at": now, "last_page_at": 0.0}
+        state["last_join_at"] = now
+        group = str(state["group"])
+        self._db.set_state(SUMMARY + group, state)
+        self._entry(inc, "event", "summarized", f"{spent}: joins summary page {group}")
+        self._set(
+            incident_id,
+            state="paged",
+            rung="page",
+            rung_started_at=inc["rung_started_at"] if inc["rung"] == "page" else now,
+            paged=1,
+            page_group=group,
+            group_sent=0,
+            reason=reason,
+            next_at=now + self.settings.paged_incident_max_age_seconds,
+        )
+        return []
+
+    def _flush_summaries(self, now: float) -> list[_Effect]:
+        """Send or update each summary page whose group grew (at most every group interval), and
+        resolve it once every member incident closed."""
+        out: list[_Effect] = []
+        interval = self.settings.budgets.group_page_interval_seconds
+        for key, state in self._db.states(SUMMARY).items():
+            group = str(state["group"])
+            last = float(state.get("last_page_at", 0.0))
+            if self._db.open_group_members(group) == 0:
+                if last:
+                    members = self._db.group_members(group, unsent_only=False)
+                    out.append(_SendGroupPage(group, self._summary_page(state, members, True), (), key))
+                self._db.delete_state(key)
+                continue
+            if last and now < last + interval:
+                continue
+            unsent = self._db.group_members(group, unsent_only=True)
+            if not unsent:
+                continue
+            for inc in unsent:
+                self._set(int(inc["id"]), group_sent=1)
+                self._entry(inc, "event", "group_page", f"included in summary page {group}")
+            self._db.set_state(key, {**state, "last_page_at": now})
+            members = self._db.group_members(group, unsent_only=False)
+            page = self._summary_page(state, members, False)
+            out.append(_SendGroupPage(group, page, tuple(int(m["id"]) for m in unsent), key))
+        return out
+
+    def _summary_page(self, state: Mapping[str, Any], members: Sequence[sqlite3.Row], resolved: bool) -> Page:
+        signature = str(state["signature"])
+        sig = self.library.get(signature) or unknown_signature("")
+        b = self.settings.budgets
+        targets = [incident_identity(self._target(m)) for m in members]
+        first = ", ".join(targets[:_SUMMARY_TARGETS])
+        more = f" and {len(targets) - _SUMMARY_TARGETS} more" if len(targets) > _SUMMARY_TARGETS else ""
+        query = urlencode({"signature": signature, "state": "active"})
+        link = f"{self.settings.external_url.rstrip('/')}/api/v1/incidents?{query}"
+        since = datetime.fromtimestamp(float(state["started_at"]), tz=UTC).isoformat(timespec="seconds")
+        summary = (
+            f"{len(members)} incidents of {signature} ({sig.fault_class}) since {since}; the page budget "
+            f"({b.max_pages_per_window} per {b.page_window_seconds:.0f} s) is spent, so they share this "
+            f"page. First targets: {first}{more}. All of them: {link}"
+        )
+        history = [
+            {
+                "incident_id": int(m["id"]),
+                "target": incident_identity(self._target(m)),
+                "alertname": m["alertname"],
+                "state": m["state"],
+                "opened_at": m["opened_at"],
+                "reason": m["reason"],
+            }
+            for m in members[:_SUMMARY_TARGETS]
+        ]
+        return Page(
+            dedup_key=f"gpupulse-{state['group']}",
+            summary=summary,
+            severity=sig.page_severity or "critical",
+            fault_class=sig.fault_class,
+            signature=signature,
+            runbook_url=sig.runbook_url
+            or f"{self.settings.runbook_base_url.rstrip('/')}/{sig.fault_class}.md",
+            target=self._target(members[0]) if members else Target(kind="node"),
+            history=history,
+            resolved=resolved,
+        )
 
     def _loop_page(self, incident_id: int, verdict: LoopVerdict, now: float) -> list[_Effect]:
         inc = self._row(incident_id)
@@ -879,6 +1009,7 @@ class RemediationEngine:
             self._set(int(inc["id"]), page_next_at=now + _PAGE_INFLIGHT_SECONDS)
             effects.append(self._page_effect(int(inc["id"]), resolved=False))
         effects += self._flush_group(now)
+        effects += self._flush_summaries(now)
         effects += self._promql_rechecks(now)
         horizon = max(self.settings.loops.flap_window_seconds, 3600.0)
         self._db.prune(now - horizon, now - self.settings.handled_keys_retention_seconds)
@@ -1089,10 +1220,14 @@ class RemediationEngine:
                 self._set(incident_id, group_sent=0)
             else:
                 self._conclude_rung(inc, "success", f"grouped page {eff.group}")
-        if error:
+        if error and eff.state_key == BREAKER:
             breaker = self._safety.breaker()
             if breaker.get("open"):
                 self._db.set_state(BREAKER, {**breaker, "last_group_page_at": 0.0})
+        elif error:  # a summary page: the next tick sends it again
+            state = self._db.get_state(eff.state_key)
+            if state:
+                self._db.set_state(eff.state_key, {**state, "last_page_at": 0.0})
         return []
 
     async def _run_promql(self, eff: _CheckPromQL) -> None:

@@ -24,7 +24,12 @@ class BudgetSettings:
     max_nodes_migrated_fraction: float = 0.2
     migrate_window_seconds: float = 3600.0
     # how often new incidents that arrive while the breaker is open are flushed as one grouped page
+    # (and how often a summary page is updated)
     group_page_interval_seconds: float = 60.0
+    # incidents paged one by one within page_window_seconds; beyond that, each signature's further
+    # incidents join one summary page, updated (same dedup key) rather than repeated
+    max_pages_per_window: int = 20
+    page_window_seconds: float = 600.0
 
 
 @dataclass(frozen=True)
@@ -112,6 +117,8 @@ class EngineSettings:
     handled_keys_retention_seconds: float = 30 * 24 * 3600.0
     # paged incidents that never resolve are closed as unresolved after this long
     paged_incident_max_age_seconds: float = 7 * 24 * 3600.0
+    # where operators reach this controller (links in summary pages); "" = links are paths only
+    external_url: str = ""
     # used when a signature has no runbook_url: <base>/<fault_class>
     runbook_base_url: str = "https://github.com/gpupulse/gpupulse/blob/main/docs/runbooks"
     pager: EnginePagerSettings = field(default_factory=EnginePagerSettings)
@@ -129,6 +136,8 @@ class EngineSettings:
             "budgets.max_actions_per_minute": b.max_actions_per_minute,
             "budgets.max_nodes_migrated": b.max_nodes_migrated,
             "budgets.migrate_window_seconds": b.migrate_window_seconds,
+            "budgets.max_pages_per_window": b.max_pages_per_window,
+            "budgets.page_window_seconds": b.page_window_seconds,
             "loops.max_restarts": lp.max_restarts,
             "loops.restart_window_seconds": lp.restart_window_seconds,
             "loops.flap_max_transitions": lp.flap_max_transitions,

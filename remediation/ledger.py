@@ -336,20 +336,24 @@ class Ledger:
         row = self.conn.execute(f"SELECT COUNT(*) FROM rem_incidents WHERE state IN ({marks})", OPEN_STATES)
         return int(row.fetchone()[0])
 
-    def list_incidents(self, state: str | None, limit: int) -> list[sqlite3.Row]:
-        if state is None:
-            return list(self.conn.execute("SELECT * FROM rem_incidents ORDER BY id DESC LIMIT ?", (limit,)))
+    def list_incidents(
+        self, state: str | None, limit: int, signature: str | None = None
+    ) -> list[sqlite3.Row]:
+        where: list[str] = []
+        params: list[Any] = []
         if state == "active":
-            marks = ", ".join("?" for _ in OPEN_STATES)
-            return list(
-                self.conn.execute(
-                    f"SELECT * FROM rem_incidents WHERE state IN ({marks}) ORDER BY id DESC LIMIT ?",
-                    (*OPEN_STATES, limit),
-                )
-            )
+            where.append(f"state IN ({', '.join('?' for _ in OPEN_STATES)})")
+            params.extend(OPEN_STATES)
+        elif state is not None:
+            where.append("state = ?")
+            params.append(state)
+        if signature is not None:
+            where.append("signature = ?")
+            params.append(signature)
+        clause = f"WHERE {' AND '.join(where)} " if where else ""
         return list(
             self.conn.execute(
-                "SELECT * FROM rem_incidents WHERE state = ? ORDER BY id DESC LIMIT ?", (state, limit)
+                f"SELECT * FROM rem_incidents {clause}ORDER BY id DESC LIMIT ?", (*params, limit)
             )
         )
 
@@ -514,6 +518,33 @@ class Ledger:
             "ON CONFLICT(name) DO UPDATE SET value = excluded.value",
             (name, json.dumps(dict(value), sort_keys=True)),
         )
+
+    def states(self, prefix: str) -> dict[str, dict[str, Any]]:
+        """Every operator/engine state row whose name starts with prefix."""
+        rows = self.conn.execute(
+            "SELECT name, value FROM rem_state WHERE name LIKE ? ORDER BY name", (prefix + "%",)
+        )
+        return {str(r[0]): dict(json.loads(r[1])) for r in rows}
+
+    def delete_state(self, name: str) -> None:
+        self.conn.execute("DELETE FROM rem_state WHERE name = ?", (name,))
+
+    def paged_incidents_since(self, since: float) -> int:
+        """Incidents that requested a page of their own since `since` (re-sends not counted twice)."""
+        row = self.conn.execute(
+            "SELECT COUNT(DISTINCT incident_id) FROM rem_ledger WHERE kind = 'event' AND rung = '' "
+            "AND status = 'page_requested' AND at >= ?",
+            (since,),
+        ).fetchone()
+        return int(row[0])
+
+    def open_group_members(self, group: str) -> int:
+        marks = ", ".join("?" for _ in OPEN_STATES)
+        row = self.conn.execute(
+            f"SELECT COUNT(*) FROM rem_incidents WHERE page_group = ? AND state IN ({marks})",
+            (group, *OPEN_STATES),
+        ).fetchone()
+        return int(row[0])
 
     # -- statistics -------------------------------------------------------------------------------
 

@@ -70,8 +70,11 @@ class FakeEngine:
         async with self._changed:
             await asyncio.wait_for(self._changed.wait_for(predicate), within_seconds)
 
-    def list_incidents(self, state: str | None = None, limit: int = 100) -> Sequence[Mapping[str, Any]]:
-        return [i for i in self.incidents if state is None or i["state"] == state][:limit]
+    def list_incidents(
+        self, state: str | None = None, limit: int = 100, signature: str | None = None
+    ) -> Sequence[Mapping[str, Any]]:
+        found = [i for i in self.incidents if state is None or i["state"] == state]
+        return [i for i in found if signature is None or i.get("signature") == signature][:limit]
 
     def get_incident(self, incident_id: int) -> Mapping[str, Any] | None:
         return next((i for i in self.incidents if i["id"] == incident_id), None)
