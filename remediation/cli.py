@@ -208,6 +208,24 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "Window of the node budgets.",
     ),
     Flag(
+        "safety.max-pages-per-window",
+        int,
+        _E.budgets.max_pages_per_window,
+        "Incidents paged one by one within the page window; beyond, one summary page per signature.",
+    ),
+    Flag(
+        "safety.page-window",
+        parse_duration,
+        f"{_E.budgets.page_window_seconds}s",
+        "Window of the page budget.",
+    ),
+    Flag(
+        "web.external-url",
+        str,
+        _E.external_url,
+        "URL operators reach this controller at (links in summary pages).",
+    ),
+    Flag(
         "scope.namespaces",
         parse_list,
         "",
@@ -382,7 +400,10 @@ def settings_from_flags(ns: argparse.Namespace, environ: Mapping[str, str] | Non
             max_nodes_migrated=v["safety_max_nodes_migrated"],
             max_nodes_migrated_fraction=v["safety_max_nodes_migrated_fraction"],
             migrate_window_seconds=v["safety_window"],
+            max_pages_per_window=v["safety_max_pages_per_window"],
+            page_window_seconds=v["safety_page_window"],
         ),
+        external_url=v["web_external_url"],
         loops=dataclasses.replace(
             base.loops, max_restarts=v["loops_max_restarts"], restart_window_seconds=v["loops_restart_window"]
         ),
