@@ -232,6 +232,20 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "Namespaces the controller may act in (comma-separated; empty = all).",
     ),
     Flag(
+        "scope.node-selector",
+        str,
+        _E.scope.node_selector,
+        "Label selector on the Node of GPU and node targets (e.g. nodepool=inference); needs "
+        "--backend=kubernetes.",
+    ),
+    Flag(
+        "scope.off-scope",
+        str,
+        _E.scope.off_scope,
+        "What an out-of-scope alert becomes: ignore (recorded only) or page.",
+        choices=("ignore", "page"),
+    ),
+    Flag(
         "scope.opt-in-label",
         str,
         _E.scope.opt_in_label,
@@ -408,7 +422,11 @@ def settings_from_flags(ns: argparse.Namespace, environ: Mapping[str, str] | Non
             base.loops, max_restarts=v["loops_max_restarts"], restart_window_seconds=v["loops_restart_window"]
         ),
         scope=dataclasses.replace(
-            base.scope, namespaces=v["scope_namespaces"], opt_in_label=v["scope_opt_in_label"]
+            base.scope,
+            namespaces=v["scope_namespaces"],
+            opt_in_label=v["scope_opt_in_label"],
+            node_selector=v["scope_node_selector"],
+            off_scope=v["scope_off_scope"],
         ),
         cluster_node_count=v["cluster_node_count"],
         prometheus_url=v["verify_prometheus_url"],
@@ -655,6 +673,8 @@ async def connect_kube(settings: Settings) -> KubeRuntime:
 
 async def build_kube_engine(settings: Settings, metrics: RemediationMetrics, proxy: EngineProxy) -> Engine:
     """The ladder engine on the shared ledger with the Kubernetes backend; recovers interrupted actions."""
+    from .kube.nodelabels import KubeNodeLabels
+
     engine_mod = importlib.import_module("remediation.engine")
     try:
         built = await asyncio.to_thread(
@@ -664,6 +684,7 @@ async def build_kube_engine(settings: Settings, metrics: RemediationMetrics, pro
             metrics,
             SystemClock(),
             backend=proxy.runtime.backend,
+            node_labels=KubeNodeLabels(proxy.runtime.client),
         )
     except ValueError as e:
         raise ConfigError(str(e)) from e

@@ -126,11 +126,17 @@ class Settings:
             raise ConfigError("--safety.max-nodes-migrated-fraction must be within [0, 1]")
         if self.engine.backend == "kubernetes":
             self._validate_kube()
+        elif self.engine.scope.node_selector:
+            raise ConfigError("--scope.node-selector reads Node labels: it needs --backend=kubernetes")
         pager = self.engine.pager
         if pager.kind in ("webhook", "slack") and not pager.url:
             raise ConfigError(f"--pager={pager.kind} needs --pager.url (or --pager.url-file)")
         if pager.kind == "pagerduty" and not pager.pagerduty_routing_key:
             raise ConfigError("--pager=pagerduty needs --pager.pagerduty.routing-key-file")
+        try:
+            self.engine.validate()  # the rest (budgets, selector syntax), in the engine's own words
+        except ValueError as e:
+            raise ConfigError(str(e)) from e
 
     def _validate_kube(self) -> None:
         kube = self.kube

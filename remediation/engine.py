@@ -43,6 +43,7 @@ from remediation.model import (
     ActionBackend,
     AlertEvent,
     Engine,
+    NodeLabels,
     Page,
     Pager,
     PermanentError,
@@ -122,8 +123,10 @@ class RemediationEngine:
         pager: Pager,
         tracer: IncidentTracer,
         verifier: PromQLVerifier | None,
+        node_labels: NodeLabels | None = None,
     ) -> None:
         self.settings = settings
+        self.node_labels = node_labels
         self.metrics = metrics
         self.library = library
         self.clock = clock
@@ -149,7 +152,19 @@ class RemediationEngine:
 
     async def handle(self, event: AlertEvent) -> None:
         """Process one accepted alert; idempotent on event.dedup_key."""
-        await self._decide(lambda: self._on_event(event))
+        node_labels = await self._labels_of_node(event)
+        await self._decide(lambda: self._on_event(event, node_labels))
+
+    async def _labels_of_node(self, event: AlertEvent) -> Mapping[str, str] | None:
+        """The Node labels the scope's node selector needs for this alert (read before the decision,
+        which runs on a thread and must not wait on the network); a failure fails handle(), and the
+        worker retries the alert."""
+        if not self.settings.scope.node_selector or event.status != "firing" or self.node_labels is None:
+            return None
+        target, _ = target_from_labels(event.labels)
+        if target.kind not in ("gpu", "node") or not target.node:
+            return None
+        return await self.node_labels.labels(target.node)
 
     async def tick(self) -> None:
         """Advance timers: verification windows, cooldowns, retries, pending and grouped pages."""
@@ -448,7 +463,7 @@ class RemediationEngine:
                 fields["next_at"] = now  # the step that came due while held runs at the next tick
         self._set(int(inc["id"]), **fields)
 
-    def _on_event(self, event: AlertEvent) -> list[_Effect]:
+    def _on_event(self, event: AlertEvent, node_labels: Mapping[str, str] | None = None) -> list[_Effect]:
         db = self._db
         now = self.clock.now()
         fresh = now - event.received_at.timestamp() <= self.settings.max_event_age_seconds
@@ -480,7 +495,7 @@ class RemediationEngine:
         incident_id: int | None = None
         if event.status == "firing":
             if inc is None:
-                incident_id, effects = self._open(event, sig, target, kind_known, key, now)
+                incident_id, effects = self._open(event, sig, target, kind_known, key, now, node_labels)
             else:
                 incident_id = int(inc["id"])
                 effects = self._firing_again(inc, event, now)
@@ -491,7 +506,14 @@ class RemediationEngine:
         return effects
 
     def _open(
-        self, event: AlertEvent, sig: Signature, target: Target, kind_known: bool, key: str, now: float
+        self,
+        event: AlertEvent,
+        sig: Signature,
+        target: Target,
+        kind_known: bool,
+        key: str,
+        now: float,
+        node_labels: Mapping[str, str] | None = None,
     ) -> tuple[int, list[_Effect]]:
         labels = dict(event.labels)
         alertname = labels.get("alertname", "")
@@ -534,7 +556,10 @@ class RemediationEngine:
             f"ladder {' -> '.join(sig.ladder.rungs)}",
             details={"signature": sig.name, "restart_fixes": sig.restart_fixes, "reason": sig.reason},
         )
-        out_of_scope = in_scope(self.settings.scope, target, labels, event.annotations)
+        out_of_scope = in_scope(self.settings.scope, target, labels, event.annotations, node_labels)
+        if out_of_scope and self.settings.scope.off_scope == "page":
+            self._entry(inc, "event", "out_of_scope", f"paged, not acted on: {out_of_scope}")
+            return incident_id, self._page(incident_id, now, f"out of scope, not acted on: {out_of_scope}")
         if out_of_scope:
             self._entry(inc, "event", "out_of_scope", f"recorded, not acted on: {out_of_scope}")
             self._set(incident_id, reason=out_of_scope)
@@ -1260,12 +1285,17 @@ def build_engine(
     *,
     tracer_provider: TracerProvider | None = None,
     library: SignatureLibrary | None = None,
+    node_labels: NodeLabels | None = None,
 ) -> Engine:
     """Load and validate the signatures, open the ledger tables and resume where the last run stopped.
 
     Raises ValueError (SignatureError is one) for invalid settings or signature files.
     """
     settings.validate()
+    if settings.scope.node_selector and node_labels is None:
+        raise ValueError(
+            "scope.node_selector needs the labels of nodes, which only the Kubernetes backend reads"
+        )
     lib = (
         library
         if library is not None
@@ -1285,6 +1315,7 @@ def build_engine(
         verifier=PromQLVerifier(settings.prometheus_url, settings.prometheus_timeout_seconds)
         if settings.prometheus_url
         else None,
+        node_labels=node_labels,
     )
 
 

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from remediation.selector import parse_selector
+
 EngineBackendKind = Literal["local", "kubernetes", "none"]
 EnginePagerKind = Literal["webhook", "pagerduty", "slack", "none"]
 
@@ -50,8 +52,15 @@ class LoopSettings:
 class ScopeSettings:
     """Which targets the engine may act on; others are recorded and never acted on."""
 
-    # empty = every namespace; targets without a namespace (gpu, node) are not limited by it
+    # empty = every namespace; any alert naming a namespace outside it is out of scope, whatever its
+    # target (a pod target must name one)
     namespaces: tuple[str, ...] = ()
+    # Kubernetes label selector on the Node of gpu and node targets (e.g. "nodepool=inference,
+    # !gpupulse.io/no-remediation"); "" = every node. Needs a node-label source (the Kubernetes backend)
+    node_selector: str = ""
+    # what an out-of-scope alert becomes: "ignore" (recorded, never acted on or paged) or "page"
+    # (a human is told, nothing is acted on)
+    off_scope: Literal["ignore", "page"] = "ignore"
     # when set, an alert must carry this label (or annotation) with value "true";
     # Prometheus label names cannot hold "." or "/", so `gpupulse.io/remediate` arrives as e.g.
     # `label_gpupulse_io_remediate` (kube-state-metrics) or `gpupulse_io_remediate`
@@ -158,5 +167,8 @@ class EngineSettings:
             )
         if self.pager.kind in ("webhook", "slack") and not self.pager.url:
             raise ValueError(f"pager {self.pager.kind} needs a URL")
+        if self.scope.off_scope not in ("ignore", "page"):
+            raise ValueError("engine setting scope.off_scope must be ignore or page")
+        parse_selector(self.scope.node_selector)  # SelectorError is a ValueError naming the term
         if self.pager.kind == "pagerduty" and not self.pager.pagerduty_routing_key:
             raise ValueError("pager pagerduty needs a routing key")

@@ -99,6 +99,14 @@ class Page:
     resolved: bool = False
 
 
+class NodeLabels(Protocol):
+    """Where the engine reads a Node's labels (for the node selector of its scope)."""
+
+    async def labels(self, node: str) -> Mapping[str, str] | None:
+        """The node's labels; None when no such node exists. Raises when they cannot be read now."""
+        ...
+
+
 class Pager(Protocol):
     name: str
 

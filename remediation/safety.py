@@ -14,19 +14,36 @@ from dataclasses import dataclass
 from remediation.engine_config import BudgetSettings, ScopeSettings
 from remediation.ledger import ACTION_RUNGS, Ledger
 from remediation.model import Target
+from remediation.selector import parse_selector
 
 BREAKER = "breaker"
 PAUSE = "paused"
 
 
 def in_scope(
-    settings: ScopeSettings, target: Target, labels: Mapping[str, str], annotations: Mapping[str, str]
+    settings: ScopeSettings,
+    target: Target,
+    labels: Mapping[str, str],
+    annotations: Mapping[str, str],
+    node_labels: Mapping[str, str] | None = None,
 ) -> str:
-    """Empty string when the target may be acted on, else why not."""
-    if settings.namespaces and target.namespace and target.namespace not in settings.namespaces:
-        return f"namespace {target.namespace!r} is not in the allowlist {list(settings.namespaces)}"
+    """Empty string when the target may be acted on, else why not.
+
+    node_labels are the labels of the target's Node (None when unknown); they are consulted only when
+    a node selector is set and the target is a GPU or a node.
+    """
+    namespace = target.namespace or labels.get("namespace", "")
+    if settings.namespaces and namespace and namespace not in settings.namespaces:
+        return f"namespace {namespace!r} is not in the allowlist {list(settings.namespaces)}"
     if settings.namespaces and target.kind == "pod" and not target.namespace:
         return "pod target without a namespace while a namespace allowlist is configured"
+    if settings.node_selector and target.kind in ("gpu", "node"):
+        if not target.node:
+            return f"{target.kind} target without a node while a node selector is configured"
+        if node_labels is None:
+            return f"node {target.node!r} is unknown: node selector {settings.node_selector!r} cannot hold"
+        if not parse_selector(settings.node_selector).matches(node_labels):
+            return f"node {target.node!r} does not match the node selector {settings.node_selector!r}"
     if settings.opt_in_label:
         value = labels.get(settings.opt_in_label, annotations.get(settings.opt_in_label, ""))
         if value.lower() != "true":

@@ -199,13 +199,22 @@ class FakeKubeAPI:
         meta.update({k: v for k, v in extra.items() if v is not None})
         return meta
 
-    def add_node(self, name: str, unschedulable: bool = False, taints: list[JSON] | None = None) -> JSON:
+    def add_node(
+        self,
+        name: str,
+        unschedulable: bool = False,
+        taints: list[JSON] | None = None,
+        labels: dict[str, str] | None = None,
+    ) -> JSON:
         spec: JSON = {}
         if unschedulable:
             spec["unschedulable"] = True
         if taints:
             spec["taints"] = taints
-        node = {"apiVersion": "v1", "kind": "Node", "metadata": self._meta(name, None), "spec": spec}
+        meta = self._meta(name, None)
+        if labels:
+            meta["labels"] = dict(labels)
+        node = {"apiVersion": "v1", "kind": "Node", "metadata": meta, "spec": spec}
         self.nodes[name] = node
         return node
 
