@@ -81,15 +81,6 @@ class Cost:
 
 
 @dataclass(frozen=True)
-class Xids:
-    """XID codes by NVIDIA's resolution bucket."""
-
-    restart_app: tuple[int, ...]
-    reset_gpu: tuple[int, ...]
-    fell_off_bus: tuple[int, ...]
-
-
-@dataclass(frozen=True)
 class RulesConfig:
     """Everything the rule generator reads; no rule hard-codes a number or selector."""
 
@@ -98,7 +89,6 @@ class RulesConfig:
     thresholds: Thresholds
     cost: Cost
     latency_histogram: str
-    xids: Xids
     for_durations: Mapping[str, str]
     runbook_url_base: str
 
@@ -153,7 +143,11 @@ def parse_config(raw: Mapping[str, Any]) -> RulesConfig:
         if not isinstance(value, int | float) or isinstance(value, bool):
             raise ConfigError(f"alerts/config.yaml thresholds.{key} must be a number")
     cost = _exact(_section(raw, "cost"), Cost, "cost")
-    xids = _exact(_section(raw, "xids"), Xids, "xids")
+    if "xids" in raw:
+        raise ConfigError(
+            "alerts/config.yaml: `xids` moved to remediation/contract.py (XID_CLASSES), the one home "
+            "the rules, the fault signatures and the docs read"
+        )
     for_durations = {str(k): str(v) for k, v in _section(raw, "for").items()}
     for value in for_durations.values():
         duration_seconds(value)
@@ -163,7 +157,6 @@ def parse_config(raw: Mapping[str, Any]) -> RulesConfig:
         thresholds=Thresholds(**thresholds),
         cost=Cost(price_per_gpu_hour=float(cost["price_per_gpu_hour"]), currency=str(cost["currency"])),
         latency_histogram=str(raw["latency_histogram"]),
-        xids=Xids(**{k: tuple(int(x) for x in v) for k, v in xids.items()}),
         for_durations=for_durations,
         runbook_url_base=str(raw["runbook_url_base"]),
     )

@@ -146,6 +146,7 @@ class RemediationEngine:
         # one lock per page dedup key: a resolve never overtakes the trigger it resolves
         self._page_locks: dict[str, asyncio.Lock] = {}
         self._closed = False
+        self._deferred: list[_Effect] = []
         self._recover()
 
     # ------------------------------------------------------------------ Engine protocol: async
@@ -369,13 +370,10 @@ class RemediationEngine:
                 )
                 if inc["state"] != "acting":
                     continue
-                sig = self._sig(inc)
                 self._entry(inc, "event", "recovered", f"resuming: verifying the interrupted {e['rung']}")
-                self._set(int(inc["id"]), state="verifying", next_at=now + sig.ladder.verify_window_seconds)
-                if not json.loads(inc["firing_fps"]):
-                    self._set(int(inc["id"]), resolved_at=now)
-                    if not (sig.verify_promql and self.verifier):
-                        self._enter_cooldown(int(inc["id"]), now)
+                # as if it succeeded: verified (or a human paged) like any action, never repeated;
+                # effects go out with the first tick, when there is an event loop
+                self._deferred += self._after_success(int(inc["id"]), str(e["rung"]), now)
             self._hold_after_gap(now)
             self._post = []
         self.metrics.incidents_open.set(self._db.count_open())
@@ -731,6 +729,31 @@ class RemediationEngine:
         self._set(incident_id, reason=why)
         return self._start(incident_id, rung, attempt, now, blocked)
 
+    def _after_success(self, incident_id: int, rung: str, now: float) -> list[_Effect]:
+        """What a rung's success leads to, per the signature's verification semantics: a page when a
+        human must finish after a migrate; else a wait for the alert's resolution where that proves
+        the rung worked, or straight to the cooldown (recurrence is the only evidence) where not."""
+        inc = self._row(incident_id)
+        sig = self._sig(inc)
+        ladder = sig.ladder
+        if rung == "migrate" and ladder.human_after_migrate:
+            self._conclude_rung(inc, "success", "work moved away; a human must finish")
+            why = (
+                f"the work was moved off {incident_identity(self._target(inc))}, which still needs a "
+                f"human: {ladder.human_after_migrate}"
+            )
+            self._set(incident_id, rung="page", attempt=1, rung_started_at=now, page_sticky=1)
+            return self._page(incident_id, now, why)
+        self._set(incident_id, state="verifying", next_at=now + ladder.verify_window_seconds)
+        if not ladder.resolution_verifies_rung(rung):
+            if sig.verify_promql and self.verifier is not None:
+                return self._verified_or_check(incident_id, now)
+            self._enter_cooldown(incident_id, now, by_resolution=False)
+            return []
+        if not json.loads(inc["firing_fps"]):
+            return self._verified_or_check(incident_id, now)
+        return []
+
     def _verified_or_check(self, incident_id: int, now: float) -> list[_Effect]:
         inc = self._row(incident_id)
         sig = self._sig(inc)
@@ -741,16 +764,18 @@ class RemediationEngine:
         self._enter_cooldown(incident_id, now)
         return []
 
-    def _enter_cooldown(self, incident_id: int, now: float) -> None:
+    def _enter_cooldown(self, incident_id: int, now: float, by_resolution: bool = True) -> None:
         inc = self._row(incident_id)
         sig = self._sig(inc)
         cooldown = sig.ladder.cooldown_seconds
-        self._entry(
-            inc,
-            "event",
-            "verified",
-            f"resolved after {inc['rung']}; watching {cooldown:.0f} s for recurrence",
-        )
+        if by_resolution:
+            text = f"resolved after {inc['rung']}; watching {cooldown:.0f} s for recurrence"
+        else:
+            text = (
+                f"{inc['rung']} done; this alert resolving would prove nothing, so it holds only if the "
+                f"alert neither recurs nor still fires within {cooldown:.0f} s"
+            )
+        self._entry(inc, "event", "verified" if by_resolution else "watching", text)
         self._set(incident_id, state="cooldown", next_at=now + cooldown)
 
     def _page_budget_spent(self, now: float) -> str:
@@ -982,6 +1007,11 @@ class RemediationEngine:
         attrs: dict[str, AttrValue] = {"gpupulse.resolution": resolution}
         self._later(lambda: self.tracer.close_incident(incident_id, now, attrs))
         self._promql_last.pop(incident_id, None)
+        if inc["page_sticky"]:
+            # the page says a human must still reset, reboot or replace: the alert resolving does not
+            # mean that happened, so the page stays open until a human closes it in the pager
+            self._entry(inc, "event", "page_left_open", "the page stays open: a human must finish the repair")
+            return []
         if inc["paged"] and not inc["page_group"] and not self.settings.dry_run:
             return [self._page_effect(incident_id, resolved=True)]
         return []
@@ -1004,7 +1034,7 @@ class RemediationEngine:
 
     def _on_tick(self) -> list[_Effect]:
         now = self.clock.now()
-        effects: list[_Effect] = []
+        effects, self._deferred = self._deferred, []
         for inc in self._db.due_incidents(now):
             incident_id = int(inc["id"])
             state = inc["state"]
@@ -1024,7 +1054,10 @@ class RemediationEngine:
                 why = f"{inc['rung']} not verified within {window:.0f} s"
                 effects += self._escalate(incident_id, now, why)
             elif state == "cooldown":
-                effects += self._close(incident_id, "automated", now)
+                if json.loads(inc["firing_fps"]):  # only where a resolution could not verify the rung
+                    effects += self._still_firing(inc, now)
+                else:
+                    effects += self._close(incident_id, "automated", now)
             elif state == "retry_wait":
                 self._entry(inc, "event", "retry", f"retrying {inc['rung']} after a temporary failure")
                 effects += self._start(incident_id, inc["rung"], int(inc["attempt"]), now, retry=True)
@@ -1039,6 +1072,14 @@ class RemediationEngine:
         horizon = max(self.settings.loops.flap_window_seconds, 3600.0)
         self._db.prune(now - horizon, now - self.settings.handled_keys_retention_seconds)
         return effects
+
+    def _still_firing(self, inc: sqlite3.Row, now: float) -> list[_Effect]:
+        """The cooldown of an unverifiable rung ended with the alert still firing: it did not hold."""
+        cooldown = self._sig(inc).ladder.cooldown_seconds
+        why = f"{inc['rung']} did not hold: the alert still fires after the {cooldown:.0f} s cooldown"
+        # as with a recurrence: after a migrate, only a human is left
+        blocked: frozenset[Rung] = frozenset({"migrate"}) if inc["rung"] == "migrate" else frozenset()
+        return self._escalate(int(inc["id"]), now, why, blocked)
 
     def _held_due(self, inc: sqlite3.Row, now: float) -> list[_Effect]:
         """A held incident's next step came due: it waits for a fresh notification, then gives up."""
@@ -1164,12 +1205,8 @@ class RemediationEngine:
         inc = self._row(eff.incident_id)
         if inc["state"] != "acting":
             return []
-        sig = self._sig(inc)
         if outcome == "success":
-            self._set(eff.incident_id, state="verifying", next_at=now + sig.ladder.verify_window_seconds)
-            if not json.loads(inc["firing_fps"]):
-                return self._verified_or_check(eff.incident_id, now)
-            return []
+            return self._after_success(eff.incident_id, eff.rung, now)
         if outcome == "temporary" and int(inc["temp_retries"]) < self.settings.max_temporary_retries:
             self._set(
                 eff.incident_id,

@@ -6,10 +6,9 @@ import re
 from collections.abc import Mapping
 from typing import cast
 
+from remediation.contract import TARGET_KINDS
 from remediation.model import Rung, Target, TargetKind
 from remediation.signatures import LadderSpec
-
-TARGET_KINDS: tuple[TargetKind, ...] = ("pod", "gpu", "node", "exporter")
 
 # Kubernetes random suffixes use this alphabet (no vowels), so "my-redis" is never mistaken for one.
 _SUFFIX = "[bcdfghjklmnpqrstvwxz2456789]"

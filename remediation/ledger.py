@@ -52,7 +52,8 @@ CREATE TABLE IF NOT EXISTS rem_incidents (
     trace_id TEXT NOT NULL DEFAULT '',
     span_id TEXT NOT NULL DEFAULT '',
     evidence_at REAL,
-    held INTEGER NOT NULL DEFAULT 0
+    held INTEGER NOT NULL DEFAULT 0,
+    page_sticky INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS rem_incidents_key ON rem_incidents (key, state);
 CREATE INDEX IF NOT EXISTS rem_incidents_timer ON rem_incidents (state, next_at);
@@ -128,6 +129,7 @@ ADDED_COLUMNS = (
     ("rem_incidents", "evidence_at", "REAL"),
     ("rem_incidents", "held", "INTEGER NOT NULL DEFAULT 0"),
     ("rem_handled", "stale", "INTEGER NOT NULL DEFAULT 0"),
+    ("rem_incidents", "page_sticky", "INTEGER NOT NULL DEFAULT 0"),
 )
 OPEN_STATES = ("open", "acting", "verifying", "cooldown", "retry_wait", "paged")
 ACTION_RUNGS = ("restart", "migrate")

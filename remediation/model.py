@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, Protocol
 
+from remediation.contract import TargetKind as TargetKind
+
 AlertStatus = Literal["firing", "resolved"]
-TargetKind = Literal["pod", "gpu", "node", "exporter"]
 Rung = Literal["restart", "migrate", "page"]
 
 

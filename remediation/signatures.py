@@ -22,30 +22,13 @@ from typing import Any, cast
 
 import yaml
 
+from remediation.contract import FAULT_CLASSES, XID_CLASSES, XidClass, xid_class
 from remediation.model import Rung
 
 RUNG_ORDER: tuple[Rung, ...] = ("restart", "migrate", "page")
 
-# The fault_class table of docs/alerts.md (a test keeps the two in step).
-KNOWN_FAULT_CLASSES: frozenset[str] = frozenset(
-    {
-        "xid_app",
-        "xid_reset",
-        "gpu_lost",
-        "gpu_hardware",
-        "thermal",
-        "memory_leak",
-        "memory_pressure",
-        "idle_allocated",
-        "serving_latency",
-        "kv_cache",
-        "host_starvation",
-        "page_cache_eviction",
-        "model_artifact",
-        "crash_loop",
-        "observability",
-    }
-)
+# The fault_class table of docs/alerts.md, from the one contract module (a test keeps the two in step).
+KNOWN_FAULT_CLASSES: frozenset[str] = frozenset(FAULT_CLASSES)
 
 UNKNOWN_SIGNATURE_NAME = "unknown-fault"
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
@@ -64,7 +47,7 @@ _SIG_FIELDS = {
     "page_severity",
     "source",
 }
-_MATCH_FIELDS = {"alertname", "labels", "label_regex", "annotation_regex"}
+_MATCH_FIELDS = {"alertname", "labels", "label_regex", "annotation_regex", "xid_class"}
 _LADDER_FIELDS = {
     "rungs",
     "attempts",
@@ -72,6 +55,8 @@ _LADDER_FIELDS = {
     "cooldown_seconds",
     "act_after_seconds",
     "page_on_open",
+    "resolution_verifies",
+    "human_after_migrate",
 }
 
 
@@ -87,10 +72,15 @@ class Matcher:
     labels: Mapping[str, str] = field(default_factory=dict)
     label_regex: Mapping[str, re.Pattern[str]] = field(default_factory=dict)
     annotation_regex: Mapping[str, re.Pattern[str]] = field(default_factory=dict)
+    # an XID class of remediation/contract.py: the alert's xid is one of its codes, or it is the
+    # gpupulse alert for the class (which may aggregate xid away, as GPUFellOffBus does)
+    xid_class: XidClass | None = None
 
     def matches(self, labels: Mapping[str, str], annotations: Mapping[str, str]) -> bool:
         """True when every condition holds (label regexes must match the whole value)."""
         if self.alertnames and labels.get("alertname", "") not in self.alertnames:
+            return False
+        if self.xid_class is not None and not self.xid_class.holds(labels):
             return False
         for name, value in self.labels.items():
             if labels.get(name) != value:
@@ -109,7 +99,7 @@ class Matcher:
 
     @property
     def pattern_count(self) -> int:
-        return len(self.label_regex) + len(self.annotation_regex)
+        return len(self.label_regex) + len(self.annotation_regex) + (1 if self.xid_class else 0)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -121,6 +111,8 @@ class Matcher:
             out["label_regex"] = {k: p.pattern for k, p in self.label_regex.items()}
         if self.annotation_regex:
             out["annotation_regex"] = {k: p.pattern for k, p in self.annotation_regex.items()}
+        if self.xid_class is not None:
+            out["xid_class"] = self.xid_class.name
         return out
 
 
@@ -136,18 +128,34 @@ class LadderSpec:
     act_after_seconds: float = 0.0
     # send an informational page as soon as the incident opens; the ladder still runs
     page_on_open: bool = False
+    # the rungs whose success the alert's resolution proves. An alert over an event window (XIDs,
+    # ECC) resolves by itself whatever was done; after the other rungs only the cooldown without
+    # recurrence (or the signature's verify_promql) counts. None = every acting rung of the ladder.
+    resolution_verifies: tuple[Rung, ...] | None = None
+    # what a human must still do once migrate moved the work away (GPU reset, reboot, RMA); when set,
+    # a successful migrate pages at once, and that page stays open when the alert resolves
+    human_after_migrate: str = ""
 
     def attempts_for(self, rung: Rung) -> int:
         return self.attempts.get(rung, 1)
 
+    def resolution_verifies_rung(self, rung: str) -> bool:
+        """True when the alert resolving shows this rung's action worked."""
+        if self.resolution_verifies is None:
+            return rung in self.rungs
+        return rung in self.resolution_verifies
+
     def to_dict(self) -> dict[str, Any]:
+        acting = [r for r in self.rungs if r != "page"]
         return {
             "rungs": list(self.rungs),
-            "attempts": {r: self.attempts_for(r) for r in self.rungs if r != "page"},
+            "attempts": {r: self.attempts_for(r) for r in acting},
             "verify_window_seconds": self.verify_window_seconds,
             "cooldown_seconds": self.cooldown_seconds,
             "act_after_seconds": self.act_after_seconds,
             "page_on_open": self.page_on_open,
+            "resolution_verifies": [r for r in acting if self.resolution_verifies_rung(r)],
+            **({"human_after_migrate": self.human_after_migrate} if self.human_after_migrate else {}),
         }
 
 
@@ -322,11 +330,21 @@ def _parse_matcher(ctx: _Ctx, raw: Any) -> Matcher:
     labels = _str_map(ctx, raw, "labels")
     if "fault_class" in labels and labels["fault_class"] not in KNOWN_FAULT_CLASSES:
         raise ctx.fail("match.labels.fault_class", f"unknown fault_class {labels['fault_class']!r}")
+    xid: XidClass | None = None
+    if "xid_class" in raw:
+        try:
+            xid = xid_class(raw["xid_class"]) if isinstance(raw["xid_class"], str) else None
+        except KeyError:
+            xid = None
+        if xid is None:
+            known = ", ".join(c.name for c in XID_CLASSES)
+            raise ctx.fail("match.xid_class", f"must be one of the XID classes {known}")
     matcher = Matcher(
         alertnames=tuple(names_raw),
         labels=labels,
         label_regex=_regex_map(ctx, raw, "label_regex"),
         annotation_regex=_regex_map(ctx, raw, "annotation_regex"),
+        xid_class=xid,
     )
     if matcher.exact_count + matcher.pattern_count == 0:
         raise ctx.fail("match", "needs at least one condition (a signature must not match everything)")
@@ -370,6 +388,19 @@ def _parse_ladder(ctx: _Ctx, raw: Any) -> LadderSpec:
     verify = _number(ctx, raw, "verify_window_seconds", 300.0)
     if acting and verify <= 0:
         raise ctx.fail("ladder.verify_window_seconds", "must be positive when restart or migrate is used")
+    verifies: tuple[Rung, ...] | None = None
+    if "resolution_verifies" in raw:
+        listed = raw["resolution_verifies"]
+        if not isinstance(listed, list) or any(r not in acting for r in listed):
+            raise ctx.fail(
+                "ladder.resolution_verifies", f"must list rungs of this ladder that act (of {acting})"
+            )
+        verifies = tuple(cast(list[Rung], listed))
+    human = raw.get("human_after_migrate", "")
+    if not isinstance(human, str):
+        raise ctx.fail("ladder.human_after_migrate", "must be a string: what a human must still do")
+    if human and "migrate" not in rungs_raw:
+        raise ctx.fail("ladder.human_after_migrate", "needs migrate in ladder.rungs")
     return LadderSpec(
         rungs=tuple(cast(list[Rung], rungs_raw)),
         attempts=attempts,
@@ -377,6 +408,8 @@ def _parse_ladder(ctx: _Ctx, raw: Any) -> LadderSpec:
         cooldown_seconds=_number(ctx, raw, "cooldown_seconds", 900.0),
         act_after_seconds=_number(ctx, raw, "act_after_seconds", 0.0),
         page_on_open=page_on_open,
+        resolution_verifies=verifies,
+        human_after_migrate=human.strip(),
     )
 
 

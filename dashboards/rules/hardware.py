@@ -7,6 +7,7 @@ from dashboards.rules.common import alert
 from dashboards.rules.model import Group, RuleFile
 from dashboards.rules.promql import num
 from dashboards.rules.recording import ALLOCATION_SOLE
+from remediation.contract import XidClass, xid_class
 
 GPU_BY = "node, uuid, gpu"
 _GPU_TEXT = "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) on node {{ $labels.node }}"
@@ -30,16 +31,18 @@ def events(metric: str, matchers: str, window: str, by: str) -> str:
     )
 
 
-def _xid_matcher(codes: tuple[int, ...]) -> str:
-    return 'xid=~"' + "|".join(str(code) for code in codes) + '"'
+def _xid_matcher(cls: XidClass) -> str:
+    # the XID classes live in remediation/contract.py, which the fault signatures read too
+    return f'xid=~"{cls.regex}"'
 
 
 def hardware_file(c: RulesConfig) -> RuleFile:
     """alerts/hardware.rules.yaml."""
     t, w = c.thresholds, c.windows
-    app_events = events("gpu_xid_errors_total", _xid_matcher(c.xids.restart_app), w.event, f"{GPU_BY}, xid")
-    reset_events = events("gpu_xid_errors_total", _xid_matcher(c.xids.reset_gpu), w.event, f"{GPU_BY}, xid")
-    bus_events = events("gpu_xid_errors_total", _xid_matcher(c.xids.fell_off_bus), w.event, f"{GPU_BY}, xid")
+    app, reset, bus = xid_class("restart_app"), xid_class("reset_gpu"), xid_class("fell_off_bus")
+    app_events = events("gpu_xid_errors_total", _xid_matcher(app), w.event, f"{GPU_BY}, xid")
+    reset_events = events("gpu_xid_errors_total", _xid_matcher(reset), w.event, f"{GPU_BY}, xid")
+    bus_events = events("gpu_xid_errors_total", _xid_matcher(bus), w.event, f"{GPU_BY}, xid")
     ecc_events = events("gpu_ecc_errors_total", 'type="uncorrected"', w.event, GPU_BY)
     rules = (
         alert(
@@ -75,7 +78,7 @@ def hardware_file(c: RulesConfig) -> RuleFile:
         ),
         alert(
             c,
-            "GPUXidAppError",
+            app.alertname,
             # The pod is named only when exactly one container holds the GPU: an XID does not say
             # which process faulted, and restarting every tenant of a shared GPU is not ours to do.
             expr=(
@@ -84,7 +87,7 @@ def hardware_file(c: RulesConfig) -> RuleFile:
             ),
             severity="warning",
             layer="hardware",
-            fault_class="xid_app",
+            fault_class=app.fault_class,
             target_kind="pod",
             summary="An application on a GPU hit an XID that needs an application restart.",
             description=(
@@ -96,11 +99,11 @@ def hardware_file(c: RulesConfig) -> RuleFile:
         ),
         alert(
             c,
-            "GPUXidResetRequired",
+            reset.alertname,
             expr=reset_events,
             severity="critical",
             layer="hardware",
-            fault_class="xid_reset",
+            fault_class=reset.fault_class,
             target_kind="gpu",
             summary="A GPU hit an XID that needs a GPU reset.",
             description=(
@@ -110,7 +113,7 @@ def hardware_file(c: RulesConfig) -> RuleFile:
         ),
         alert(
             c,
-            "GPUFellOffBus",
+            bus.alertname,
             # A GPU whose NVML calls hang is stale, not lost (gpu_up is 0 for both): GPUExporterStale.
             expr=(
                 f"max by ({GPU_BY}) (\n{bus_events}\n)\nor on(uuid)\n(max by ({GPU_BY}) (gpu_up) == 0)\n"
@@ -118,7 +121,7 @@ def hardware_file(c: RulesConfig) -> RuleFile:
             ),
             severity="critical",
             layer="hardware",
-            fault_class="gpu_lost",
+            fault_class=bus.fault_class,
             target_kind="gpu",
             summary="A GPU fell off the bus or stopped answering.",
             description=(

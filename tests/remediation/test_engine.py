@@ -104,26 +104,32 @@ async def test_crash_loop_with_corrupt_model_message_skips_restart_and_migrate(r
     assert len(rig.pager.firing) == 1
 
 
-async def test_reset_class_xid_migrates_then_pages_when_it_recurs(rig: Rig) -> None:
+async def test_reset_class_xid_migrates_then_pages_for_the_gpu_reset(rig: Rig) -> None:
     ev = await rig.fire(XID_RESET)
     assert rig.backend.rungs == ["migrate"]  # restart never helps a GPU that needs a reset
     assert rig.backend.calls[0][1].kind == "gpu"
-    await rig.resolve(ev)
-    assert rig.only_incident()["state"] == "cooldown"
-    rig.clock.advance(600)
-    await rig.fire(XID_RESET, fingerprint=ev.fingerprint)
-    assert rig.backend.rungs == ["migrate"]
+    # the drain worked, but the GPU still needs a reset: a human is paged at once
     inc = rig.only_incident()
     assert inc["state"] == "paged"
-    assert rig.pager.firing[0].fault_class == "xid_reset"
+    (page,) = rig.pager.firing
+    assert page.fault_class == "xid_reset" and "reset the GPU" in page.summary
+    # the XID's event window ends and the alert resolves: that is no GPU reset, so the page stays open
+    await rig.resolve(ev)
+    inc = rig.only_incident()
+    assert (inc["state"], inc["resolution"]) == ("closed", "human")
+    assert [p for p in rig.pager.pages if p.resolved] == []
+    assert "page_left_open" in events(inc)
+    assert rig.engine.stats()["automated_ratio"] == 0.0
 
 
 async def test_new_incident_after_recent_migration_goes_straight_to_page(rig: Rig) -> None:
-    ev = await rig.fire(XID_RESET)
+    crash = {**LEAK, "alertname": "InferenceEngineCrashLooping", "fault_class": "crash_loop"}
+    ev = await rig.fire(crash)
+    assert rig.backend.rungs == ["migrate"]
     await rig.resolve(ev)
     await rig.advance(1801)  # cooldown over: closed as automated
     assert rig.incidents()[0]["resolution"] == "automated"
-    await rig.fire(XID_RESET)  # same GPU, an hour later at most: the migration did not fix it
+    await rig.fire(crash)  # the same workload, within the hour: the migration did not fix it
     assert rig.backend.rungs == ["migrate"]
     newest = rig.incidents()[0]
     assert newest["state"] == "paged"

@@ -1,0 +1,92 @@
+"""The contract between alerts and the controller, written once: XID classes, fault classes, target kinds.
+
+The alert rules (dashboards/rules/hardware.py), the fault signatures (`match: {xid_class: ...}`), the
+docs (a test compares them) and the tests all read this module. It is data only and imports nothing of
+the controller, so the rule generator can read it without pulling the controller in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+TargetKind = Literal["pod", "gpu", "node", "exporter"]
+TARGET_KINDS: tuple[TargetKind, ...] = ("pod", "gpu", "node", "exporter")
+
+# The fault_class values an alert may carry (the table of docs/alerts.md; a test keeps them in step).
+FAULT_CLASSES: tuple[str, ...] = (
+    "xid_app",
+    "xid_reset",
+    "gpu_lost",
+    "gpu_hardware",
+    "thermal",
+    "memory_leak",
+    "memory_pressure",
+    "idle_allocated",
+    "serving_latency",
+    "kv_cache",
+    "host_starvation",
+    "page_cache_eviction",
+    "model_artifact",
+    "crash_loop",
+    "observability",
+)
+
+
+@dataclass(frozen=True)
+class XidClass:
+    """XID codes that NVIDIA resolves the same way ("Immediate action" of its XID catalog)."""
+
+    name: str
+    bucket: str  # NVIDIA's resolution bucket(s)
+    codes: tuple[int, ...]
+    fault_class: str
+    # the gpupulse alert that reports this class; it may aggregate the `xid` label away
+    alertname: str
+
+    @property
+    def regex(self) -> str:
+        """The codes as a PromQL/RE2 alternation, e.g. `13|31|32`."""
+        return "|".join(str(code) for code in self.codes)
+
+    def holds(self, labels: Mapping[str, str]) -> bool:
+        """True when an alert's labels report this class: its `xid` is one of the codes (whatever rule
+        sent it), or it is the gpupulse alert for the class."""
+        xid = labels.get("xid")
+        if xid is not None:
+            return xid in {str(code) for code in self.codes}
+        return labels.get("alertname") == self.alertname
+
+
+XID_CLASSES: tuple[XidClass, ...] = (
+    XidClass(
+        name="restart_app",
+        bucket="RESTART_APP / IGNORE",
+        codes=(13, 31, 32, 43, 68, 69, 94),
+        fault_class="xid_app",
+        alertname="GPUXidAppError",
+    ),
+    XidClass(
+        name="reset_gpu",
+        bucket="RESET_GPU",
+        codes=(48, 62, 64, 95, 109, 119, 120, 136, 140, 143, 155, 158),
+        fault_class="xid_reset",
+        alertname="GPUXidResetRequired",
+    ),
+    XidClass(
+        name="fell_off_bus",
+        bucket="RESTART_BM",
+        codes=(79,),
+        fault_class="gpu_lost",
+        alertname="GPUFellOffBus",
+    ),
+)
+
+
+def xid_class(name: str) -> XidClass:
+    """The XID class of this name; KeyError naming the known ones otherwise."""
+    for cls in XID_CLASSES:
+        if cls.name == name:
+            return cls
+    raise KeyError(f"unknown XID class {name!r} (known: {', '.join(c.name for c in XID_CLASSES)})")
