@@ -20,7 +20,7 @@ from .store import InboxRecord, canonical_json
 SUPPORTED_VERSION = "4"
 MAX_FINGERPRINT_CHARS = 128
 # RFC 3339 date-time: a 'T' (or space), seconds, optional fraction, and a zone (Z or ±hh:mm)
-_RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})$")
+_RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$")
 # Go's zero time.Time: Alertmanager sends it as endsAt when an alert has no end yet
 _GO_ZERO_YEAR = 1
 _GO_ZERO = datetime(1, 1, 1, tzinfo=UTC)

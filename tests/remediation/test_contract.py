@@ -39,7 +39,10 @@ def _emitted() -> Iterator[tuple[str, dict[str, str], dict[str, str]]]:
         for test in yaml.safe_load(path.read_text())["tests"]:
             for case in test.get("alert_rule_test") or []:
                 for exp in case.get("exp_alerts") or []:
-                    labels = {"alertname": case["alertname"], **{k: str(v) for k, v in exp["exp_labels"].items()}}
+                    labels = {
+                        "alertname": case["alertname"],
+                        **{k: str(v) for k, v in exp["exp_labels"].items()},
+                    }
                     yield case["alertname"], labels, dict(exp.get("exp_annotations") or {})
 
 

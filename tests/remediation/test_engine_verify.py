@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ class FakePrometheus:
         self.queries: list[str] = []
         self.value = "0"
         self.status = 200
+        self.data: Any = None  # when set, the whole `data` object of the answer
         self.port = 0
         self._runner: web.AppRunner | None = None
 
@@ -57,10 +59,8 @@ class FakePrometheus:
         self.queries.append(request.query["query"])
         if self.status != 200:
             return web.json_response({"status": "error", "error": "bad"}, status=self.status)
-        body: dict[str, Any] = {
-            "status": "success",
-            "data": {"resultType": "vector", "result": [{"metric": {}, "value": [1.0, self.value]}]},
-        }
+        data = self.data or {"resultType": "vector", "result": [{"metric": {}, "value": [1.0, self.value]}]}
+        body: dict[str, Any] = {"status": "success", "data": data}
         return web.json_response(body)
 
 
@@ -119,5 +119,60 @@ async def test_promql_never_healthy_escalates_after_window(tmp_path: Path, prom:
         await rig.resolve(ev)
         await rig.advance(301)
         assert rig.backend.rungs == ["restart", "migrate"]
+    finally:
+        await rig.engine.aclose()
+
+
+@pytest.mark.parametrize(
+    ("data", "healthy"),
+    [
+        ({"resultType": "vector", "result": []}, False),  # nothing found must never count as healthy
+        ({"resultType": "scalar", "result": [1.0, "1"]}, True),
+        ({"resultType": "scalar", "result": [1.0, "0"]}, False),
+        ({"resultType": "vector", "result": [{"metric": {}, "value": [1.0, "NaN"]}]}, False),
+        (
+            {
+                "resultType": "vector",
+                "result": [
+                    {"metric": {"a": "1"}, "value": [1, "1"]},
+                    {"metric": {"a": "2"}, "value": [1, "0"]},
+                ],
+            },
+            False,  # every series must hold
+        ),
+    ],
+    ids=["empty", "scalar-1", "scalar-0", "nan", "one-of-two"],
+)
+async def test_the_verdict_of_each_result_shape(prom: FakePrometheus, data: Any, healthy: bool) -> None:
+    prom.data = data
+    assert await PromQLVerifier(prom.url).healthy("q") is healthy
+
+
+@pytest.mark.parametrize(
+    "data",
+    [{"resultType": "matrix", "result": []}, {"resultType": "vector", "result": [{"metric": {}}]}, "x"],
+    ids=["range", "no-value", "not-an-object"],
+)
+async def test_results_that_say_nothing_are_errors_not_verdicts(prom: FakePrometheus, data: Any) -> None:
+    prom.data = data
+    with pytest.raises(VerifyError):
+        await PromQLVerifier(prom.url).healthy("q")
+
+
+async def test_an_unreachable_prometheus_is_an_error_and_the_incident_keeps_waiting(tmp_path: Path) -> None:
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    with pytest.raises(VerifyError, match="prometheus query failed"):
+        await PromQLVerifier(dead, timeout_seconds=2).healthy("q")
+    rig = Rig(tmp_path, EngineSettings(prometheus_url=dead, prometheus_timeout_seconds=2))
+    rig.library = SignatureLibrary([*load_library(), *parse_document(VERIFIED_LEAK, "t.yaml", "user")])
+    rig.build()
+    try:
+        ev = await rig.fire(LEAK)
+        await rig.resolve(ev)
+        inc = rig.only_incident()
+        assert inc["state"] == "verifying"  # not healthy while Prometheus cannot be asked
+        assert any("prometheus query failed" in h["summary"] for h in inc["history"])
     finally:
         await rig.engine.aclose()

@@ -141,3 +141,21 @@ def test_loop_settings_defaults_are_documented_values() -> None:
     s = LoopSettings()
     assert (s.max_restarts, s.restart_window_seconds) == (3, 3600.0)
     assert replace(s, max_restarts=5).max_restarts == 5
+
+
+async def test_flapping_starts_one_transition_past_the_limit(tmp_path: Path) -> None:
+    settings = EngineSettings(loops=LoopSettings(flap_max_transitions=3, flap_window_seconds=600))
+    r = Rig(tmp_path, settings)
+    r.build()
+    try:
+        thermal = {**LEAK, "alertname": "GPUTemperatureHigh", "fault_class": "thermal", "target_kind": "gpu"}
+        for i in range(3):  # three firing notifications about one target: exactly the limit
+            await r.fire(thermal, fingerprint=f"t{i}")
+            r.clock.advance(10)
+        assert r.metric("gpupulse_remediation_flapping_alerts_total") == 0
+        assert r.only_incident()["state"] == "open"
+        await r.fire(thermal, fingerprint="t3")  # the fourth is one too many
+        assert r.metric("gpupulse_remediation_flapping_alerts_total") == 1
+        assert r.only_incident()["state"] == "paged"
+    finally:
+        await r.engine.aclose()

@@ -193,3 +193,49 @@ async def test_opt_in_label_required_when_configured(tmp_path: Path) -> None:
         assert rig.backend.rungs == ["restart"]
     finally:
         await rig.engine.aclose()
+
+
+async def test_a_pod_without_a_namespace_is_out_of_scope_under_an_allowlist(tmp_path: Path) -> None:
+    rig = await _rig(tmp_path, EngineSettings(scope=ScopeSettings(namespaces=("prod",))))
+    try:
+        bare = {k: v for k, v in LEAK.items() if k != "namespace"}
+        await rig.fire(bare)
+        assert rig.backend.calls == []
+        inc = rig.only_incident()
+        assert inc["resolution"] == "out_of_scope"
+        assert "pod target without a namespace" in inc["reason"]
+    finally:
+        await rig.engine.aclose()
+
+
+async def test_node_targets_count_in_the_migrated_nodes_budget(tmp_path: Path) -> None:
+    budgets = BudgetSettings(max_nodes_migrated=1, max_nodes_migrated_fraction=0)
+    rig = await _rig(tmp_path, EngineSettings(budgets=budgets))
+    node_alert = {
+        "alertname": "NodeGpuDegraded",
+        "fault_class": "crash_loop",
+        "target_kind": "node",
+        "severity": "critical",
+    }
+    try:
+        await rig.fire({**node_alert, "node": "n1"})
+        await rig.fire({**node_alert, "node": "n2"})  # a second node within the window: over budget
+        assert [(r, t.kind, t.node) for r, t in rig.backend.calls] == [("migrate", "node", "n1")]
+        assert "nodes migrated" in rig.engine.stats()["breaker"]["reason"]
+    finally:
+        await rig.engine.aclose()
+
+
+@pytest.mark.parametrize(("gap", "blocked"), [(60.0, True), (60.001, False)])
+async def test_the_per_minute_budget_counts_an_action_exactly_a_minute_old(
+    tmp_path: Path, gap: float, blocked: bool
+) -> None:
+    rig = await _rig(tmp_path, EngineSettings(budgets=BudgetSettings(max_actions_per_minute=1)))
+    try:
+        await rig.fire({**LEAK, "pod": "first"})
+        rig.clock.advance(gap)
+        await rig.fire({**LEAK, "pod": "second"})
+        assert len(rig.backend.calls) == (1 if blocked else 2)
+        assert rig.metric("gpupulse_remediation_breaker_open") == (1 if blocked else 0)
+    finally:
+        await rig.engine.aclose()
