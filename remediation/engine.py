@@ -794,7 +794,7 @@ class RemediationEngine:
     def _page(self, incident_id: int, now: float, reason: str) -> list[_Effect]:
         inc = self._row(incident_id)
         if self._safety.breaker_open():
-            return self._join_group(incident_id, now)
+            return self._join_group(incident_id, now, reason)
         spent = self._page_budget_spent(now)
         if spent:
             return self._join_summary(incident_id, now, reason, spent)
@@ -858,10 +858,11 @@ class RemediationEngine:
             resolved=resolved,
         )
 
-    def _join_group(self, incident_id: int, now: float) -> list[_Effect]:
+    def _join_group(self, incident_id: int, now: float, why: str = "") -> list[_Effect]:
         inc = self._row(incident_id)
         breaker = self._safety.breaker()
         group = str(breaker.get("group", "breaker"))
+        reason = f"breaker open: {breaker.get('reason', '')}"
         self._entry(
             inc, "event", "grouped", f"breaker open ({breaker.get('reason', '')}): joins grouped page {group}"
         )
@@ -873,7 +874,8 @@ class RemediationEngine:
             paged=1,
             page_group=group,
             group_sent=0,
-            reason=f"breaker open: {breaker.get('reason', '')}",
+            # a page's own reason (e.g. the reboot a drained node still needs) stays in front
+            reason=f"{why}; {reason}" if why else reason,
             next_at=now + self.settings.paged_incident_max_age_seconds,
         )
         return []
@@ -1125,6 +1127,8 @@ class RemediationEngine:
                 "alertname": m["alertname"],
                 "target": incident_identity(self._target(m)),
                 "opened_at": m["opened_at"],
+                # a member drained before the breaker opened says what a human must still do
+                "reason": m["reason"],
             }
             for m in members
         ]

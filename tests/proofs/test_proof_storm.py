@@ -17,11 +17,12 @@ def test_xid79_storm_stays_within_the_node_budget_and_pages_once_as_a_group(tmp_
     assert res.acked == 60 and res.incidents == 60
     assert 0 < len(res.nodes_patched) <= 3
     assert res.migrate_actions <= 3
-    assert res.grouped == 60 - len(res.nodes_patched)
     keys = {p["dedup_key"] for p in res.pages}
     group = {k for k in keys if k.startswith("gpupulse-breaker")}
     assert len(group) == 1
-    # each node that was drained still needs its reboot: one page per node, nothing else
-    assert len(keys - group) == len(res.nodes_patched)
-    assert all(k.startswith("gpupulse-incident-") for k in keys - group)
+    # a drained node still needs its reboot: it pages alone, or in the group once the breaker opened
+    alone = keys - group
+    assert len(alone) <= len(res.nodes_patched)
+    assert all(k.startswith("gpupulse-incident-") for k in alone)
+    assert res.grouped == 60 - len(alone)
     assert res.rss_peak - res.rss_before < 200 * storm.MIB

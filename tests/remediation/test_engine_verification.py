@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from remediation.engine_config import EngineSettings
+from remediation.engine_config import BudgetSettings, EngineSettings
 from remediation.model import PermanentError
 from remediation.signatures import SignatureError, load_library, parse_document
 from tests.remediation.test_engine_support import LEAK, Rig, events
@@ -155,3 +155,27 @@ def test_verification_fields_are_validated(ladder: dict[str, object], field: str
     }
     with pytest.raises(SignatureError, match=f"field '{field}'"):
         parse_document(yaml.safe_dump({"signatures": [sig]}), "x.yaml", "user")
+
+
+async def test_a_drain_finishing_after_the_breaker_opened_keeps_its_task_in_the_group_page(
+    tmp_path: Path,
+) -> None:
+
+    rig = Rig(tmp_path, EngineSettings(budgets=BudgetSettings(max_concurrent_actions=1)))
+    rig.build()
+    try:
+        rig.backend.gate = asyncio.Event()
+        first = asyncio.ensure_future(rig.engine.handle(rig.event(FELL_OFF)))
+        await rig.backend.entered.wait()
+        await first
+        # a second drain while the first runs: over the budget, the breaker opens
+        await rig.engine.handle(rig.event({**FELL_OFF, "node": "node-c", "uuid": "GPU-cccc"}))
+        assert rig.metric("gpupulse_remediation_breaker_open") == 1
+        rig.backend.gate.set()
+        await rig.engine.wait_idle()
+        await rig.advance(1)
+        (group_page,) = [p for p in rig.pager.pages if p.dedup_key.startswith("gpupulse-breaker")]
+        drained = [h for h in group_page.history if h["target"] == "gpu:node-b/GPU-bbbb"]
+        assert "reboot the node" in drained[0]["reason"]
+    finally:
+        await rig.engine.aclose()
