@@ -88,7 +88,9 @@ def tests_for(module: str) -> list[str]:
 def checkout_files() -> list[str]:
     out = subprocess.run(
         ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-        cwd=ROOT, check=True, capture_output=True,
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
     ).stdout
     return [name for name in out.decode().split("\0") if name and os.path.lexists(ROOT / name)]
 
@@ -132,9 +134,7 @@ def run_cosmic_ray(rel: str, tests: Sequence[str], jobs: int, keep: bool) -> lis
     try:
         for copy in copies:
             copy_checkout(copy, files)
-        test_command = " ".join(
-            [PYTHON, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests]
-        )
+        test_command = " ".join([PYTHON, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests])
         started = time.monotonic()
         baseline = subprocess.run(test_command.split(), cwd=copies[0], capture_output=True, text=True)
         if baseline.returncode != 0:
@@ -143,10 +143,15 @@ def run_cosmic_ray(rel: str, tests: Sequence[str], jobs: int, keep: bool) -> lis
         ports = [free_port() for _ in copies]
         env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
         for copy, port in zip(copies, ports, strict=True):
-            workers.append(subprocess.Popen(
-                [str(Path(PYTHON).parent / "cosmic-ray"), "http-worker", "--port", str(port)],
-                cwd=copy, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            ))
+            workers.append(
+                subprocess.Popen(
+                    [str(Path(PYTHON).parent / "cosmic-ray"), "http-worker", "--port", str(port)],
+                    cwd=copy,
+                    env=env,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
         urls = ", ".join(f"'http://127.0.0.1:{port}'" for port in ports)
         config = work / "cosmic-ray.toml"
         config.write_text(
@@ -220,8 +225,10 @@ def report(rel: str, mutants: Sequence[Mutant], equivalents: dict[tuple[str, str
     behavioural = len(mutants) - other - len(judged)
     score = killed / behavioural if behavioural else 1.0
     print(f"\n== {rel}")
-    print(f"mutants {len(mutants)}  killed {killed}  survived {len(survived)} "
-          f"(equivalent {len(judged)})  timed out or incompetent {other}")
+    print(
+        f"mutants {len(mutants)}  killed {killed}  survived {len(survived)} "
+        f"(equivalent {len(judged)})  timed out or incompetent {other}"
+    )
     print(f"killed of the behaviour-changing mutants: {killed}/{behavioural} = {score:.0%}")
     for m in sorted(live, key=lambda m: m.line):
         print(f"  survived {m.path}:{m.line} {m.operator} in {m.definition or '<module>'}: {m.source_line}")
