@@ -1,0 +1,257 @@
+"""Mutation testing of chosen modules with cosmic-ray, against only the tests that import them
+(or are named after them).
+
+Usage: scripts/mutation MODULE [MODULE ...] [--jobs N] [--tests PATH ...] [--keep]
+
+MODULE is a path (remediation/loops.py) or a dotted name (remediation.loops). Each module is mutated
+in throw-away copies of the checkout (tracked files and untracked ones git does not ignore), never in
+the working tree, so an interrupted run leaves nothing mutated behind. For each module it prints the
+mutants, killed, survived and timed out, and every survivor as file:line with the operator and the
+mutated line. Survivors listed in scripts/mutation-equivalent.txt (judged not to change behaviour,
+with the reason) are counted apart, so the score is over the mutants that change behaviour.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+EQUIVALENT_FILE = ROOT / "scripts" / "mutation-equivalent.txt"
+PYTHON = sys.executable
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One mutation and what the tests made of it."""
+
+    path: str
+    line: int
+    operator: str
+    definition: str
+    source_line: str
+    outcome: str  # killed | survived | incompetent (timeout, crash) | pending
+
+    def key(self) -> tuple[str, str, str]:
+        return (self.path, self.operator, self.source_line)
+
+
+def module_path(name: str) -> str:
+    """remediation.loops or remediation/loops.py -> remediation/loops.py (checked to exist)."""
+    rel = name if name.endswith(".py") else name.replace(".", "/") + ".py"
+    if not (ROOT / rel).is_file():
+        raise SystemExit(f"mutation: no module {name!r} (looked for {rel})")
+    return rel
+
+
+def dotted(rel: str) -> str:
+    return rel.removesuffix(".py").replace("/", ".").removesuffix(".__init__")
+
+
+def _imported_names(path: Path) -> Iterator[str]:
+    try:
+        tree = ast.parse(path.read_text(), filename=str(path))
+    except SyntaxError:
+        return
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            yield node.module
+            for alias in node.names:
+                yield f"{node.module}.{alias.name}"
+
+
+def tests_for(module: str) -> list[str]:
+    """Test files that import the module itself, plus those named after it (test_<name>.py)."""
+    stem = module.rsplit(".", 1)[-1]
+    found = []
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        named = path.stem == f"test_{stem}"
+        if named or any(n == module or n.startswith(module + ".") for n in _imported_names(path)):
+            found.append(str(path.relative_to(ROOT)))
+    return found
+
+
+def checkout_files() -> list[str]:
+    out = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    ).stdout
+    return [name for name in out.decode().split("\0") if name and os.path.lexists(ROOT / name)]
+
+
+def copy_checkout(dest: Path, files: Sequence[str]) -> None:
+    for name in files:
+        src, dst = ROOT / name, dest / name
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_symlink():
+            os.symlink(os.readlink(src), dst)
+        else:
+            shutil.copy2(src, dst)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def load_equivalents() -> dict[tuple[str, str, str], str]:
+    """Lines of `path | operator | mutated source line | reason`; # starts a comment."""
+    known: dict[tuple[str, str, str], str] = {}
+    if not EQUIVALENT_FILE.exists():
+        return known
+    for raw in EQUIVALENT_FILE.read_text().splitlines():
+        if not raw.strip() or raw.lstrip().startswith("#"):
+            continue
+        parts = [p.strip() for p in raw.split(" | ")]
+        if len(parts) != 4:
+            raise SystemExit(f"mutation: bad line in {EQUIVALENT_FILE.name}: {raw!r}")
+        known[(parts[0], parts[1], parts[2])] = parts[3]
+    return known
+
+
+def run_cosmic_ray(rel: str, tests: Sequence[str], jobs: int, keep: bool) -> list[Mutant]:
+    work = Path(tempfile.mkdtemp(prefix="gpupulse-mutation-"))
+    files = checkout_files()
+    copies = [work / f"copy{i}" for i in range(jobs)]
+    workers: list[subprocess.Popen[bytes]] = []
+    try:
+        for copy in copies:
+            copy_checkout(copy, files)
+        test_command = " ".join([PYTHON, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests])
+        started = time.monotonic()
+        baseline = subprocess.run(test_command.split(), cwd=copies[0], capture_output=True, text=True)
+        if baseline.returncode != 0:
+            raise SystemExit(f"mutation: the tests fail unmutated:\n{baseline.stdout[-3000:]}")
+        timeout = max(30.0, 10 * (time.monotonic() - started))
+        ports = [free_port() for _ in copies]
+        env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+        for copy, port in zip(copies, ports, strict=True):
+            workers.append(
+                subprocess.Popen(
+                    [str(Path(PYTHON).parent / "cosmic-ray"), "http-worker", "--port", str(port)],
+                    cwd=copy,
+                    env=env,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
+        urls = ", ".join(f"'http://127.0.0.1:{port}'" for port in ports)
+        config = work / "cosmic-ray.toml"
+        config.write_text(
+            "[cosmic-ray]\n"
+            f'module-path = "{rel}"\n'
+            f"timeout = {timeout:.0f}.0\n"
+            "excluded-modules = []\n"
+            f'test-command = "{test_command}"\n\n'
+            "[cosmic-ray.distributor]\n"
+            'name = "http"\n\n'
+            "[cosmic-ray.distributor.http]\n"
+            f"worker-urls = [{urls}]\n"
+        )
+        session = work / "session.sqlite"
+        cosmic_ray = str(Path(PYTHON).parent / "cosmic-ray")
+        _wait_for_ports(ports)
+        subprocess.run([cosmic_ray, "init", str(config), str(session)], cwd=copies[0], check=True)
+        subprocess.run([cosmic_ray, "exec", str(config), str(session)], cwd=copies[0], check=True)
+        dump = subprocess.run(
+            [cosmic_ray, "dump", str(session)], cwd=copies[0], check=True, capture_output=True, text=True
+        ).stdout
+        source = (ROOT / rel).read_text().splitlines()
+        return [_mutant(json.loads(line), source) for line in dump.splitlines() if line.strip()]
+    finally:
+        for worker in workers:
+            worker.terminate()
+        for worker in workers:
+            worker.wait(timeout=10)
+        if keep:
+            print(f"mutation: kept {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _wait_for_ports(ports: Sequence[int], deadline_seconds: float = 30.0) -> None:
+    end = time.monotonic() + deadline_seconds
+    for port in ports:
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    break
+            except OSError:
+                if time.monotonic() > end:
+                    raise SystemExit(f"mutation: no cosmic-ray worker on port {port}") from None
+                time.sleep(0.1)
+
+
+def _mutant(record: list[dict[str, object]], source: Sequence[str]) -> Mutant:
+    job, result = record[0], record[1] or {}
+    mutation = job["mutations"][0]  # type: ignore[index]
+    line = int(mutation["start_pos"][0])
+    outcome = str(result.get("test_outcome") or "pending")
+    if result.get("worker_outcome") not in (None, "normal"):
+        outcome = "incompetent"
+    return Mutant(
+        path=str(mutation["module_path"]),
+        line=line,
+        operator=str(mutation["operator_name"]),
+        definition=str(mutation.get("definition_name") or ""),
+        source_line=source[line - 1].strip() if 0 < line <= len(source) else "",
+        outcome=outcome,
+    )
+
+
+def report(rel: str, mutants: Sequence[Mutant], equivalents: dict[tuple[str, str, str], str]) -> None:
+    survived = [m for m in mutants if m.outcome == "survived"]
+    judged = [m for m in survived if m.key() in equivalents]
+    live = [m for m in survived if m.key() not in equivalents]
+    killed = sum(m.outcome == "killed" for m in mutants)
+    other = len(mutants) - killed - len(survived)
+    behavioural = len(mutants) - other - len(judged)
+    score = killed / behavioural if behavioural else 1.0
+    print(f"\n== {rel}")
+    print(
+        f"mutants {len(mutants)}  killed {killed}  survived {len(survived)} "
+        f"(equivalent {len(judged)})  timed out or incompetent {other}"
+    )
+    print(f"killed of the behaviour-changing mutants: {killed}/{behavioural} = {score:.0%}")
+    for m in sorted(live, key=lambda m: m.line):
+        print(f"  survived {m.path}:{m.line} {m.operator} in {m.definition or '<module>'}: {m.source_line}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="scripts/mutation", description=__doc__.splitlines()[0])
+    parser.add_argument("modules", nargs="+", metavar="MODULE")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel workers")
+    parser.add_argument("--tests", nargs="+", help="test files to run instead of the importers")
+    parser.add_argument("--keep", action="store_true", help="keep the work folder (session, copies)")
+    args = parser.parse_args(argv)
+    equivalents = load_equivalents()
+    for name in args.modules:
+        rel = module_path(name)
+        tests = args.tests or tests_for(dotted(rel))
+        if not tests:
+            print(f"\n== {rel}\nno test imports {dotted(rel)}: nothing to measure (use --tests)")
+            continue
+        print(f"\n{rel}: running {len(tests)} test file(s): {' '.join(tests)}", flush=True)
+        report(rel, run_cosmic_ray(rel, tests, max(1, args.jobs), args.keep), equivalents)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
