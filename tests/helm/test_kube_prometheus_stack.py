@@ -435,3 +435,14 @@ def test_extra_manifests_are_rendered_with_tpl_and_installed(installs: dict[str,
     assert inst.named("RuntimeClass", "nvidia") is not None
     engines = inst.named("ConfigMap", "pulse-engines")
     assert engines is not None and engines["data"] == {"engines.yaml": "engines: []"}
+
+
+def test_exporter_may_list_and_watch_pods_and_nothing_else(inst: Installed) -> None:
+    exporter = inst.values["exporter"]
+    roles = [r for r in inst.of_kind("ClusterRole") if r["metadata"]["name"].endswith("-exporter")]
+    if not (exporter["enabled"] and exporter["engines"]["discoverPods"]):
+        assert roles == []
+        return
+    (role,) = roles
+    # exporter/engines/kube_pods.py: one LIST, then WATCHes, of its node's pods
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}]
