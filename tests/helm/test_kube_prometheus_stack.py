@@ -424,6 +424,12 @@ def test_otlp_values_become_flags_and_a_secret_header(inst: Installed) -> None:
         return
     assert f"--otlp.endpoint={otlp['endpoint']}" in args
     assert f"--otlp.interval={otlp['interval']}" in args
+    # the node from the Downward API (the flag's default), the pod for k8s.pod.name
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    if otlp["resourceAttributes"]:
+        pairs = dict(p.split("=", 1) for p in env["OTEL_RESOURCE_ATTRIBUTES"]["value"].split(","))
+        assert pairs == {k: str(v) for k, v in otlp["resourceAttributes"].items()}
     if otlp["headersSecret"]:
         ref = env["OTEL_EXPORTER_OTLP_HEADERS"]["valueFrom"]["secretKeyRef"]
         assert ref == {"name": otlp["headersSecret"]["name"], "key": otlp["headersSecret"]["key"]}

@@ -168,3 +168,10 @@ Secret), as a JSON list, from the Alertmanager's matcher strategy (docs/helm.md)
 {{- end -}}
 {{- toJson $out -}}
 {{- end }}
+
+{{/* OTEL_RESOURCE_ATTRIBUTES from a mapping: k=v pairs, comma separated, in key order. */}}
+{{- define "gpupulse.otlpResourceAttributes" -}}
+{{- $pairs := list -}}
+{{- range $k, $v := . }}{{ $pairs = append $pairs (printf "%s=%s" $k (toString $v)) }}{{ end -}}
+{{- join "," $pairs -}}
+{{- end }}
