@@ -89,7 +89,7 @@ def test_pod_annotations_to_target() -> None:
     assert target_from_pod(pod("bad", {"gpupulse.io/engine": "vllm", "gpupulse.io/port": "http"})) is None
 
 
-# --- pods of this node, from one LIST and a WATCH (tests/fakes/kube_api.py speaks the watch cache's semantics)
+# --- this node's pods, from one LIST and a WATCH (tests/fakes/kube_api.py speaks the watch cache's semantics)
 
 ENGINE = {"gpupulse.io/engine": "vllm"}
 
