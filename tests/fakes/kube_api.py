@@ -5,10 +5,11 @@ nodes get/patch (merge and strategic-merge patch, resourceVersion conflicts), Le
 ReplicaSets get, Deployments get/patch, PodDisruptionBudgets list. Errors are real `Status` bodies.
 Tests reach it through kubernetes_asyncio with a kubeconfig written by `write_kubeconfig`.
 
-Pod watches follow the API server's watch cache (k8s.io/apiserver storage/cacher): `?watch=true`
-streams newline-delimited events (ADDED, MODIFIED, DELETED, BOOKMARK with allowWatchBookmarks) of
-the pods matching the `spec.nodeName` field selector, a pod that starts or stops matching arriving as
-ADDED or DELETED; resourceVersion "" or "0" starts with a synthetic ADDED per existing pod, a
+Pods (all namespaces or one) can be listed and watched, as the exporter does. Watches follow the API
+server's watch cache (k8s.io/apiserver storage/cacher): `?watch=true` streams newline-delimited events
+(ADDED, MODIFIED, DELETED, BOOKMARK with allowWatchBookmarks) of the pods matching the namespace and
+the `spec.nodeName` field selector, a pod that starts or stops matching arriving as ADDED or
+DELETED; resourceVersion "" or "0" starts with a synthetic ADDED per existing pod, a
 number replays the events after it, and one older than the kept history (`watch_window` events, or
 everything before `compact()`) gets HTTP 200 and a single ERROR event carrying a 410 Expired Status,
 as the cacher's error watcher sends; timeoutSeconds ends the stream cleanly.
@@ -115,16 +116,20 @@ class Fault:
 
 @dataclass(frozen=True)
 class WatchEvent:
-    """One change of a pod: its resourceVersion, type, and the pod before and after it."""
+    """One change of an object: its resource (pods), resourceVersion, type, and
+    the object before and after it."""
 
     rv: int
     type: str  # ADDED | MODIFIED | DELETED
     obj: JSON
     old: JSON | None
+    resource: str = "pods"
 
 
 @dataclass
 class _Watcher:
+    resource: str
+    namespace: str | None
     node: str | None
     bookmarks: bool
     queue: asyncio.Queue[WatchEvent | str]  # events, or "BOOKMARK" / "CLOSE"
@@ -192,7 +197,7 @@ class FakeKubeAPI:
         app = web.Application(middlewares=[self._middleware])
         r = app.router
         r.add_get("/api/v1/pods", self._list_all_pods)
-        r.add_get("/api/v1/namespaces/{ns}/pods", self._list_pods)
+        r.add_get("/api/v1/namespaces/{ns}/{resource:pods}", self._list_namespaced)
         r.add_get("/api/v1/namespaces/{ns}/pods/{name}", self._get_pod)
         r.add_delete("/api/v1/namespaces/{ns}/pods/{name}", self._delete_pod)
         r.add_post("/api/v1/namespaces/{ns}/pods/{name}/eviction", self._evict)
@@ -350,8 +355,14 @@ class FakeKubeAPI:
                 await self._watchers_changed.wait()
                 self._watchers_changed.clear()
 
-    def _emit(self, kind: str, pod: JSON, old: JSON | None) -> None:
-        event = WatchEvent(int(pod["metadata"]["resourceVersion"]), kind, copy.deepcopy(pod), old)
+    def _store(self, resource: str) -> dict[Key, JSON]:
+        stores = {"pods": self.pods}
+        if resource not in stores:
+            raise ApiError(404, "NotFound", f"the server could not find the requested resource ({resource})")
+        return stores[resource]
+
+    def _emit(self, kind: str, pod: JSON, old: JSON | None, resource: str = "pods") -> None:
+        event = WatchEvent(int(pod["metadata"]["resourceVersion"]), kind, copy.deepcopy(pod), old, resource)
         self.events.append(event)
         if len(self.events) > self.watch_window:
             dropped = self.events.pop(0)
@@ -519,15 +530,33 @@ class FakeKubeAPI:
     # --- pods
 
     async def _list_all_pods(self, request: web.Request) -> web.StreamResponse:
-        node = _node_selector(request)
+        return await self._collection(request, "pods", None)
+
+    async def _list_namespaced(self, request: web.Request) -> web.StreamResponse:
+        return await self._collection(request, request.match_info["resource"], request.match_info["ns"])
+
+    async def _collection(
+        self, request: web.Request, resource: str, namespace: str | None
+    ) -> web.StreamResponse:
+        """LIST or (with watch=true) WATCH a collection, optionally in one namespace."""
+        node = _node_selector(request) if resource == "pods" else None
         if parse_bool(request.query.get("watch")):
-            return await self._watch_pods(request, node)
-        items = [p for p in self.pods.values() if node is None or _pod_node(p) == node]
+            return await self._watch(request, resource, namespace, node)
+        items = [
+            o
+            for (ns, _), o in self._store(resource).items()
+            if (namespace is None or ns == namespace) and (node is None or _pod_node(o) == node)
+        ]
         return self._list("PodList", copy.deepcopy(items), str(self._rv))
 
     @staticmethod
-    def _as_seen(event: WatchEvent, node: str | None) -> tuple[str, JSON] | None:
-        """The event as a watch with this node selector gets it, if at all."""
+    def _as_seen(event: WatchEvent, w: _Watcher) -> tuple[str, JSON] | None:
+        """The event as this watch gets it, if at all."""
+        if event.resource != w.resource:
+            return None
+        if w.namespace is not None and event.obj["metadata"].get("namespace") != w.namespace:
+            return None
+        node = w.node
         if node is None:
             return event.type, event.obj
         now, before = _pod_node(event.obj) == node, _pod_node(event.old) == node
@@ -541,12 +570,15 @@ class FakeKubeAPI:
             return "DELETED", event.obj
         return None
 
-    async def _watch_pods(self, request: web.Request, node: str | None) -> web.StreamResponse:
+    async def _watch(
+        self, request: web.Request, resource: str, namespace: str | None, node: str | None
+    ) -> web.StreamResponse:
         since = request.query.get("resourceVersion", "")
         if since not in ("", "0") and not since.isdigit():
             raise ApiError(400, "BadRequest", f"invalid resource version: {since}")
         timeout = float(request.query.get("timeoutSeconds") or 0) or None
-        watcher = _Watcher(node, parse_bool(request.query.get("allowWatchBookmarks")), asyncio.Queue())
+        bookmarks = parse_bool(request.query.get("allowWatchBookmarks"))
+        watcher = _Watcher(resource, namespace, node, bookmarks, asyncio.Queue())
         response = web.StreamResponse(headers={"Content-Type": "application/json"})
         await response.prepare(request)
 
@@ -559,9 +591,13 @@ class FakeKubeAPI:
             await response.write_eof()
             return response
         if since in ("", "0"):
-            backlog = [("ADDED", p) for p in self.pods.values() if node is None or _pod_node(p) == node]
+            backlog = [
+                ("ADDED", o)
+                for (ns, _), o in self._store(resource).items()
+                if (namespace is None or ns == namespace) and (node is None or _pod_node(o) == node)
+            ]
         else:
-            seen = (self._as_seen(e, node) for e in self.events if e.rv > int(since))
+            seen = (self._as_seen(e, watcher) for e in self.events if e.rv > int(since))
             backlog = [s for s in seen if s is not None]
         self._watchers.append(watcher)
         self._watchers_changed.set()
@@ -595,7 +631,7 @@ class FakeKubeAPI:
                     await send("BOOKMARK", bookmark)
                     continue
                 assert isinstance(item, WatchEvent)
-                seen_event = self._as_seen(item, node)
+                seen_event = self._as_seen(item, watcher)
                 if seen_event is not None:
                     await send(seen_event[0], copy.deepcopy(seen_event[1]))
             await response.write_eof()
@@ -605,11 +641,6 @@ class FakeKubeAPI:
             self._watchers.remove(watcher)
             self._watchers_changed.set()
         return response
-
-    async def _list_pods(self, request: web.Request) -> web.Response:
-        ns = request.match_info["ns"]
-        items = [p for (pns, _), p in self.pods.items() if pns == ns]
-        return self._list("PodList", copy.deepcopy(items), str(self._rv))
 
     async def _get_pod(self, request: web.Request) -> web.Response:
         return web.json_response(self._pod(request))
