@@ -14,6 +14,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG_PATH = REPO_ROOT / "alerts" / "config.yaml"
 
 _DURATION = re.compile(r"^(\d+)(ms|s|m|h|d|w)$")
+_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
@@ -91,6 +92,7 @@ class RulesConfig:
     latency_histogram: str
     for_durations: Mapping[str, str]
     runbook_url_base: str
+    cluster_label: str
 
     def for_(self, alertname: str) -> str:
         """The `for:` of one alert; a missing entry is a configuration error."""
@@ -133,6 +135,12 @@ def _merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, An
     return out
 
 
+def _label_name(value: Any, key: str) -> str:
+    if not isinstance(value, str) or not _LABEL_NAME.match(value):
+        raise ConfigError(f"alerts/config.yaml `{key}` must be a Prometheus label name, got {value!r}")
+    return value
+
+
 def parse_config(raw: Mapping[str, Any]) -> RulesConfig:
     """Validate a parsed config mapping and return the typed config."""
     windows = _exact(_section(raw, "windows"), Windows, "windows")
@@ -159,6 +167,7 @@ def parse_config(raw: Mapping[str, Any]) -> RulesConfig:
         latency_histogram=str(raw["latency_histogram"]),
         for_durations=for_durations,
         runbook_url_base=str(raw["runbook_url_base"]),
+        cluster_label=_label_name(raw.get("cluster_label"), "cluster_label"),
     )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import importlib.metadata
 import logging
 import math
 import queue
@@ -23,7 +24,15 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 Monotonic = Callable[[], float]
 
-BINDING_VERSION: Final = "13.615.71"
+def _binding_version() -> str:
+    try:
+        return importlib.metadata.version("nvidia-ml-py")
+    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - pynvml installed another way
+        return "unknown"
+
+
+# The installed nvidia-ml-py (a range in pyproject.toml, pinned by requirements.lock).
+BINDING_VERSION: Final = _binding_version()
 
 
 # --- errors -------------------------------------------------------------------------------------

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from dashboards.grafana import Variable
+import dataclasses
+import re
+
+from dashboards.grafana import Dashboard, Row, Target, Variable
+from dashboards.rules.promql import with_matcher
 
 NODE = 'node=~"$node"'
 NAMESPACE = 'namespace=~"$namespace"'
@@ -34,3 +38,39 @@ def serving_filters() -> tuple[Variable, ...]:
         Variable("pod", "Pod", 'label_values(inference_engine_up{namespace=~"$namespace"}, pod)'),
         Variable("model", "Model", 'label_values(inference_engine_up{namespace=~"$namespace"}, model)'),
     )
+
+
+_LABEL_VALUES = re.compile(r"^label_values\((?P<selector>.+),\s*(?P<label>\w+)\)$")
+
+
+def for_clusters(d: Dashboard, label: str) -> Dashboard:
+    """The dashboard with a cluster variable first and every query and filter limited to it.
+
+    Where series carry no cluster label (one cluster) the variable offers only All, which matches
+    the empty label, so queries return what they did without it.
+    """
+    matcher = f'{label}=~"$cluster"'
+
+    def query(expr: str) -> str:
+        return with_matcher(expr, matcher, label)
+
+    def variable(v: Variable) -> Variable:
+        m = _LABEL_VALUES.match(v.query)
+        if m is None:
+            raise ValueError(f"{d.uid}: variable {v.name} is not label_values(selector, label)")
+        return dataclasses.replace(v, query=f"label_values({query(m['selector'])}, {m['label']})")
+
+    rows = tuple(
+        Row(
+            r.title,
+            tuple(
+                dataclasses.replace(
+                    p, targets=tuple(Target(query(t.expr), t.legend, t.instant) for t in p.targets)
+                )
+                for p in r.panels
+            ),
+        )
+        for r in d.rows
+    )
+    cluster = Variable("cluster", "Cluster", f"label_values(up, {label})")
+    return dataclasses.replace(d, rows=rows, variables=(cluster, *(variable(v) for v in d.variables)))

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from dashboards.alertconfig import ConfigError, RulesConfig
 from dashboards.rules.hardware import hardware_file
 from dashboards.rules.model import Alert, Group, Record, RuleFile
 from dashboards.rules.observability import observability_file
+from dashboards.rules.promql import with_cluster_label
 from dashboards.rules.recording import recording_file
 from dashboards.rules.serving import serving_file
 from dashboards.rules.usage import usage_file
@@ -20,4 +23,15 @@ def rule_files(c: RulesConfig) -> tuple[RuleFile, ...]:
     unknown = set(c.for_durations) - set(names)
     if unknown:
         raise ConfigError(f"alerts/config.yaml `for:` names alerts that do not exist: {sorted(unknown)}")
-    return files
+    return tuple(_keep_cluster(f, c.cluster_label) for f in files)
+
+
+def _keep_cluster(f: RuleFile, label: str) -> RuleFile:
+    """Every aggregation and join of the file keeps the cluster label (multi-cluster rulers)."""
+    groups = tuple(
+        dataclasses.replace(
+            g, rules=tuple(dataclasses.replace(r, expr=with_cluster_label(r.expr, label)) for r in g.rules)
+        )
+        for g in f.groups
+    )
+    return dataclasses.replace(f, groups=groups)

@@ -45,7 +45,10 @@ _HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 
 
 def num(value: float) -> str:
-    """A number as PromQL text without a trailing `.0` (85, 0.3, 2.5)."""
+    """A number as PromQL text without a trailing `.0` (85, 0.3, 2.5); an install-time tunable's token."""
+    token = getattr(value, "token", None)
+    if isinstance(token, str):
+        return token
     return f"{value:g}" if float(value) != int(value) else str(int(value))
 
 
@@ -71,3 +74,151 @@ def base_metric(name: str) -> str:
         if name.endswith(suffix):
             return name[: -len(suffix)]
     return name
+
+
+# --- multi-cluster ---------------------------------------------------------------------------------
+
+_AGGREGATORS = frozenset(
+    {
+        "sum",
+        "avg",
+        "min",
+        "max",
+        "count",
+        "group",
+        "topk",
+        "bottomk",
+        "quantile",
+        "stddev",
+        "stdvar",
+        "count_values",
+    }
+)
+_GROUPING = frozenset({"by", "without", "on", "ignoring", "group_left", "group_right"})
+_IDENT_START = re.compile(r"[A-Za-z_:]")
+_IDENT_REST = re.compile(r"[A-Za-z0-9_:]*")
+_NUMBER = re.compile(r"[0-9.][0-9A-Za-z_.]*")
+_VARIABLE = re.compile(r"\$(\{[^}]*\}|[A-Za-z0-9_]*)")
+_SPACE = re.compile(r"\s*")
+
+
+def _string_end(expr: str, i: int) -> int:
+    """Index just past the string literal starting at i."""
+    quote = expr[i]
+    j = i + 1
+    while j < len(expr) and expr[j] != quote:
+        j += 2 if expr[j] == "\\" and quote != "`" else 1
+    return j + 1
+
+
+def _closing(expr: str, i: int, open_char: str, close_char: str) -> int:
+    """Index just past the bracket closing the one at i, skipping string literals."""
+    depth, j = 0, i
+    while j < len(expr):
+        ch = expr[j]
+        if ch in "\"'`":
+            j = _string_end(expr, j)
+            continue
+        if ch == open_char:
+            depth += 1
+        elif ch == close_char:
+            depth -= 1
+            if depth == 0:
+                return j + 1
+        j += 1
+    raise ValueError(f"unbalanced {open_char!r} in {expr!r}")
+
+
+def _with_label(labels: str, label: str) -> str:
+    """A `(a, b)` label list with `label` first, unless it is there already."""
+    inner = labels[1:-1]
+    names = [n.strip() for n in inner.split(",") if n.strip()]
+    if label in names:
+        return labels
+    return "(" + ", ".join([label, *names]) + ")"
+
+
+def _rewrite(expr: str, label: str, group_aggregations: bool, matcher: str | None) -> str:
+    out: list[str] = []
+    i = 0
+    while i < len(expr):
+        ch = expr[i]
+        if ch in "\"'`":
+            j = _string_end(expr, i)
+            out.append(expr[i:j])
+            i = j
+        elif ch == "#":
+            j = expr.find("\n", i)
+            j = len(expr) if j < 0 else j
+            out.append(expr[i:j])
+            i = j
+        elif ch == "{":
+            j = _closing(expr, i, "{", "}")
+            body = expr[i:j]
+            if matcher is not None:
+                inner = body[1:-1].strip()
+                body = "{" + matcher + (", " + inner if inner else "") + "}"
+            out.append(body)
+            i = j
+        elif ch == "[":
+            j = _closing(expr, i, "[", "]")
+            out.append(expr[i:j])
+            i = j
+        elif ch == "$":
+            m = _VARIABLE.match(expr, i)
+            assert m is not None
+            out.append(m.group(0))
+            i = m.end()
+        elif ch.isdigit() or (ch == "." and i + 1 < len(expr) and expr[i + 1].isdigit()):
+            m = _NUMBER.match(expr, i)
+            assert m is not None
+            out.append(m.group(0))
+            i = m.end()
+        elif _IDENT_START.match(ch):
+            m = _IDENT_REST.match(expr, i + 1)
+            assert m is not None
+            word = expr[i : m.end()]
+            space = _SPACE.match(expr, m.end())
+            assert space is not None
+            after = space.end()
+            nxt = expr[after] if after < len(expr) else ""
+            out.append(word)
+            i = m.end()
+            if word in _GROUPING:
+                if nxt == "(":
+                    j = _closing(expr, after, "(", ")")
+                    labels = expr[after:j]
+                    if word in ("by", "on"):
+                        labels = _with_label(labels, label)
+                    out.append(expr[i:after] + labels)
+                    i = j
+            elif word in _AGGREGATORS and nxt == "(" and group_aggregations:
+                j = _closing(expr, after, "(", ")")
+                trailing = _SPACE.match(expr, j)
+                assert trailing is not None
+                follows = expr[trailing.end() : trailing.end() + 8]
+                if not re.match(r"(by|without)\s*\(", follows):
+                    out.append(f" by ({label}) ")
+                    i = after
+            elif nxt != "(" and word.lower() not in _KEYWORDS and word not in ("atan2",):
+                # a metric name: the selector gains the matcher
+                if matcher is not None and nxt != "{":
+                    out.append("{" + matcher + "}")
+        else:
+            out.append(ch)
+            i += 1
+    return "".join(out)
+
+
+def with_cluster_label(expr: str, label: str) -> str:
+    """Keep `label` through every aggregation and join, as multi-cluster rulers need.
+
+    `by (...)` and `on(...)` lists gain the label; an aggregation without grouping gains
+    `by (<label>)`. On single-cluster data the label is absent and every result is unchanged.
+    """
+    return _rewrite(expr, label, group_aggregations=True, matcher=None)
+
+
+def with_matcher(expr: str, matcher: str, label: str) -> str:
+    """Add a label matcher to every vector selector and the label to every `by`/`on` list (dashboards)."""
+    return _rewrite(expr, label, group_aggregations=False, matcher=matcher)

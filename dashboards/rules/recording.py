@@ -121,7 +121,8 @@ def _fragmentation(c: RulesConfig) -> Group:
             Record(":gpu_free:sum", "sum(node:gpu_free:count)"),
             Record(
                 ":gpu_free_on_gang_nodes:sum",
-                f"sum(node:gpu_free:count >= {gang}) or vector(0)",
+                # 0 rather than nothing when no node fits a gang; per cluster, as the sum is
+                f"sum(node:gpu_free:count >= {gang}) or sum(node:gpu_free:count) * 0",
             ),
             Record(
                 ":gpu_gang_slots:sum",

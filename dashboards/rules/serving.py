@@ -50,7 +50,7 @@ def serving_file(c: RulesConfig) -> RuleFile:
             c,
             "KVCacheHitRateDrop",
             expr=f"""
-                {KV_HIT_RATIO_POD} < {num(1 - t.kv_cache_drop_fraction)} * {baseline(KV_HIT_RATIO_POD)}
+                {KV_HIT_RATIO_POD} < (1 - {num(t.kv_cache_drop_fraction)}) * {baseline(KV_HIT_RATIO_POD)}
                 and
                 {baseline(KV_HIT_RATIO_POD)} > {num(t.kv_cache_baseline_min_ratio)}
                 """,
@@ -61,8 +61,8 @@ def serving_file(c: RulesConfig) -> RuleFile:
             summary="The KV-cache hit ratio of an inference engine dropped.",
             description=(
                 f"{_MODEL_TEXT} hits its KV cache for {{{{ $value | humanizePercentage }}}} of lookups, "
-                f"less than {num((1 - t.kv_cache_drop_fraction) * 100)}% of its average over the "
-                f"{w.baseline} before. Prefill work and time to first token go up."
+                f"{{{{ {num(t.kv_cache_drop_fraction)} | humanizePercentage }}}} or more below its "
+                f"average over the {w.baseline} before. Prefill work and time to first token go up."
             ),
         ),
         alert(
@@ -133,8 +133,8 @@ def serving_file(c: RulesConfig) -> RuleFile:
                 f"Only {{{{ $value | humanizePercentage }}}} of the weights of model {{{{ $labels.model }}}} "
                 "(pod {{ $labels.namespace }}/{{ $labels.pod }}) on node {{ $labels.node }} stayed in the "
                 "page cache, down from at least "
-                f"{num(t.page_cache_resident_high_ratio * 100)}% within {w.residency_lookback}. Reloads read "
-                "from disk and show up as P99 latency spikes."
+                f"{{{{ {num(t.page_cache_resident_high_ratio)} | humanizePercentage }}}} within "
+                f"{w.residency_lookback}. Reloads read from disk and show up as P99 latency spikes."
             ),
         ),
     )

@@ -33,7 +33,7 @@ def usage_file(c: RulesConfig) -> RuleFile:
             description=(
                 f"{_POD_TEXT} holds GPU {{{{ $labels.gpu }}}} ({{{{ $labels.uuid }}}}) on node "
                 "{{ $labels.node }}, whose SM activity ({{ $labels.source }}) is "
-                f"{{{{ $value | humanizePercentage }}}}, under {num(t.idle_sm_activity_ratio * 100)}% "
+                f"{{{{ $value | humanizePercentage }}}}, under {{{{ {idle} | humanizePercentage }}}} "
                 f"for {c.for_('GPUIdleWhileAllocated')}. The GPU is paid for and nobody else can use it."
             ),
         ),

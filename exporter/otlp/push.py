@@ -5,8 +5,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
+import socket
 import time
-from collections.abc import Sequence
+import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
@@ -16,13 +19,15 @@ from prometheus_client.core import Metric
 
 from exporter.attribution.clock import Clock, SystemClock
 from exporter.catalog import ALL_METRICS
-from exporter.config import duration_seconds
+from exporter.config import duration_seconds, exporter_version
 from exporter.metricspec import MetricSpec
 from exporter.otlp.convert import UCUM, to_metrics_data
 
 log = logging.getLogger(__name__)
 
 METRICS_PATH = "/v1/metrics"
+# OpenTelemetry's namespace for UUIDv5 service.instance.id values (semantic conventions, service).
+SERVICE_INSTANCE_NAMESPACE = uuid.UUID("4d63009a-8d0f-11ee-aad7-4c796ed8e320")
 
 
 def catalog_units(specs: Sequence[MetricSpec]) -> dict[str, str]:
@@ -41,6 +46,9 @@ class OtlpSettings:
     headers: tuple[tuple[str, str], ...] = ()
     timeout_seconds: float = 10.0
     service_name: str = "gpupulse-exporter"
+    node_name: str = ""  # the Kubernetes node (NODE_NAME); empty off Kubernetes
+    pod_name: str = ""  # this exporter's pod and namespace (POD_NAME, POD_NAMESPACE), when known
+    pod_namespace: str = ""
 
     @property
     def metrics_url(self) -> str:
@@ -54,6 +62,26 @@ class PushStats:
     pushes: int = 0
     failures: int = 0
     skipped_in_flight: int = 0
+
+
+def resource_attributes(settings: OtlpSettings, hostname: str | None = None) -> dict[str, str]:
+    """Who is pushing: service, host and Kubernetes node, and an instance id that stays the same
+    across restarts of the exporter on one node (a UUIDv5 of service and node, as the semantic
+    conventions recommend), so a backend joins every push of a node into one series."""
+    host = settings.node_name or hostname or socket.gethostname()
+    attributes = {
+        "service.name": settings.service_name,
+        "service.version": exporter_version(),
+        "service.instance.id": str(uuid.uuid5(SERVICE_INSTANCE_NAMESPACE, f"{settings.service_name}@{host}")),
+        "host.name": host,
+    }
+    if settings.node_name:
+        attributes["k8s.node.name"] = settings.node_name
+    if settings.pod_name:
+        attributes["k8s.pod.name"] = settings.pod_name
+    if settings.pod_namespace:
+        attributes["k8s.namespace.name"] = settings.pod_namespace
+    return attributes
 
 
 def parse_headers(text: str) -> tuple[tuple[str, str], ...]:
@@ -79,7 +107,8 @@ class OtlpPusher:
         self._exporter = exporter or OTLPMetricExporter(
             endpoint=settings.metrics_url, headers=dict(settings.headers), timeout=settings.timeout_seconds
         )
-        self._resource = Resource.create({"service.name": settings.service_name})
+        # OTEL_RESOURCE_ATTRIBUTES (e.g. k8s.cluster.name=east) adds to these; ours win on a clash
+        self._resource = Resource.create(dict(resource_attributes(settings)))
         self._units = catalog_units(ALL_METRICS)
         self._start_ns = time.time_ns()  # start of every cumulative series that has no _created
         self._last_push: float | None = None
@@ -146,6 +175,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="extra HTTP headers, k=v,k2=v2 (e.g. authorization)",
     )
     group.add_argument(
+        "--otlp.node-name",
+        dest="otlp_node_name",
+        default=os.environ.get("NODE_NAME", ""),
+        help="Kubernetes node, for the k8s.node.name and host.name resource attributes (default: $NODE_NAME)",
+    )
+    group.add_argument(
         "--otlp.timeout",
         dest="otlp_timeout",
         type=duration_seconds,
@@ -163,5 +198,12 @@ def from_args(args: argparse.Namespace) -> OtlpPusher | None:
         interval_seconds=args.otlp_interval,
         headers=parse_headers(args.otlp_headers),
         timeout_seconds=args.otlp_timeout,
+        node_name=args.otlp_node_name,
+        pod_name=_env("POD_NAME"),
+        pod_namespace=_env("POD_NAMESPACE"),
     )
     return OtlpPusher(settings)
+
+
+def _env(name: str, environ: Mapping[str, str] = os.environ) -> str:
+    return environ.get(name, "").strip()

@@ -36,6 +36,7 @@ def panel_queries(rate_interval: str, range_seconds: int = 60) -> list[PanelQuer
         "$__rate_interval": rate_interval,
         "$__range_s": str(range_seconds),
         "$__range": f"{range_seconds}s",
+        "$cluster": ".*",
         "$node": ".*",
         "$namespace": ".*",
         "$pod": ".*",

@@ -52,3 +52,8 @@ def test_product_code_never_imports_tests() -> None:
 def test_one_module_talks_to_the_kubernetes_api_in_the_controller() -> None:
     users = _importers("remediation", "kubernetes_asyncio")
     assert users == {"remediation/kube/client.py"}, users
+
+
+def test_one_module_talks_to_the_kubernetes_api_in_the_exporter() -> None:
+    users = _importers("exporter", "kubernetes_asyncio")
+    assert users == {"exporter/engines/kube_pods.py"}, users

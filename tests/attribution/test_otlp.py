@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import uuid
 from collections.abc import AsyncIterator
 
 import pytest
@@ -141,3 +142,53 @@ def test_flags_build_a_pusher_only_with_an_endpoint() -> None:
     assert pusher.settings.headers == (("a", "1"), ("b", "2"))
     with pytest.raises(OtlpConfigError):
         parse_headers("novalue")
+
+
+def _resource(receiver: FakeOtlpReceiver, index: int = -1) -> dict[str, str]:
+    resource = receiver.requests[index].resource_metrics[0].resource
+    return {a.key: a.value.string_value for a in resource.attributes}
+
+
+async def test_resource_names_the_node_and_an_instance_that_survives_restarts(
+    receiver: FakeOtlpReceiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "k8s.cluster.name=east,host.name=ignored")
+    seen = []
+    for node, pod in (
+        ("gpu-node-1", "pulse-exporter-abcde"),
+        ("gpu-node-1", "pulse-exporter-fghij"),
+        ("gpu-node-2", "x"),
+    ):
+        settings = OtlpSettings(
+            endpoint=receiver.url, interval_seconds=0, node_name=node, pod_name=pod, pod_namespace="gpupulse"
+        )
+        pusher = OtlpPusher(settings)
+        try:
+            await pusher.push(snapshot())
+        finally:
+            await pusher.close()
+        seen.append(_resource(receiver))
+    first, restarted, other = seen
+    assert first["k8s.node.name"] == first["host.name"] == "gpu-node-1"  # ours win over the environment
+    assert first["k8s.pod.name"] == "pulse-exporter-abcde" and first["k8s.namespace.name"] == "gpupulse"
+    assert first["k8s.cluster.name"] == "east"  # OTEL_RESOURCE_ATTRIBUTES adds to ours
+    assert first["service.name"] == "gpupulse-exporter" and first["service.version"]
+    # a new pod on the same node is the same instance; another node is another
+    assert first["service.instance.id"] == restarted["service.instance.id"] != other["service.instance.id"]
+    assert uuid.UUID(first["service.instance.id"]).version == 5
+
+
+def test_off_kubernetes_the_host_name_names_the_instance() -> None:
+    settings = OtlpSettings(endpoint="http://c:4318")
+    attributes = otlp_push.resource_attributes(settings, hostname="bare-metal-7")
+    assert attributes["host.name"] == "bare-metal-7" and "k8s.node.name" not in attributes
+
+
+def test_node_name_flag_defaults_to_the_downward_api_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NODE_NAME", "gpu-node-3")
+    monkeypatch.setenv("POD_NAME", "pulse-exporter-q")
+    parser = argparse.ArgumentParser()
+    otlp_push.add_arguments(parser)
+    pusher = otlp_push.from_args(parser.parse_args(["--otlp.endpoint", "http://collector:4318"]))
+    assert pusher is not None
+    assert (pusher.settings.node_name, pusher.settings.pod_name) == ("gpu-node-3", "pulse-exporter-q")

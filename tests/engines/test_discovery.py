@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp import web
 
 from exporter.engines.kube_pods import KubePodSource, target_from_pod
 from exporter.engines.settings import KubeSettings
 from exporter.engines.targets import ConfigError, StaticSource, Target, load_config
+from tests.fakes.kube_api import FakeKubeAPI, parse_bool
 
 from .conftest import FakeClock
 
@@ -88,71 +89,235 @@ def test_pod_annotations_to_target() -> None:
     assert target_from_pod(pod("bad", {"gpupulse.io/engine": "vllm", "gpupulse.io/port": "http"})) is None
 
 
+# --- this node's pods, from one LIST and a WATCH (tests/fakes/kube_api.py speaks the watch cache's semantics)
+
+ENGINE = {"gpupulse.io/engine": "vllm"}
+
+
+def _running(
+    api: FakeKubeAPI, namespace: str, name: str, node: str, ip: str, annotations: dict[str, str]
+) -> None:
+    api.add_pod(namespace, name, node, annotations=annotations)
+    api.update_pod(namespace, name, lambda p: p["status"].update(podIP=ip))
+
+
+class GatedSleep:
+    """The source's back-off sleep, held until the test releases it; records each delay."""
+
+    def __init__(self) -> None:
+        self.delays: list[float] = []
+        self.gate = asyncio.Event()
+        self.gate.set()
+
+    async def __call__(self, seconds: float) -> None:
+        self.delays.append(seconds)
+        await self.gate.wait()
+
+
 @pytest.fixture
-async def fake_api(tmp_path: Path) -> AsyncIterator[tuple[str, Path, list[dict[str, Any]], list[str]]]:
-    """A tiny API server answering GET /api/v1/pods for one node; records the queries it got."""
-    pods: list[dict[str, Any]] = []
-    seen: list[str] = []
-    token = tmp_path / "token"
-    token.write_text("s3cret\n")
-
-    async def list_pods(request: web.Request) -> web.Response:
-        if request.headers.get("Authorization") != "Bearer s3cret":
-            return web.json_response({"kind": "Status", "code": 401}, status=401)
-        seen.append(request.query.get("fieldSelector", ""))
-        node = request.query.get("fieldSelector", "").removeprefix("spec.nodeName=")
-        items = [p for p in pods if p.get("spec", {}).get("nodeName") == node]
-        return web.json_response({"kind": "PodList", "items": items})
-
-    app = web.Application()
-    app.router.add_get("/api/v1/pods", list_pods)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
+async def api(tmp_path: Path) -> AsyncIterator[FakeKubeAPI]:
+    server = FakeKubeAPI(token="s3cret")
+    await server.start()
+    (tmp_path / "token").write_text("s3cret\n")
     try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}", token, pods, seen
+        yield server
     finally:
-        await runner.cleanup()
+        await server.stop()
 
 
-async def test_kube_source_lists_this_nodes_annotated_pods(
-    fake_api: tuple[str, Path, list[dict[str, Any]], list[str]],
+def _source(
+    api: FakeKubeAPI, tmp_path: Path, sleep: GatedSleep | None = None, **settings: Any
+) -> KubePodSource:
+    kube = KubeSettings("node-a", api_url=api.url, token_path=tmp_path / "token", ca_path=None, **settings)
+    return KubePodSource(kube, FakeClock(), sleep=sleep or GatedSleep())
+
+
+def _pods(source_targets: list[Target]) -> list[str]:
+    return [t.pod for t in source_targets]
+
+
+def _pod_requests(api: FakeKubeAPI, watch: bool) -> list[dict[str, str]]:
+    return [r.query for r in api.calls("GET", r"^/api/v1/pods$") if parse_bool(r.query.get("watch")) is watch]
+
+
+async def test_one_list_then_a_watch_follows_this_nodes_pods(api: FakeKubeAPI, tmp_path: Path) -> None:
+    _running(api, "serving", "llama-0", "node-a", "10.1.0.1", ENGINE)
+    _running(api, "serving", "llama-1", "node-b", "10.1.0.2", ENGINE)
+    api.add_pod("serving", "web-0", "node-a")
+    source = _source(api, tmp_path)
+    try:
+        assert _pods(await source.targets()) == ["llama-0"]
+        (listing,) = _pod_requests(api, watch=False)
+        # served from the API server's watch cache, only this node's pods
+        assert listing == {"fieldSelector": "spec.nodeName=node-a", "resourceVersion": "0"}
+        await source.wait_until(lambda: source.stats.watches == 1, 5)
+        # a new engine pod becomes a target once it runs with an IP
+        api.add_pod("serving", "qwen-0", "node-a", annotations=ENGINE, phase="Pending")
+        api.update_pod("serving", "qwen-0", lambda p: p["status"].update(phase="Running", podIP="10.1.0.3"))
+        await source.wait_until(lambda: _pods(source._targets) == ["llama-0", "qwen-0"], 5)
+        # losing the annotation, or being deleted, removes it
+        api.update_pod("serving", "llama-0", lambda p: p["metadata"]["annotations"].clear())
+        await source.wait_until(lambda: _pods(source._targets) == ["qwen-0"], 5)
+        api.remove_pod("serving", "qwen-0")
+        await source.wait_until(lambda: source._targets == [], 5)
+        # another node's pods never arrive
+        _running(api, "serving", "llama-2", "node-b", "10.1.0.4", ENGINE)
+        assert _pods(await source.targets()) == []
+        (watch,) = _pod_requests(api, watch=True)
+        assert watch["fieldSelector"] == "spec.nodeName=node-a" and parse_bool(watch["allowWatchBookmarks"])
+        assert int(watch["timeoutSeconds"]) >= 300
+        assert source.stats.lists == 1 and source.stats.failures == 0
+    finally:
+        await source.close()
+    await api.wait_open_watches(0)  # closing ends the watch on the server too
+
+
+async def test_a_watch_that_ends_resumes_from_its_resource_version_without_listing(
+    api: FakeKubeAPI, tmp_path: Path
 ) -> None:
-    url, token, pods, seen = fake_api
-    mine = pod("llama-0", {"gpupulse.io/engine": "vllm"}) | {"spec": {"nodeName": "node-a"}}
-    other_node = pod("llama-1", {"gpupulse.io/engine": "vllm"}, ip="10.9.9.9") | {
-        "spec": {"nodeName": "node-b"}
-    }
-    plain = pod("web", {}) | {"spec": {"nodeName": "node-a"}}
-    pods += [mine, other_node, plain]
-    clock = FakeClock()
-    source = KubePodSource(
-        KubeSettings("node-a", api_url=url, token_path=token, ca_path=None, refresh_seconds=30), clock
+    _running(api, "serving", "llama-0", "node-a", "10.1.0.1", ENGINE)
+    source = _source(api, tmp_path)
+    try:
+        await source.targets()
+        for n in range(3):
+            await source.wait_until(lambda n=n: source.stats.watches == n + 1, 5)
+            await api.wait_open_watches(1)
+            api.close_watches()  # the server's watch timeout, or an API server restart
+            await api.wait_open_watches(0)
+        await source.wait_until(lambda: source.stats.watches == 4, 5)
+        await api.wait_open_watches(1)
+        _running(api, "serving", "qwen-0", "node-a", "10.1.0.3", ENGINE)
+        await source.wait_until(lambda: len(source._targets) == 2, 5)
+        watches = _pod_requests(api, watch=True)
+        assert [w["resourceVersion"] for w in watches[1:]] == [watches[0]["resourceVersion"]] * 3
+        assert source.stats.lists == 1 and source.stats.relists_after_expired == 0
+    finally:
+        await source.close()
+
+
+async def test_an_expired_resource_version_relists_the_current_state(
+    api: FakeKubeAPI, tmp_path: Path
+) -> None:
+    _running(api, "serving", "llama-0", "node-a", "10.1.0.1", ENGINE)
+    sleep = GatedSleep()
+    source = _source(api, tmp_path, sleep)
+    try:
+        await source.targets()
+        await api.wait_open_watches(1)
+        # the next watch fails, and while the source backs off the cluster moves on and compacts
+        sleep.gate.clear()
+        api.fail("GET", r"^/api/v1/pods$", 503, "ServiceUnavailable")
+        api.close_watches()
+        await source.wait_until(lambda: source.stats.failures == 1, 5)
+        api.remove_pod("serving", "llama-0")
+        _running(api, "serving", "qwen-0", "node-a", "10.1.0.3", ENGINE)
+        api.compact()
+        assert _pods(await source.targets()) == ["llama-0"]  # the last good state meanwhile
+        sleep.gate.set()
+        await source.wait_until(lambda: _pods(source._targets) == ["qwen-0"], 5)
+        assert source.stats.relists_after_expired == 1
+        first, second = _pod_requests(api, watch=False)
+        assert first["resourceVersion"] == "0" and second["resourceVersion"] == ""  # a consistent read
+    finally:
+        await source.close()
+
+
+@pytest.mark.parametrize("bookmarks", [True, False])
+async def test_bookmarks_keep_the_resource_version_fresh_across_compaction(
+    api: FakeKubeAPI, tmp_path: Path, bookmarks: bool
+) -> None:
+    _running(api, "serving", "llama-0", "node-a", "10.1.0.1", ENGINE)
+    source = _source(api, tmp_path)
+    try:
+        await source.targets()
+        await api.wait_open_watches(1)
+        for i in range(5):  # other nodes' churn moves the resourceVersion past our last event
+            api.add_pod("batch", f"job-{i}", "node-b")
+        if bookmarks:
+            api.bookmark()
+            await source.wait_until(lambda: source._resource_version == str(api._rv), 5)
+        api.compact()
+        api.close_watches()
+        await source.wait_until(lambda: source.stats.watches == 2, 5)
+        await api.wait_open_watches(1)
+        assert source.stats.relists_after_expired == (0 if bookmarks else 1)
+        assert _pods(source._targets) == ["llama-0"]
+    finally:
+        await source.close()
+
+
+async def test_api_errors_keep_the_last_good_targets_and_back_off(api: FakeKubeAPI, tmp_path: Path) -> None:
+    _running(api, "serving", "llama-0", "node-a", "10.1.0.1", ENGINE)
+    sleep = GatedSleep()
+    source = _source(api, tmp_path, sleep, retry_seconds=1.0, retry_max_seconds=4.0)
+    try:
+        await source.targets()
+        await api.wait_open_watches(1)
+        (tmp_path / "token").write_text("rotated-but-wrong\n")  # re-read on every request
+        api.close_watches()
+        await source.wait_until(lambda: source.stats.failures >= 4, 5)
+        assert sleep.delays[:4] == [1.0, 2.0, 4.0, 4.0]  # doubling, capped
+        assert _pods(await source.targets()) == ["llama-0"]
+        (tmp_path / "token").write_text("s3cret\n")
+        _running(api, "serving", "qwen-0", "node-a", "10.1.0.3", ENGINE)
+        await source.wait_until(lambda: len(source._targets) == 2, 5)
+        assert source.stats.lists == 1  # resumed from its resourceVersion, no relist
+    finally:
+        await source.close()
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        b"not json at all\n",
+        b'{"type": "ADDED", "object": {"metadata": {}}}\n',
+        b'{"type": "WEIRD", "object": 1}\n',
+    ],
+)
+async def test_a_corrupt_watch_stream_is_a_failure_not_a_crash(
+    api: FakeKubeAPI, tmp_path: Path, garbage: bytes
+) -> None:
+    _running(api, "serving", "llama-0", "node-a", "10.1.0.1", ENGINE)
+    source = _source(api, tmp_path)
+    api.inject_watch_lines.append(garbage)
+    try:
+        assert _pods(await source.targets()) == ["llama-0"]
+        await source.wait_until(lambda: source.stats.failures == 1, 5)
+        await api.wait_open_watches(1)
+        _running(api, "serving", "qwen-0", "node-a", "10.1.0.3", ENGINE)
+        await source.wait_until(lambda: len(source._targets) == 2, 5)
+    finally:
+        await source.close()
+
+
+async def test_a_hung_api_server_never_blocks_targets(tmp_path: Path) -> None:
+    writers: list[asyncio.StreamWriter] = []
+
+    async def accept_and_say_nothing(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writers.append(writer)
+        await reader.read(-1)
+
+    server = await asyncio.start_server(accept_and_say_nothing, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    (tmp_path / "token").write_text("s3cret\n")
+    sleep = GatedSleep()
+    kube = KubeSettings(
+        "node-a",
+        api_url=f"http://127.0.0.1:{port}",
+        token_path=tmp_path / "token",
+        ca_path=None,
+        timeout_seconds=0.3,
     )
+    source = KubePodSource(kube, FakeClock(), sleep=sleep)
     try:
-        targets = await source.targets()
-        assert [t.pod for t in targets] == ["llama-0"]
-        assert seen == ["spec.nodeName=node-a"]
-        pods.clear()
-        assert [t.pod for t in await source.targets()] == ["llama-0"]  # cached within refresh_seconds
-        clock.now += 31
-        assert await source.targets() == []
+        async with asyncio.timeout(2):
+            assert await source.targets() == []  # waited at most timeout_seconds for a first sync
+        await source.wait_until(lambda: source.stats.failures >= 1, 5)
+        async with asyncio.timeout(0.1):
+            assert await source.targets() == []
     finally:
         await source.close()
-
-
-async def test_kube_source_keeps_targets_when_api_fails(
-    fake_api: tuple[str, Path, list[dict[str, Any]], list[str]],
-) -> None:
-    url, token, pods, _ = fake_api
-    pods.append(pod("llama-0", {"gpupulse.io/engine": "vllm"}) | {"spec": {"nodeName": "node-a"}})
-    clock = FakeClock()
-    source = KubePodSource(KubeSettings("node-a", api_url=url, token_path=token, ca_path=None), clock)
-    try:
-        assert len(await source.targets()) == 1
-        token.write_text("rotated-but-wrong\n")
-        clock.now += 60
-        assert len(await source.targets()) == 1
-    finally:
-        await source.close()
+        server.close()
+        for writer in writers:
+            writer.close()
+        await server.wait_closed()

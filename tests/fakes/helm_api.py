@@ -65,9 +65,12 @@ RESOURCES: dict[str, list[Resource]] = {
         Resource("rolebindings", "RoleBinding", True),
     ],
     "networking.k8s.io/v1": [Resource("networkpolicies", "NetworkPolicy", True)],
+    "policy/v1": [Resource("poddisruptionbudgets", "PodDisruptionBudget", True)],
+    "node.k8s.io/v1": [Resource("runtimeclasses", "RuntimeClass", False)],
     "coordination.k8s.io/v1": [Resource("leases", "Lease", True)],
     "monitoring.coreos.com/v1": [
         Resource("servicemonitors", "ServiceMonitor", True),
+        Resource("podmonitors", "PodMonitor", True),
         Resource("prometheusrules", "PrometheusRule", True),
     ],
     "monitoring.coreos.com/v1alpha1": [Resource("alertmanagerconfigs", "AlertmanagerConfig", True)],

@@ -1,9 +1,18 @@
 """An in-process Kubernetes API server (aiohttp) speaking the REST paths and semantics gpupulse uses.
 
-Served: pods get/list/delete (DeleteOptions preconditions), pods/eviction (policy/v1, PDB evaluation),
+Served: pods get/list/watch/delete (DeleteOptions preconditions), pods/eviction (policy/v1, PDB evaluation),
 nodes get/patch (merge and strategic-merge patch, resourceVersion conflicts), Leases get/create/replace,
 ReplicaSets get, Deployments get/patch, PodDisruptionBudgets list. Errors are real `Status` bodies.
 Tests reach it through kubernetes_asyncio with a kubeconfig written by `write_kubeconfig`.
+
+Pods (all namespaces or one) can be listed and watched, as the exporter does. Watches follow the API
+server's watch cache (k8s.io/apiserver storage/cacher): `?watch=true` streams newline-delimited events
+(ADDED, MODIFIED, DELETED, BOOKMARK with allowWatchBookmarks) of the pods matching the namespace and
+the `spec.nodeName` field selector, a pod that starts or stops matching arriving as ADDED or
+DELETED; resourceVersion "" or "0" starts with a synthetic ADDED per existing pod, a
+number replays the events after it, and one older than the kept history (`watch_window` events, or
+everything before `compact()`) gets HTTP 200 and a single ERROR event carrying a 410 Expired Status,
+as the cacher's error watcher sends; timeoutSeconds ends the stream cleanly.
 
 Standalone, for proofs that run the controller as a separate process:
     python -m tests.fakes.kube_api --kubeconfig /tmp/kc --seed cluster.json
@@ -19,6 +28,7 @@ import copy
 import json
 import re
 import signal
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -104,6 +114,45 @@ class Fault:
     times: int = 1
 
 
+@dataclass(frozen=True)
+class WatchEvent:
+    """One change of an object: its resource (pods), resourceVersion, type, and
+    the object before and after it."""
+
+    rv: int
+    type: str  # ADDED | MODIFIED | DELETED
+    obj: JSON
+    old: JSON | None
+    resource: str = "pods"
+
+
+@dataclass
+class _Watcher:
+    resource: str
+    namespace: str | None
+    node: str | None
+    bookmarks: bool
+    queue: asyncio.Queue[WatchEvent | str]  # events, or "BOOKMARK" / "CLOSE"
+
+
+def _pod_node(pod: JSON | None) -> str | None:
+    return None if pod is None else (pod.get("spec") or {}).get("nodeName")
+
+
+def parse_bool(value: str | None) -> bool:
+    """A query flag as the API server reads it (Go's strconv.ParseBool: kubernetes_asyncio sends "True")."""
+    return value in ("1", "t", "T", "TRUE", "true", "True")
+
+
+def _node_selector(request: web.Request) -> str | None:
+    selector = request.query.get("fieldSelector", "")
+    if not selector:
+        return None
+    if not selector.startswith("spec.nodeName="):
+        raise ApiError(400, "BadRequest", f'"{selector}" is not a known field selector: only "spec.nodeName"')
+    return selector.removeprefix("spec.nodeName=")
+
+
 @dataclass
 class Recorded:
     method: str
@@ -130,6 +179,14 @@ class FakeKubeAPI:
     # run before a request is handled (after auth): lets a test act as a concurrent writer
     before: list[Callable[[str, str], None]] = field(default_factory=list)
     url: str = ""
+    # pod watch history the server keeps (the watch cache's capacity); older resourceVersions get 410
+    watch_window: int = 1000
+    events: list[WatchEvent] = field(default_factory=list)
+    # raw lines the next pod watch writes before its events (a corrupt stream)
+    inject_watch_lines: list[bytes] = field(default_factory=list)
+    _compacted_rv: int = 0
+    _watchers: list[_Watcher] = field(default_factory=list)
+    _watchers_changed: asyncio.Event = field(default_factory=asyncio.Event)
     _rv: int = 1000
     _runner: web.AppRunner | None = None
 
@@ -140,7 +197,7 @@ class FakeKubeAPI:
         app = web.Application(middlewares=[self._middleware])
         r = app.router
         r.add_get("/api/v1/pods", self._list_all_pods)
-        r.add_get("/api/v1/namespaces/{ns}/pods", self._list_pods)
+        r.add_get("/api/v1/namespaces/{ns}/{resource:pods}", self._list_namespaced)
         r.add_get("/api/v1/namespaces/{ns}/pods/{name}", self._get_pod)
         r.add_delete("/api/v1/namespaces/{ns}/pods/{name}", self._delete_pod)
         r.add_post("/api/v1/namespaces/{ns}/pods/{name}/eviction", self._evict)
@@ -156,7 +213,8 @@ class FakeKubeAPI:
         r.add_get("/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets", self._list_pdbs)
         r.add_get("/_fake/requests", self._debug_requests)
         r.add_get("/_fake/state", self._debug_state)
-        self._runner = web.AppRunner(app)
+        # a client that goes away ends its handler (a watch), as the API server cancels the request context
+        self._runner = web.AppRunner(app, handler_cancellation=True)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", port)
         await site.start()
@@ -165,6 +223,7 @@ class FakeKubeAPI:
         return self.url
 
     async def stop(self) -> None:
+        self.close_watches()
         if self._runner is not None:
             await self._runner.cleanup()
 
@@ -258,7 +317,67 @@ class FakeKubeAPI:
             "status": {"phase": phase},
         }
         self.pods[(namespace, name)] = pod
+        self._emit("ADDED", pod, None)
         return pod
+
+    # --- pod changes, as watchers see them
+
+    def update_pod(self, namespace: str, name: str, change: Callable[[JSON], None]) -> JSON:
+        """Apply `change` to a copy of the pod and store it with a new resourceVersion (MODIFIED)."""
+        old = self.pods[(namespace, name)]
+        pod = copy.deepcopy(old)
+        change(pod)
+        pod["metadata"]["resourceVersion"] = self.next_rv()
+        self.pods[(namespace, name)] = pod
+        self._emit("MODIFIED", pod, old)
+        return pod
+
+    def remove_pod(self, namespace: str, name: str) -> None:
+        """Delete a pod as the kubelet's final status update does (DELETED)."""
+        self._remove_pod(self.pods[(namespace, name)], "removed")
+
+    def compact(self) -> None:
+        """Forget the watch history (as etcd compaction does): a watch from an older RV gets 410."""
+        self._compacted_rv = self._rv
+        self.events.clear()
+
+    def bookmark(self) -> None:
+        """Send a BOOKMARK (the current resourceVersion) to every watch that allows bookmarks."""
+        for w in self._watchers:
+            if w.bookmarks:
+                w.queue.put_nowait("BOOKMARK")
+
+    def close_watches(self) -> None:
+        """End every open watch stream (an API server restart, or its own watch timeout)."""
+        for w in self._watchers:
+            w.queue.put_nowait("CLOSE")
+
+    @property
+    def open_watches(self) -> int:
+        """Watch streams being served right now."""
+        return len(self._watchers)
+
+    async def wait_open_watches(self, count: int, timeout_seconds: float = 5.0) -> None:
+        """Wait until exactly `count` watch streams are open (a client connected, or went away)."""
+        async with asyncio.timeout(timeout_seconds):
+            while len(self._watchers) != count:
+                await self._watchers_changed.wait()
+                self._watchers_changed.clear()
+
+    def _store(self, resource: str) -> dict[Key, JSON]:
+        stores = {"pods": self.pods}
+        if resource not in stores:
+            raise ApiError(404, "NotFound", f"the server could not find the requested resource ({resource})")
+        return stores[resource]
+
+    def _emit(self, kind: str, pod: JSON, old: JSON | None, resource: str = "pods") -> None:
+        event = WatchEvent(int(pod["metadata"]["resourceVersion"]), kind, copy.deepcopy(pod), old, resource)
+        self.events.append(event)
+        if len(self.events) > self.watch_window:
+            dropped = self.events.pop(0)
+            self._compacted_rv = max(self._compacted_rv, dropped.rv)
+        for w in self._watchers:
+            w.queue.put_nowait(event)
 
     def add_replicaset(self, namespace: str, name: str, deployment: str | None) -> None:
         owners = (
@@ -326,7 +445,7 @@ class FakeKubeAPI:
                 p["namespace"],
                 p["name"],
                 p["node"],
-                owner=owner,  # type: ignore[arg-type]
+                owner=owner,
                 labels=p.get("labels"),
                 annotations=p.get("annotations"),
                 gpus=int(p.get("gpus", 0)),
@@ -413,19 +532,124 @@ class FakeKubeAPI:
         meta = pod["metadata"]
         del self.pods[(meta["namespace"], meta["name"])]
         self.deleted.append((f"{meta['namespace']}/{meta['name']}", meta["uid"], via))
+        gone = copy.deepcopy(pod)
+        gone["metadata"]["resourceVersion"] = self.next_rv()
+        self._emit("DELETED", gone, pod)
 
     # --- pods
 
-    async def _list_all_pods(self, request: web.Request) -> web.Response:
-        selector = request.query.get("fieldSelector", "")
-        node = selector.removeprefix("spec.nodeName=") if selector.startswith("spec.nodeName=") else None
-        items = [p for p in self.pods.values() if node is None or p["spec"].get("nodeName") == node]
+    async def _list_all_pods(self, request: web.Request) -> web.StreamResponse:
+        return await self._collection(request, "pods", None)
+
+    async def _list_namespaced(self, request: web.Request) -> web.StreamResponse:
+        return await self._collection(request, request.match_info["resource"], request.match_info["ns"])
+
+    async def _collection(
+        self, request: web.Request, resource: str, namespace: str | None
+    ) -> web.StreamResponse:
+        """LIST or (with watch=true) WATCH a collection, optionally in one namespace."""
+        node = _node_selector(request) if resource == "pods" else None
+        if parse_bool(request.query.get("watch")):
+            return await self._watch(request, resource, namespace, node)
+        items = [
+            o
+            for (ns, _), o in self._store(resource).items()
+            if (namespace is None or ns == namespace) and (node is None or _pod_node(o) == node)
+        ]
         return self._list("PodList", copy.deepcopy(items), str(self._rv))
 
-    async def _list_pods(self, request: web.Request) -> web.Response:
-        ns = request.match_info["ns"]
-        items = [p for (pns, _), p in self.pods.items() if pns == ns]
-        return self._list("PodList", copy.deepcopy(items), str(self._rv))
+    @staticmethod
+    def _as_seen(event: WatchEvent, w: _Watcher) -> tuple[str, JSON] | None:
+        """The event as this watch gets it, if at all."""
+        if event.resource != w.resource:
+            return None
+        if w.namespace is not None and event.obj["metadata"].get("namespace") != w.namespace:
+            return None
+        node = w.node
+        if node is None:
+            return event.type, event.obj
+        now, before = _pod_node(event.obj) == node, _pod_node(event.old) == node
+        if event.type == "DELETED":
+            return ("DELETED", event.obj) if before or now else None
+        if now and (event.type == "ADDED" or not before):
+            return "ADDED", event.obj
+        if now:
+            return "MODIFIED", event.obj
+        if before:  # left the selector: the watch sees it deleted
+            return "DELETED", event.obj
+        return None
+
+    async def _watch(
+        self, request: web.Request, resource: str, namespace: str | None, node: str | None
+    ) -> web.StreamResponse:
+        since = request.query.get("resourceVersion", "")
+        if since not in ("", "0") and not since.isdigit():
+            raise ApiError(400, "BadRequest", f"invalid resource version: {since}")
+        timeout = float(request.query.get("timeoutSeconds") or 0) or None
+        bookmarks = parse_bool(request.query.get("allowWatchBookmarks"))
+        watcher = _Watcher(resource, namespace, node, bookmarks, asyncio.Queue())
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+
+        async def send(kind: str, obj: JSON) -> None:
+            await response.write(json.dumps({"type": kind, "object": obj}).encode() + b"\n")
+
+        if since not in ("", "0") and int(since) < self._compacted_rv:
+            oldest = self.events[0].rv - 1 if self.events else self._rv
+            await send("ERROR", status_body(410, "Expired", f"too old resource version: {since} ({oldest})"))
+            await response.write_eof()
+            return response
+        if since in ("", "0"):
+            backlog = [
+                ("ADDED", o)
+                for (ns, _), o in self._store(resource).items()
+                if (namespace is None or ns == namespace) and (node is None or _pod_node(o) == node)
+            ]
+        else:
+            seen = (self._as_seen(e, watcher) for e in self.events if e.rv > int(since))
+            backlog = [s for s in seen if s is not None]
+        self._watchers.append(watcher)
+        self._watchers_changed.set()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            for line in self.inject_watch_lines:
+                await response.write(line)
+            self.inject_watch_lines.clear()
+            for kind, obj in backlog:
+                await send(kind, copy.deepcopy(obj))
+            while True:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    break
+                transport = request.transport
+                if transport is None or transport.is_closing():
+                    break  # the client went away (the API server's request context is done)
+                try:
+                    # wake up now and then to notice a client that left without a word
+                    item = await asyncio.wait_for(watcher.queue.get(), min(left or 0.2, 0.2))
+                except TimeoutError:
+                    continue
+                if item == "CLOSE":
+                    break
+                if item == "BOOKMARK":
+                    bookmark = {
+                        "kind": "Pod",
+                        "apiVersion": "v1",
+                        "metadata": {"resourceVersion": str(self._rv)},
+                    }
+                    await send("BOOKMARK", bookmark)
+                    continue
+                assert isinstance(item, WatchEvent)
+                seen_event = self._as_seen(item, watcher)
+                if seen_event is not None:
+                    await send(seen_event[0], copy.deepcopy(seen_event[1]))
+            await response.write_eof()
+        except ConnectionResetError:
+            pass  # the client went away
+        finally:
+            self._watchers.remove(watcher)
+            self._watchers_changed.set()
+        return response
 
     async def _get_pod(self, request: web.Request) -> web.Response:
         return web.json_response(self._pod(request))

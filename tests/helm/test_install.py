@@ -7,7 +7,6 @@ validation, ordering and release bookkeeping — more than lint, less than a rea
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import functools
 import gzip
@@ -17,7 +16,6 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,87 +23,11 @@ import pytest
 import yaml
 
 from tests.fakes.helm_api import RELEASE_SECRET_TYPE, FakeHelmAPI
-
-ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "helm" / "gpupulse"
-CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
-RELEASE = "pulse"
-JSON = dict[str, Any]
+from tests.helm.installs import CHART, JSON, RELEASE, ROOT, Installed, install
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("helm_sdkpy") is None, reason="helm-sdkpy is not installed"
 )
-
-
-@dataclass
-class Installed:
-    """What one `helm install` left in its fake cluster."""
-
-    values: JSON
-    result: JSON
-    objects: list[JSON]
-    api: FakeHelmAPI
-
-    def of_kind(self, kind: str) -> list[JSON]:
-        return [o for o in self.objects if o["kind"] == kind]
-
-    def one(self, kind: str) -> JSON:
-        found = self.of_kind(kind)
-        assert len(found) == 1, f"expected one {kind}, got {[o['metadata']['name'] for o in found]}"
-        return found[0]
-
-    def named(self, kind: str, name: str) -> JSON | None:
-        return next((o for o in self.of_kind(kind) if o["metadata"]["name"] == name), None)
-
-
-def _merge(base: JSON, extra: JSON) -> JSON:
-    out = dict(base)
-    for key, value in extra.items():
-        out[key] = (
-            _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-        )
-    return out
-
-
-def _effective_values(values_file: Path) -> JSON:
-    defaults = yaml.safe_load((CHART / "values.yaml").read_text())
-    return _merge(defaults, yaml.safe_load(values_file.read_text()) or {})
-
-
-async def _install(api: FakeHelmAPI, tls_dir: Path, namespace: str, values: JSON) -> JSON:
-    import helm_sdkpy
-
-    await api.start(tls_dir)
-    try:
-        kubeconfig = api.write_kubeconfig(tls_dir / "kubeconfig", namespace)
-        config = helm_sdkpy.Configuration(namespace=namespace, kubeconfig=str(kubeconfig))
-        action = helm_sdkpy.Install(config)
-        result: JSON = await action.run(
-            RELEASE, str(CHART), values=values, wait=False, timeout=30, disable_openapi_validation=True
-        )
-        return result
-    finally:
-        await api.stop()
-
-
-@pytest.fixture(scope="module")
-def installs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Installed]:
-    """Every ci/ values file installed once, each into its own fake cluster and namespace."""
-    out: dict[str, Installed] = {}
-    for values_file in CI_VALUES:
-        stem = values_file.name.removesuffix("-values.yaml")
-        namespace = f"ci-{stem}"
-        api = FakeHelmAPI(namespaces={namespace})
-        values = yaml.safe_load(values_file.read_text()) or {}
-        tls_dir = tmp_path_factory.mktemp(stem)
-        result = asyncio.run(_install(api, tls_dir, namespace, values))
-        out[values_file.name] = Installed(_effective_values(values_file), result, api.chart_objects(), api)
-    return out
-
-
-@pytest.fixture(params=[p.name for p in CI_VALUES])
-def inst(request: pytest.FixtureRequest, installs: dict[str, Installed]) -> Iterator[Installed]:
-    yield installs[request.param]
 
 
 def _container(workload: JSON) -> JSON:
@@ -145,8 +67,18 @@ def test_install_creates_every_manifest_object_and_records_the_release(inst: Ins
     assert release["name"] == RELEASE and release["info"]["status"] == "deployed"
 
 
+def _extra_manifests(inst: Installed) -> set[str]:
+    """Names of the user's extraManifests objects (theirs, not labelled by the chart)."""
+    names = set()
+    for entry in inst.values["extraManifests"]:
+        text = entry if isinstance(entry, str) else yaml.safe_dump(entry)
+        names |= set(re.findall(r"^  name: (\S+)", text.replace("{{ .Release.Name }}", RELEASE), re.M))
+    return names
+
+
 def test_every_object_carries_the_identity_labels(inst: Installed) -> None:
-    for obj in inst.objects:
+    extra = _extra_manifests(inst)
+    for obj in (o for o in inst.objects if o["metadata"]["name"] not in extra):
         labels = obj["metadata"].get("labels") or {}
         assert labels.get("app.kubernetes.io/name") == "gpupulse", obj["metadata"]["name"]
         assert labels.get("app.kubernetes.io/instance") == RELEASE, obj["metadata"]["name"]
@@ -226,7 +158,9 @@ def test_exporter_args_are_accepted_by_the_exporter(inst: Installed) -> None:
     from exporter.config import duration_seconds
 
     off = cli.switched_off(args, {})
-    parser = cli.build_parser(registry.available_plugins(skip=off), None, also_collectors=sorted(off))
+    parser = cli.build_parser(
+        registry.available_plugins(skip=off), cli._otlp_module(), also_collectors=sorted(off)
+    )
     settings = cli.settings_from_args(parser.parse_args(args))
     assert settings.listen_port == inst.values["exporter"]["port"]
     assert settings.sampling_interval_seconds == duration_seconds(inst.values["exporter"]["samplingInterval"])
@@ -303,6 +237,8 @@ def _pod_environment(inst: Installed, container: JSON) -> dict[str, str]:
     for var in container["env"]:
         if "value" in var:
             env[var["name"]] = var["value"]
+        elif "secretKeyRef" in var["valueFrom"]:
+            env[var["name"]] = "from-secret"
         else:
             env[var["name"]] = fields[var["valueFrom"]["fieldRef"]["fieldPath"]]
     return env
@@ -397,26 +333,6 @@ def test_token_secret_holds_a_token(inst: Installed) -> None:
     assert any(r.method == "GET" and r.path.endswith(f"/secrets/{secret_name}") for r in inst.api.requests)
 
 
-def test_alertmanager_config_routes_to_the_controller_with_its_token(inst: Installed) -> None:
-    configs = inst.of_kind("AlertmanagerConfig")
-    if not inst.values["controller"]["alertmanagerConfig"]["enabled"]:
-        assert configs == []
-        return
-    (amc,) = configs
-    (receiver,) = amc["spec"]["receivers"]
-    assert amc["spec"]["route"]["receiver"] == receiver["name"]
-    (hook,) = receiver["webhookConfigs"]
-    service = next(s for s in inst.of_kind("Service") if s["metadata"]["name"].endswith("-controller"))
-    namespace = inst.result["namespace"]
-    (port,) = service["spec"]["ports"]
-    assert hook["url"] == f"http://{service['metadata']['name']}.{namespace}.svc:{port['port']}/api/v1/alerts"
-    credentials = hook["httpConfig"]["authorization"]["credentials"]
-    secret = inst.named("Secret", credentials["name"])
-    assert secret is not None and credentials["key"] in secret["data"]
-    volumes = _controller(inst)["spec"]["template"]["spec"]["volumes"]
-    assert {"name": "token", "secret": {"secretName": credentials["name"]}} in volumes
-
-
 def test_network_policy_only_when_enabled(inst: Installed) -> None:
     policies = inst.of_kind("NetworkPolicy")
     if not (inst.values["controller"]["enabled"] and inst.values["controller"]["networkPolicy"]["enabled"]):
@@ -459,19 +375,6 @@ def test_controller_rbac_equals_docs_rbac(inst: Installed) -> None:
 # --- rules and dashboards
 
 
-def test_prometheus_rule_groups_equal_alerts(inst: Installed) -> None:
-    rules = inst.of_kind("PrometheusRule")
-    if not inst.values["prometheusRule"]["enabled"]:
-        assert rules == []
-        return
-    (rule,) = rules
-    want = []
-    for path in sorted((ROOT / "alerts").glob("*.rules.yaml")):
-        want.extend(yaml.safe_load(path.read_text())["groups"])
-    assert want, "no rule groups under alerts/"
-    assert rule["spec"]["groups"] == want
-
-
 def test_dashboard_configmaps_equal_dashboards(inst: Installed) -> None:
     maps = [o for o in inst.of_kind("ConfigMap") if "-dashboard-" in o["metadata"]["name"]]
     if not inst.values["dashboards"]["enabled"]:
@@ -480,8 +383,12 @@ def test_dashboard_configmaps_equal_dashboards(inst: Installed) -> None:
     sources = {p.name: json.loads(p.read_text()) for p in (ROOT / "dashboards" / "json").glob("*.json")}
     assert len(maps) == len(sources)
     seen = set()
+    board = inst.values["dashboards"]
     for cm in maps:
-        assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+        # the Grafana sidecar's label (kube-prometheus-stack: grafana_dashboard "1", any namespace)
+        assert cm["metadata"]["labels"][board["label"]] == board["labelValue"]
+        folder = (cm["metadata"].get("annotations") or {}).get(board["folderAnnotation"])
+        assert folder == (board["folder"] or None)
         ((key, text),) = cm["data"].items()
         assert json.loads(text) == sources[key], key
         seen.add(key)
@@ -496,7 +403,7 @@ async def test_invalid_values_fail_the_schema_before_anything_is_created(tmp_pat
 
     api = FakeHelmAPI(namespaces={"bad"})
     with pytest.raises(helm_sdkpy.InstallError) as failure:
-        await _install(api, tmp_path, "bad", {"controller": {"replicas": 7}})
+        await install(api, tmp_path, "bad", {"controller": {"replicas": 7}})
     assert [r for r in api.requests if r.method != "GET"] == []
     assert api.created == []
     assert "/controller/replicas" in str(failure.value)
@@ -507,7 +414,7 @@ async def test_template_guard_fails_before_anything_is_created(tmp_path: Path) -
 
     api = FakeHelmAPI(namespaces={"bad"})
     with pytest.raises(helm_sdkpy.InstallError) as failure:
-        await _install(api, tmp_path, "bad", {"controller": {"replicas": 2, "backend": "local"}})
+        await install(api, tmp_path, "bad", {"controller": {"replicas": 2, "backend": "local"}})
     assert [r for r in api.requests if r.method != "GET"] == []
     assert "leader election uses a Lease" in str(failure.value)
 
@@ -518,7 +425,7 @@ async def test_replicas_on_a_shared_filesystem_are_refused(tmp_path: Path) -> No
     api = FakeHelmAPI(namespaces={"bad"})
     values = {"controller": {"replicas": 2, "persistence": {"accessModes": ["ReadWriteMany"]}}}
     with pytest.raises(helm_sdkpy.InstallError) as failure:
-        await _install(api, tmp_path, "bad", values)
+        await install(api, tmp_path, "bad", values)
     assert [r for r in api.requests if r.method != "GET"] == []
     assert "needs a local filesystem" in str(failure.value)
 

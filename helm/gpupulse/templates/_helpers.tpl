@@ -80,9 +80,10 @@ app.kubernetes.io/component: controller
 {{- end }}
 {{- end }}
 
-{{/* The image reference; a digest wins over a tag. */}}
+{{/* The image reference; a digest wins over a tag, global.imageRegistry over image.registry. */}}
 {{- define "gpupulse.image" -}}
 {{- $registry := .Values.image.registry -}}
+{{- with (.Values.global).imageRegistry }}{{ $registry = . }}{{ end -}}
 {{- $repo := .Values.image.repository -}}
 {{- if .Values.image.digest -}}
 {{- printf "%s/%s@%s" $registry $repo .Values.image.digest -}}
@@ -98,4 +99,79 @@ app.kubernetes.io/component: controller
 {{- else }}
 {{- printf "%s-token" (include "gpupulse.controller.fullname" .) }}
 {{- end }}
+{{- end }}
+
+{{/* imagePullSecrets of every pod: global ones first, then the chart's, without repeats. */}}
+{{- define "gpupulse.imagePullSecrets" -}}
+{{- $secrets := list -}}
+{{- range (concat ((.Values.global).imagePullSecrets | default list) (.Values.imagePullSecrets | default list)) -}}
+{{- $entry := . -}}
+{{- if kindIs "string" . }}{{ $entry = dict "name" . }}{{ end -}}
+{{- if not (has $entry $secrets) }}{{ $secrets = append $secrets $entry }}{{ end -}}
+{{- end -}}
+{{- with $secrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/* Service / pod label whose value the monitors turn into the job label. */}}
+{{- define "gpupulse.jobLabelKey" -}}jobLabel{{- end }}
+
+{{/* The exporter's Prometheus job and the rules' default selector of its series. */}}
+{{- define "gpupulse.exporter.selector" -}}
+{{- if .Values.prometheusRule.exporterSelector -}}
+{{- .Values.prometheusRule.exporterSelector -}}
+{{- else -}}
+{{- printf "job=%q" .Values.exporter.jobName -}}
+{{- end -}}
+{{- end }}
+
+{{/* Labels for the objects a Prometheus selects: monitoringLabels, then the object's own extras. */}}
+{{- define "gpupulse.monitoringLabels" -}}
+{{- $labels := merge (dict) (.extra | default dict) (.root.Values.monitoringLabels | default dict) -}}
+{{- with $labels }}{{ toYaml . }}{{ end -}}
+{{- end }}
+
+{{/* One rule field with every install-time tunable token replaced; a token without a value fails. */}}
+{{- define "gpupulse.rules.tune" -}}
+{{- $text := toString .text -}}
+{{- range $section, $values := .tokens -}}
+{{- range $name, $value := $values -}}
+{{- $text = replace (printf "__gpupulse_%s__%s__" $section $name) (toString $value) $text -}}
+{{- end -}}
+{{- end -}}
+{{- if contains "__gpupulse_" $text -}}
+{{- fail (printf "prometheusRule: no value for a rule setting in %q (was a prometheusRule key set to null?)" $text) -}}
+{{- end -}}
+{{- $text -}}
+{{- end }}
+
+{{/* Namespaces that get an AlertmanagerConfig (and, if not the release's, a copy of the token
+Secret), as a JSON list, from the Alertmanager's matcher strategy (docs/helm.md). */}}
+{{- define "gpupulse.alertmanagerConfig.namespaces" -}}
+{{- $amc := .Values.controller.alertmanagerConfig -}}
+{{- $own := include "gpupulse.namespace" . -}}
+{{- $out := list -}}
+{{- if eq $amc.matcherStrategy "OnNamespaceExceptForAlertmanagerNamespace" -}}
+{{- if not $amc.alertmanagerNamespace -}}
+{{- fail "controller.alertmanagerConfig.matcherStrategy OnNamespaceExceptForAlertmanagerNamespace needs controller.alertmanagerConfig.alertmanagerNamespace" -}}
+{{- end -}}
+{{- $out = list $amc.alertmanagerNamespace -}}
+{{- else if eq $amc.matcherStrategy "None" -}}
+{{- $out = list $own -}}
+{{- else -}}
+{{- $out = list $own -}}
+{{- range ($amc.namespaces | default .Values.controller.scope.namespaces) -}}
+{{- if not (has . $out) }}{{ $out = append $out . }}{{ end -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $out -}}
+{{- end }}
+
+{{/* OTEL_RESOURCE_ATTRIBUTES from a mapping: k=v pairs, comma separated, in key order. */}}
+{{- define "gpupulse.otlpResourceAttributes" -}}
+{{- $pairs := list -}}
+{{- range $k, $v := . }}{{ $pairs = append $pairs (printf "%s=%s" $k (toString $v)) }}{{ end -}}
+{{- join "," $pairs -}}
 {{- end }}
