@@ -232,6 +232,13 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "Namespaces the controller may act in (comma-separated; empty = all).",
     ),
     Flag(
+        "scope.routing-namespaces",
+        parse_list,
+        "",
+        "Namespaces that GPU, node and exporter alerts carry only to be routed (the chart's own, for "
+        "prometheus-operator's OnNamespace matcher): not checked against --scope.namespaces.",
+    ),
+    Flag(
         "scope.node-selector",
         str,
         _E.scope.node_selector,
@@ -424,6 +431,7 @@ def settings_from_flags(ns: argparse.Namespace, environ: Mapping[str, str] | Non
         scope=dataclasses.replace(
             base.scope,
             namespaces=v["scope_namespaces"],
+            routing_namespaces=v["scope_routing_namespaces"],
             opt_in_label=v["scope_opt_in_label"],
             node_selector=v["scope_node_selector"],
             off_scope=v["scope_off_scope"],

@@ -55,6 +55,10 @@ class ScopeSettings:
     # empty = every namespace; any alert naming a namespace outside it is out of scope, whatever its
     # target (a pod target must name one)
     namespaces: tuple[str, ...] = ()
+    # namespaces alerts carry only to be routed, not to name a workload: the chart stamps its own
+    # namespace on node, GPU and exporter alerts so that prometheus-operator's default OnNamespace
+    # matcher routes them to us. On targets other than pods such a namespace is not checked.
+    routing_namespaces: tuple[str, ...] = ()
     # Kubernetes label selector on the Node of gpu and node targets (e.g. "nodepool=inference,
     # !gpupulse.io/no-remediation"); "" = every node. Needs a node-label source (the Kubernetes backend)
     node_selector: str = ""

@@ -33,6 +33,8 @@ def in_scope(
     a node selector is set and the target is a GPU or a node.
     """
     namespace = target.namespace or labels.get("namespace", "")
+    if target.kind != "pod" and namespace in settings.routing_namespaces:
+        namespace = ""  # stamped for routing (docs/helm.md), it names no workload
     if settings.namespaces and namespace and namespace not in settings.namespaces:
         return f"namespace {namespace!r} is not in the allowlist {list(settings.namespaces)}"
     if settings.namespaces and target.kind == "pod" and not target.namespace:

@@ -289,6 +289,20 @@ def test_controller_starts_with_the_rendered_args_env_and_secrets(inst: Installe
     assert settings.engine.dry_run is values["dryRun"]
     assert settings.engine.pager.kind == values["pager"]["kind"]
     assert settings.kube.leader_election is (values["replicas"] > 1)
+    # the hardening settings reach the controller from values (durations in the values' grammar)
+    engine = settings.engine
+    assert engine.scope.node_selector == values["scope"]["nodeSelector"]
+    assert engine.scope.off_scope == values["scope"]["offScope"]
+    # node alerts stamped with the release namespace for routing stay in scope (docs/helm.md)
+    stamped = inst.values["prometheusRule"]["namespaceNodeAlerts"]
+    assert engine.scope.routing_namespaces == ((inst.result["namespace"],) if stamped else ())
+    assert engine.budgets.max_pages_per_window == values["safety"]["maxPagesPerWindow"]
+    assert engine.budgets.page_window_seconds == cli.parse_duration(values["safety"]["pageWindow"])
+    assert engine.external_url == values["externalUrl"]
+    assert engine.max_event_age_seconds == cli.parse_duration(values["maxEventAge"])
+    assert settings.web_read_header_timeout_seconds == cli.parse_duration(values["readHeaderTimeout"])
+    assert settings.web_read_body_timeout_seconds == cli.parse_duration(values["readBodyTimeout"])
+    assert settings.storage_on_corrupt == values["persistence"]["onCorrupt"]
     if values["backend"] == "kubernetes":
         assert (settings.kube.namespace, settings.kube.identity) == (inst.result["namespace"], POD_NAME)
     token_secret = inst.named("Secret", f"{RELEASE}-gpupulse-controller-token")

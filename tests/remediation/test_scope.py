@@ -82,6 +82,35 @@ async def test_gpu_and_node_targets_without_a_namespace_are_not_limited_by_the_a
         await rig.engine.aclose()
 
 
+@pytest.mark.parametrize("target", [XID_RESET, NODE_DOWN], ids=["gpu", "node"])
+async def test_the_routing_namespace_stamped_on_node_alerts_names_no_workload(
+    tmp_path: Path, target: dict[str, str]
+) -> None:
+    # The chart stamps its own namespace on node, GPU and exporter alerts so that prometheus-operator's
+    # OnNamespace matcher routes them to us; that namespace must not put them out of scope.
+    scope = ScopeSettings(namespaces=("prod",), routing_namespaces=("gpupulse",))
+    rig = await _rig(tmp_path, scope)
+    try:
+        await rig.fire({**target, "namespace": "gpupulse"})
+        assert rig.backend.rungs == ["migrate"]
+        # any other namespace on the same kind of alert is still out of scope
+        await rig.fire({**target, "namespace": "research", "node": "node-c", "uuid": "GPU-cccc"})
+        assert rig.backend.rungs == ["migrate"]
+    finally:
+        await rig.engine.aclose()
+
+
+async def test_a_pod_in_the_routing_namespace_is_still_checked_against_the_allowlist(tmp_path: Path) -> None:
+    scope = ScopeSettings(namespaces=("prod",), routing_namespaces=("gpupulse",))
+    rig = await _rig(tmp_path, scope)
+    try:
+        await rig.fire({**LEAK, "namespace": "gpupulse"})
+        assert rig.backend.calls == []
+        assert rig.only_incident()["resolution"] == "out_of_scope"
+    finally:
+        await rig.engine.aclose()
+
+
 async def test_a_node_selector_scopes_gpu_and_node_targets_by_node_labels(tmp_path: Path) -> None:
     nodes = StaticNodeLabels(
         {
