@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 Monotonic = Callable[[], float]
 
+
 def _binding_version() -> str:
     try:
         return importlib.metadata.version("nvidia-ml-py")

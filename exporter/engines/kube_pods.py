@@ -205,7 +205,9 @@ class KubePodSource:
                 self._notify()
                 log.warning(
                     "engine pod discovery failed, keeping %d targets, retry in %.0f s: %s",
-                    len(self._targets), delay, exc,
+                    len(self._targets),
+                    delay,
+                    exc,
                 )
                 await self._sleep(delay)
                 delay = min(delay * 2, self._settings.retry_max_seconds)
