@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 import pytest
 from prometheus_client.core import Metric
 
+import exporter.pagecache.collector as collection_module
 from exporter.attribution.procfs import Procfs
 from exporter.collectors.base import GpuProcess, NodeState, PodRef
 from exporter.pagecache.collector import PageCacheCollector, PageCacheSettings
@@ -211,3 +213,47 @@ async def test_scenario_eviction_drops_the_ratio_of_the_pods_model(
     assert ratios[0] > 0.9 and ratios[1] > 0.9
     assert ratios[2] < 0.1 and ratios[3] < 0.1
     assert ratios[4] > 0.9
+
+
+async def test_a_file_whose_stat_hangs_costs_only_its_model(
+    weights_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two models; one sits on a network mount that stopped answering. The other is still reported,
+    # the hung one is not (no stale ratio), and its stat is not started again while it is out.
+    write_weights(weights_dir / "good" / "w.safetensors", 2 * MIB)
+    write_weights(weights_dir / "nfs" / "w.safetensors", 2 * MIB)
+    hung_path = str(weights_dir / "nfs" / "w.safetensors")
+    release = threading.Event()
+    stats: list[str] = []
+    real_stat = os.stat
+
+    def stat(path: str | os.PathLike[str], *args: Any, **kwargs: Any) -> os.stat_result:
+        if str(path) == hung_path and not release.is_set():
+            stats.append(str(path))
+            release.wait()
+        return real_stat(path, *args, **kwargs)
+
+    settings = PageCacheSettings(
+        paths=(f"good={weights_dir / 'good'}", f"nfs={weights_dir / 'nfs'}"),
+        scan_mapped=False,
+        item_timeout_seconds=0.1,
+    )
+    collector = PageCacheCollector(settings)
+    try:
+        before = values(await collector.collect(NodeState()), SIZE)
+        assert set(before) == {("good", "", ""), ("nfs", "", "")}
+        monkeypatch.setattr(collection_module.os, "stat", stat)
+        during = values(await collector.collect(NodeState()), SIZE)
+        assert set(during) == {("good", "", "")}
+        again = values(await collector.collect(NodeState()), SIZE)
+        assert set(again) == {("good", "", "")} and stats == [hung_path]  # set aside, not retried
+        release.set()
+        for _ in range(100):
+            if not collector._reader.stuck:
+                break
+            await asyncio.sleep(0.01)
+        after = values(await collector.collect(NodeState()), SIZE)
+        assert set(after) == {("good", "", ""), ("nfs", "", "")}
+    finally:
+        release.set()
+        await collector.close()
