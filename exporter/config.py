@@ -54,6 +54,9 @@ class ExporterSettings:
     slow_collector_wait_seconds: float = 0.1
     # /readyz fails when the last good sample is older than this many intervals.
     ready_max_age_intervals: float = 3.0
+    # Fields that change slowly (ECC and remap counters, NVLink link states, power limit, PCIe link
+    # and replays) are read this often; between reads the last values are served (0: every tick).
+    slow_fields_interval_seconds: float = 10.0
     # Window for the first process-utilization read; later reads continue from the last sample seen.
     process_sample_window_seconds: float = 1.0
     xid_wait_timeout_ms: int = 500

@@ -13,7 +13,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -25,7 +25,7 @@ from exporter.config import duration_seconds as parse_duration
 from exporter.engines import procfs
 from exporter.engines.derived import DerivedHistogram
 from exporter.engines.detect import NORMALIZERS, PREFIXES, WANTED, detect_kind
-from exporter.engines.exposition import Exposition, ExpositionError, ExpositionParser
+from exporter.engines.exposition import LABEL_CACHE_MAX, Exposition, ExpositionError, ExpositionParser
 from exporter.engines.gpumap import engine_gpus
 from exporter.engines.kube_pods import KubePodSource
 from exporter.engines.reading import MIXED, ModelReading
@@ -79,6 +79,7 @@ class Endpoint:
     cold_start_seconds: float | None = None
     tree: set[int] = field(default_factory=set)
     warned_malformed: frozenset[str] = frozenset()
+    label_cache: dict[str, Any] = field(default_factory=dict)  # label blocks repeat every scrape
 
 
 @dataclass(frozen=True)
@@ -258,7 +259,9 @@ class EnginesCollector:
         t = ep.target
         s = self.settings
         began = time.perf_counter()
-        parser = ExpositionParser(WANTED, s.max_samples_per_endpoint, PREFIXES)
+        if len(ep.label_cache) >= LABEL_CACHE_MAX:
+            ep.label_cache.clear()  # a page whose label sets keep changing: start over
+        parser = ExpositionParser(WANTED, s.max_samples_per_endpoint, PREFIXES, ep.label_cache)
         try:
             assert self._session is not None
             expo = await fetch_page(

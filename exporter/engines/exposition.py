@@ -24,6 +24,7 @@ Traps handled here (docs/design/engines.md, "Parser traps"):
 from __future__ import annotations
 
 import codecs
+import functools
 import itertools
 import math
 import re
@@ -45,6 +46,9 @@ _SUFFIXES = {
 # A line longer than this is malformed; the rest of it is skipped without being held.
 MAX_LINE_CHARS = 64 * 1024
 MAX_NAMED_PROBLEMS = 20  # names of malformed families kept for the log
+# Parsed label blocks kept per endpoint between scrapes (they repeat verbatim); bounded so that a
+# page of ever-new label sets costs no more than the parse itself.
+LABEL_CACHE_MAX = 4096
 
 
 class ExpositionError(Exception):
@@ -118,6 +122,7 @@ class Exposition:
         return self.histograms.get(name, [])
 
 
+@functools.lru_cache(maxsize=4096)
 def canonical_name(name: str) -> str:
     """Undo Ray's sanitising of `vllm:`/`sglang:` prefixes (`ray_vllm_x`, `vllm_x` -> `vllm:x`)."""
     return _RAY_PREFIX.sub(r"\1:", name, count=1)
@@ -132,7 +137,7 @@ class _Family:
     members: dict[str, str]  # sample name -> suffix ("" for a plain sample, "_created", "_bucket", ...)
     broken: bool = False
     # (suffix, raw label text, labels, value)
-    rows: list[tuple[str, str, dict[str, str], float]] = field(default_factory=list)
+    rows: list[tuple[str, str, _LabelSet, float]] = field(default_factory=list)
 
 
 def _members(wire: str, key: str, kind: str) -> dict[str, str]:
@@ -190,7 +195,9 @@ class ExpositionParser:
         wanted: Collection[str] | None = None,
         max_samples: int | None = None,
         note_prefixes: tuple[str, ...] = (),
+        label_cache: dict[str, _LabelSet] | None = None,
     ) -> None:
+        self._label_cache = label_cache
         self._wanted = frozenset(wanted) if wanted is not None else None
         self._max_samples = max_samples
         self._note_prefixes = note_prefixes
@@ -261,8 +268,10 @@ class ExpositionParser:
             fam = self._family_of(name)
         if not fam.keep or fam.broken:
             return
+        if line[-1] == "\r":
+            line = line[:-1]
         try:
-            raw, labels, value = _sample(line.rstrip("\r"), m.end())
+            raw, labels, value = _sample(line, m.end(), self._label_cache)
         except ValueError:
             self._malformed(fam)
             return
@@ -343,7 +352,7 @@ class ExpositionParser:
                 if _has_duplicates(rows):
                     self._malformed(fam)
                     continue
-                expo.counters[fam.key] = [Sample(labels, v) for _, _, labels, v in rows]
+                expo.counters[fam.key] = [Sample(ls.labels, v) for _, _, ls, v in rows]
             elif fam.type == "histogram":
                 children = _histogram_children(fam.rows)
                 if children is None:
@@ -357,7 +366,7 @@ class ExpositionParser:
                 if _has_duplicates(fam.rows):
                     self._malformed(fam)
                     continue
-                expo.gauges[fam.key] = [Sample(labels, v) for _, _, labels, v in fam.rows]
+                expo.gauges[fam.key] = [Sample(ls.labels, v) for _, _, ls, v in fam.rows]
             # summaries, info and stateset families carry nothing we map
         kept = any(True for _ in expo.names())
         if not kept and (expo.malformed_count or (expo.skipped_lines and self._families_seen == 0)):
@@ -367,65 +376,94 @@ class ExpositionParser:
             )
 
 
-def _sample(line: str, pos: int) -> tuple[str, dict[str, str], float]:
-    """(raw label text, labels, value) of a sample line whose name ends at pos; ValueError if malformed."""
+@dataclass(frozen=True)
+class _LabelSet:
+    """One parsed label block, shared by every sample (and every scrape) that repeats it verbatim."""
+
+    labels: dict[str, str]  # read-only once built
+    le: str | None  # the histogram bucket bound, when there is one
+    rest: dict[str, str]  # labels without `le`
+    key: tuple[tuple[str, str], ...]  # sorted items of rest: a histogram child's identity
+
+
+_NO_LABELS = _LabelSet({}, None, {}, ())
+
+
+def _label_set(raw: str) -> _LabelSet:
+    """Parse `{a="b",...}` exactly (the whole block must match); ValueError otherwise."""
     labels: dict[str, str] = {}
-    raw = ""
-    if pos < len(line) and line[pos] == "{":
-        start = pos
+    pos = 1
+    if raw[pos : pos + 1] != "}":
+        while True:
+            m = _LABEL.match(raw, pos)
+            if m is None:
+                raise ValueError("bad label set")
+            key = sys.intern(m.group(1))
+            if key in labels:
+                raise ValueError("label given twice")
+            value = _unescape(m.group(2))
+            labels[key] = sys.intern(value) if len(value) <= 64 else value
+            pos = m.end()
+            if m.group(3) == "}":
+                break
+            if raw[pos : pos + 1] == "}":  # a trailing comma
+                pos += 1
+                break
+    else:
         pos += 1
-        if line[pos : pos + 1] == "}":
-            pos += 1
-        else:
-            while True:
-                m = _LABEL.match(line, pos)
-                if m is None:
-                    raise ValueError("bad label set")
-                key = sys.intern(m.group(1))
-                if key in labels:
-                    raise ValueError("label given twice")
-                value = _unescape(m.group(2))
-                labels[key] = sys.intern(value) if len(value) <= 64 else value
-                pos = m.end()
-                if m.group(3) == "}":
-                    break
-                if line[pos : pos + 1] == "}":  # a trailing comma
-                    pos += 1
-                    break
-        raw = line[start:pos]
+    if pos != len(raw):
+        raise ValueError("text after the label set")
+    le = labels.get("le")
+    rest = {k: v for k, v in labels.items() if k != "le"} if le is not None else labels
+    return _LabelSet(labels, le, rest, tuple(sorted(rest.items())))
+
+
+def _sample(line: str, pos: int, cache: dict[str, _LabelSet] | None) -> tuple[str, _LabelSet, float]:
+    """(raw label text, labels, value) of a sample line whose name ends at pos; ValueError if malformed."""
+    raw = ""
+    labels = _NO_LABELS
+    if pos < len(line) and line[pos] == "{":
+        # The value and timestamp hold no "}", so the last one closes the label set even when a
+        # label value contains one.
+        end = line.rfind("}") + 1
+        raw = line[pos:end]
+        got = cache.get(raw) if cache is not None else None
+        if got is None:
+            got = _label_set(raw)
+            if cache is not None and len(cache) < LABEL_CACHE_MAX:
+                cache[raw] = got
+        labels = got
+        pos = end
     if pos >= len(line) or line[pos] not in " \t":
         raise ValueError("no value")
     rest = line[pos:].split()
     if not rest or len(rest) > 2:
         raise ValueError("no value")
-    value_f = _value(rest[0])
+    value = _value(rest[0])
     if len(rest) == 2:
         int(rest[1])  # a timestamp in ms: checked, not used
-    return raw, labels, value_f
+    return raw, labels, value
 
 
-def _has_duplicates(rows: list[tuple[str, str, dict[str, str], float]]) -> bool:
+def _has_duplicates(rows: list[tuple[str, str, _LabelSet, float]]) -> bool:
     # Prometheus refuses a whole page with a series twice; here only that family goes.
     return len({(r[0], r[1]) for r in rows}) != len(rows)
 
 
-def _histogram_children(rows: list[tuple[str, str, dict[str, str], float]]) -> list[HistogramSeries] | None:
+def _histogram_children(rows: list[tuple[str, str, _LabelSet, float]]) -> list[HistogramSeries] | None:
     """Group _bucket/_sum/_count rows by their non-`le` labels; None when a child is inconsistent."""
     groups: dict[tuple[tuple[str, str], ...], _Child] = {}
-    for suffix, _, labels, value in rows:
+    for suffix, _, ls, value in rows:
         if suffix == "_created":
             continue
-        rest = dict(labels)
-        le = rest.pop("le", None)
-        key = tuple(sorted(rest.items()))
-        child = groups.get(key)
+        child = groups.get(ls.key)
         if child is None:
-            child = groups[key] = _Child(rest)
+            child = groups[ls.key] = _Child(ls.rest)
         if suffix == "_bucket":
-            if le is None:
+            if ls.le is None:
                 return None
             try:
-                child.buckets.append((_value(le), value))
+                child.buckets.append((_value(ls.le), value))
             except ValueError:
                 return None
         elif suffix == "_sum":
@@ -455,6 +493,6 @@ def parse_exposition(
     note_prefixes: tuple[str, ...] = (),
 ) -> Exposition:
     """Parse a whole page at once; raise ExpositionError when nothing in it is an exposition."""
-    parser = ExpositionParser(wanted, max_samples, note_prefixes)
+    parser = ExpositionParser(wanted, max_samples, note_prefixes, {})
     parser.feed(text)
     return parser.finish()
