@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from exporter.engines.detect import NORMALIZERS, PREFIXES, WANTED, detect_kind
@@ -283,3 +285,28 @@ def test_trtllm_serve_block_counters_when_no_token_counters() -> None:
 def test_request_queue_time_is_read_where_the_engine_has_it(fixture: str) -> None:
     r = only(fixture)
     assert r.queue_time is not None and r.queue_time.count > 0
+
+
+def test_vllm_v0_without_step_histograms_falls_back_to_model_forward_time() -> None:
+    # vLLM V0 with --collect-detailed-traces, and no TPOT/ITL family on the page
+    lines = [
+        line
+        for line in load_fixture("vllm-v0-0.7.3").splitlines()
+        if "time_per_output_token" not in line and "inter_token_latency" not in line
+    ]
+    forward = [
+        "# HELP vllm:model_forward_time_milliseconds Histogram of time spent in the model forward pass.",
+        "# TYPE vllm:model_forward_time_milliseconds histogram",
+        'vllm:model_forward_time_milliseconds_bucket{le="10.0",model_name="m"} 3.0',
+        'vllm:model_forward_time_milliseconds_bucket{le="25.0",model_name="m"} 9.0',
+        'vllm:model_forward_time_milliseconds_bucket{le="+Inf",model_name="m"} 10.0',
+        'vllm:model_forward_time_milliseconds_count{model_name="m"} 10.0',
+        'vllm:model_forward_time_milliseconds_sum{model_name="m"} 180.0',
+    ]
+    expo = parse_exposition("\n".join(lines + forward) + "\n", wanted=WANTED, note_prefixes=PREFIXES)
+    r = next(r for r in NORMALIZERS["vllm"](expo) if r.model == "m")
+    assert r.itl is None
+    assert set(r.batch) == {"mixed"}
+    assert r.batch["mixed"].buckets == ((0.01, 3.0), (0.025, 9.0), (math.inf, 10.0))  # ms -> s
+    assert r.batch["mixed"].sum == pytest.approx(0.18)
+    assert r.batch_source is not None and r.batch_source.source == "vllm:model_forward_time_milliseconds"
