@@ -74,6 +74,7 @@ class Endpoint:
     pid: int | None = None
     pid_tried_at: float | None = None
     process_start: float | None = None  # epoch seconds, from procfs or the engine's own metric
+    start_source: str | None = None  # "procfs" or "engine": where process_start came from
     own_start: float | None = None  # the engine's process_start_time_seconds, last scrape
     first_success_at: float | None = None
     cold_start_seconds: float | None = None
@@ -163,7 +164,7 @@ class EnginesCollector:
         )
         for ep, ok in zip(endpoints, succeeded, strict=False):
             if ep.pid is None and ep.own_start is not None:
-                self._note_process_start(ep, ep.own_start)
+                self._note_process_start(ep, ep.own_start, "engine")
             if ok:
                 self._note_success(ep)
         budget = Budget(total=self.settings.max_series, per_endpoint=self.settings.max_series_per_endpoint)
@@ -202,7 +203,7 @@ class EnginesCollector:
             got = result.values.get(url)
             if isinstance(got, _Resolved):
                 ep.pid, ep.pid_tried_at = got.pid, got.tried_at
-                self._note_process_start(ep, got.start)
+                self._note_process_start(ep, got.start, "procfs")
             if ep.pid is None:
                 ep.tree = set()
             elif isinstance(parents, dict):
@@ -245,14 +246,17 @@ class EnginesCollector:
         # anyone else's, so guessing would attribute the wrong process.
         return None
 
-    def _note_process_start(self, ep: Endpoint, start: float | None) -> None:
+    def _note_process_start(self, ep: Endpoint, start: float | None, source: str) -> None:
         if start is None:
             return
-        if ep.process_start is not None and abs(start - ep.process_start) > 1.0:
+        # The same process seen through another source (its PID found later, its own metric before)
+        # is not a restart: /proc's start time is rounded to btime's whole seconds.
+        same_source = ep.start_source in (None, source)
+        if same_source and ep.process_start is not None and abs(start - ep.process_start) > 1.0:
             # A new process: measure its cold start afresh.
             ep.first_success_at = None
             ep.cold_start_seconds = None
-        ep.process_start = start
+        ep.process_start, ep.start_source = start, source
 
     async def _scrape(self, ep: Endpoint) -> bool:
         """Fetch, parse and normalize one endpoint under its own deadline; True when it succeeded."""

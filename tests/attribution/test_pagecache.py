@@ -257,3 +257,49 @@ async def test_a_file_whose_stat_hangs_costs_only_its_model(
     finally:
         release.set()
         await collector.close()
+
+
+async def test_a_page_cache_section_names_its_file_and_is_evicted_again_and_again(weights_dir: Path) -> None:
+    section = [
+        {
+            "model": "llama-3-8b",
+            "namespace": "serving",
+            "pod": "llm-0",
+            "file": "model-00002-of-00004.safetensors",
+            "size_bytes": "8MiB",
+            "warm_at": [0, 20],
+            "evict_at": [10, 30],
+            "keep_warm": True,
+        }
+    ]
+    driver = PageCacheScenario(parse_section(section), weights_dir)
+    await asyncio.to_thread(driver.prepare)
+    assert driver.entries[0].path(weights_dir).name == "model-00002-of-00004.safetensors"
+    assert driver.flags() == [f"llama-3-8b@serving/llm-0={driver.entries[0].path(weights_dir)}"]
+    collector = PageCacheCollector(PageCacheSettings(paths=tuple(driver.flags()), scan_mapped=False))
+    key = ("llama-3-8b", "serving", "llm-0")
+    ratios = []
+    try:
+        for t in (0, 9, 10, 19, 20, 29, 30):
+            await asyncio.to_thread(driver.apply, t)
+            ratios.append(values(await collector.collect(NodeState()), RATIO)[key])
+    finally:
+        await collector.close()
+    assert [r > 0.9 for r in ratios] == [True, True, False, False, True, True, False]
+
+
+@pytest.mark.parametrize(
+    ("entry", "words"),
+    [
+        ({"model": "m", "file": "../escape.safetensors"}, "file name"),
+        ({"model": "m", "file": "dir/w.safetensors"}, "file name"),
+        ({"model": "m", "keep_warm": "yes"}, "true or false"),
+        ({"model": "m", "evict_at": ["soon"]}, "scenario times"),
+        ({"model": "m", "evict": [1]}, "unknown fields"),
+    ],
+)
+def test_a_bad_page_cache_entry_is_refused(entry: dict[str, Any], words: str) -> None:
+    from exporter.pagecache.scenario import PageCacheScenarioError
+
+    with pytest.raises(PageCacheScenarioError, match=words):
+        parse_section([entry])

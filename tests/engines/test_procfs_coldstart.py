@@ -62,3 +62,25 @@ async def test_engine_running_before_the_exporter_has_no_cold_start(fake_engines
     finally:
         await collector.close()
     assert not samples(metrics, "inference_cold_start_seconds")
+
+
+def test_the_same_process_seen_through_proc_later_is_not_a_restart() -> None:
+    # The engine's own process_start_time_seconds first; a minute later its PID is found and /proc's
+    # start time (rounded to btime's whole seconds) differs by more than a second: the cold start
+    # measured stays, and from then on /proc alone tells restarts.
+    from exporter.engines.collector import Endpoint, EnginesCollector
+    from exporter.engines.targets import Target
+
+    from .conftest import FakeClock
+
+    clock = FakeClock(1000.0)
+    collector = EnginesCollector([], clock=clock)
+    ep = Endpoint(Target("http://127.0.0.1:1/metrics"))
+    collector._note_process_start(ep, 1010.0, "engine")
+    clock.now = 1013.5
+    collector._note_success(ep)
+    assert ep.cold_start_seconds == 3.5
+    collector._note_process_start(ep, 1008.6, "procfs")  # same process, 1.4 s apart
+    assert ep.cold_start_seconds == 3.5
+    collector._note_process_start(ep, 1050.0, "procfs")  # a restart, seen by /proc
+    assert ep.cold_start_seconds is None
