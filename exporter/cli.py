@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -375,6 +376,10 @@ async def _serve(
         await runner.setup()
         site = web.TCPSite(runner, settings.listen_host, settings.listen_port)
         await site.start()
+        # What start-up made (modules, NVML tables, the simulation) lives for the whole run: frozen
+        # out of the garbage collector's scans, a full collection set off by a burst of parsing (a
+        # hostile engine page) stays short instead of stalling scrapes behind the GIL.
+        gc.freeze()
         log.info("listening on %s:%d", settings.listen_host, settings.listen_port)
         await stop.wait()
     finally:

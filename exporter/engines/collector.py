@@ -117,6 +117,7 @@ class EnginesCollector:
         self._dropped_total = 0.0
         self._warned_duplicates: set[str] = set()
         self._procfs: ItemReader[str, object] = ItemReader("engines-procfs")
+        self._ancestors: dict[int, int] = {}  # GPU processes' ancestry, reused for the ancestors
 
     async def _targets(self) -> list[Target]:
         for st in self._sources:
@@ -185,10 +186,13 @@ class EnginesCollector:
         keys = [*by_url, _PARENTS] if by_url else []
         found: list[int] = []
 
+        gpu_pids = sorted({p.pid for p in state.processes})
+        known = dict(self._ancestors)
+
         def read(key: str) -> object:
             if key == _PARENTS:
-                # the /proc-wide scan only when some endpoint has a process to build a tree under
-                return procfs.parent_map(self.settings.procfs_path) if found else {}
+                # the GPU processes' ancestry, only when some endpoint has a process to look under
+                return procfs.parents_of(self.settings.procfs_path, gpu_pids, known) if found else {}
             resolved = self._resolve_one(by_url[key], state, now)
             if resolved.pid is not None:
                 found.append(resolved.pid)
@@ -199,6 +203,8 @@ class EnginesCollector:
         for key, exc in result.errors.items():
             log.debug("procfs lookup %s failed: %s", key, exc)
         parents = result.values.get(_PARENTS)
+        if isinstance(parents, dict) and parents:
+            self._ancestors = parents
         for url, ep in by_url.items():
             got = result.values.get(url)
             if isinstance(got, _Resolved):

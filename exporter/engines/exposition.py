@@ -49,6 +49,7 @@ MAX_NAMED_PROBLEMS = 20  # names of malformed families kept for the log
 # Parsed label blocks kept per endpoint between scrapes (they repeat verbatim); bounded so that a
 # page of ever-new label sets costs no more than the parse itself.
 LABEL_CACHE_MAX = 4096
+GARBAGE_LINES = 1000  # unreadable lines before the first family after which a page is given up
 
 
 class ExpositionError(Exception):
@@ -234,6 +235,11 @@ class ExpositionParser:
             self._carry = ""
             self._skipping_long_line = True
             self._malformed(self._current)
+        if self._families_seen == 0 and self.expo.skipped_lines >= GARBAGE_LINES:
+            # So many lines and not one names a family: not an exposition (an HTML error page,
+            # binary); reading the rest would only cost the sampler's time.
+            self.stopped = True
+            return False
         return True
 
     def finish(self, truncated: str | None = None) -> Exposition:

@@ -45,7 +45,7 @@ class EngineSettings:
     max_series_per_endpoint: int = 2_000
     # Samples of mapped families kept from one page; parsing stops past it (a page of 80k series
     # would otherwise cost tens of MiB). A vLLM with ten models keeps about 3,000.
-    max_samples_per_endpoint: int = 20_000
+    max_samples_per_endpoint: int = 10_000
     procfs_path: Path = Path("/proc")
     # Resolving an engine's PID from its port scans /proc; after a miss, wait this long to retry.
     pid_retry_seconds: float = 60.0

@@ -10,7 +10,7 @@ import tracemalloc
 import pytest
 
 from exporter.engines.detect import NORMALIZERS, PREFIXES, WANTED, detect_kind
-from exporter.engines.exposition import ExpositionParser, parse_exposition
+from exporter.engines.exposition import ExpositionError, ExpositionParser, parse_exposition
 
 from .conftest import load_fixture
 
@@ -189,3 +189,18 @@ def test_writers_number_formats_all_parse() -> None:
 def test_escaped_label_values_are_unescaped() -> None:
     expo = parse_exposition('# TYPE g gauge\ng{model="a\\"b\\\\c\\nd",x="}"} 1\n')
     assert dict(expo.gauges["g"][0].labels) == {"model": 'a"b\\c\nd', "x": "}"}
+
+
+def test_a_page_of_garbage_is_given_up_early_not_read_to_the_byte_cap() -> None:
+    parser = ExpositionParser(WANTED, None, PREFIXES)
+    chunks = 0
+    while parser.feed("<div>not metrics</div>\n" * 100):
+        chunks += 1
+        assert chunks < 100
+    assert parser.stopped and chunks < 20  # stopped after about a thousand lines
+    with pytest.raises(ExpositionError):
+        parser.finish()
+    # garbage after a real family is only skipped: the page is an exposition
+    ok = ExpositionParser(WANTED, None, PREFIXES)
+    ok.feed(VLLM + "<div>oops</div>\n" * 2000)
+    assert not ok.stopped and "vllm:prefix_cache_hits" in ok.finish().counters

@@ -35,6 +35,25 @@ def test_process_tree_and_start_time() -> None:
     assert procfs.process_start_seconds(ROOT, 99999) is None
 
 
+def test_gpu_process_ancestry_is_read_without_scanning_every_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    reads: list[int] = []
+    real = procfs._stat_fields
+
+    def counted(root: object, pid: int) -> list[str] | None:
+        reads.append(pid)
+        return real(root, pid)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(procfs, "_stat_fields", counted)
+    parents = procfs.parents_of(ROOT, [4250], {})
+    assert parents == {4250: 4242, 4242: 1}
+    assert procfs.descendants(4242, parents) == {4242, 4250}
+    assert sorted(reads) == [4242, 4250]  # the GPU process and its ancestor, not 4300 or anyone else
+    reads.clear()
+    assert procfs.parents_of(ROOT, [4250], parents) == parents
+    assert reads == [4250]  # the ancestor came from the last round; the GPU process is read afresh
+    assert procfs.parents_of(ROOT, [99999], {}) == {}  # a process that is gone
+
+
 SETTINGS = EngineSettings(procfs_path=ROOT, clock_ticks_per_second=100)  # fixture starttime in 1/100 s
 
 
