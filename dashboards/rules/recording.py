@@ -143,8 +143,10 @@ def _memory(c: RulesConfig) -> tuple[Group, Group]:
     raises its own hard limit, each return is caught later, and a daily one stops firing. So a sample
     is learned only once `memory_history_offset` has passed without the workload going above its
     hard limit (HEALTHY_MEMORY is the workload's memory that long ago, unless an excursion followed):
-    the run-up to an excursion is never learned. While a workload has no healthy sample in the
-    window (a leak that keeps returning), each limit keeps its last value instead of vanishing.
+    the run-up to an excursion is never learned. A workload above its hard limit for the whole of
+    that time has a new normal, not a leak (a leak is freed by its restart), and is learned again.
+    While a workload has no healthy sample in the window (a leak that keeps returning), each limit
+    keeps its last value instead of vanishing.
     """
     w, t = c.windows, c.thresholds
     current = Group(
@@ -182,7 +184,11 @@ def _memory(c: RulesConfig) -> tuple[Group, Group]:
                 f"""
                 {WORKLOAD_MEMORY} offset {delay}
                 unless on(namespace, workload)
-                (max_over_time({ABOVE_HARD_LIMIT}[{delay}]) > 0)
+                (
+                  max_over_time({ABOVE_HARD_LIMIT}[{delay}]) > 0
+                  unless on(namespace, workload)
+                  min_over_time({ABOVE_HARD_LIMIT}[{delay}]) == 1
+                )
                 """,
             ),
             Record(
