@@ -221,8 +221,9 @@ async def test_a_file_whose_stat_hangs_costs_only_its_model(
     # Two models; one sits on a network mount that stopped answering. The other is still reported,
     # the hung one is not (no stale ratio), and its stat is not started again while it is out.
     write_weights(weights_dir / "good" / "w.safetensors", 2 * MIB)
-    write_weights(weights_dir / "nfs" / "w.safetensors", 2 * MIB)
-    hung_path = str(weights_dir / "nfs" / "w.safetensors")
+    # the hung mount's file sorts first: the good one is read after it, in the same round
+    write_weights(weights_dir / "a-nfs" / "w.safetensors", 2 * MIB)
+    hung_path = str(weights_dir / "a-nfs" / "w.safetensors")
     release = threading.Event()
     stats: list[str] = []
     real_stat = os.stat
@@ -234,7 +235,7 @@ async def test_a_file_whose_stat_hangs_costs_only_its_model(
         return real_stat(path, *args, **kwargs)
 
     settings = PageCacheSettings(
-        paths=(f"good={weights_dir / 'good'}", f"nfs={weights_dir / 'nfs'}"),
+        paths=(f"good={weights_dir / 'good'}", f"nfs={weights_dir / 'a-nfs'}"),
         scan_mapped=False,
         item_timeout_seconds=0.1,
     )

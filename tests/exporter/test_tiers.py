@@ -78,3 +78,21 @@ async def test_interval_zero_reads_every_tick() -> None:
         before = h.sim.calls["nvmlDeviceGetTotalEccErrors"]
         await h.tick(1.0)
         assert h.sim.calls["nvmlDeviceGetTotalEccErrors"] > before
+
+
+async def test_a_gpu_stale_between_slow_reads_is_read_afresh_when_it_answers(tmp_path: Path) -> None:
+    # a hang shorter than the slow interval: stale at 11, answering again from 14, next slow read at 19
+    short = (FIXTURES / "failures.yaml").read_text().replace("from: 10, until: 40", "from: 10, until: 14")
+    scenario = tmp_path / "short-hang.yaml"
+    scenario.write_text(short)
+    async with simulated_exporter(scenario, start_seconds=9.0, settings=TIERED) as h:
+        await h.tick(0)  # t = 9: a slow-tier read of both GPUs
+        assert of_gpu(h.text(), "gpu_power_limit_watts", GPU1)
+        await h.tick(2.0)  # t = 11: GPU 1 hangs; its last reading is forgotten
+        assert not of_gpu(h.text(), "gpu_power_limit_watts", GPU1)
+        limit_reads = h.sim.calls["nvmlDeviceGetEnforcedPowerLimit"]
+        await h.tick(4.0)  # t = 15: the hang ended at 14
+        await h.tick(1.0)
+        assert of_gpu(h.text(), "gpu_power_limit_watts", GPU1)
+        # read afresh, not the reading from before the hang, although the slow tier is due only at 19
+        assert h.sim.calls["nvmlDeviceGetEnforcedPowerLimit"] == limit_reads + 1
