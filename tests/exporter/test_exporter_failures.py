@@ -81,7 +81,9 @@ async def test_hung_call_marks_only_that_gpu_stale() -> None:
         assert series(h.text(), "gpupulse_gpu_stale")["{" + GPU1 + "}"] == 1.0
         async with TestClient(TestServer(make_app(h.sampler))) as client:
             assert (await client.get("/readyz")).status == 200  # other GPUs still answer
-        await h.tick(30.0)  # t = 42: the hang is over, the call returned
+        h.clock.advance(30.0)  # t = 42: the hang is over
+        await h.returned(1)  # the call returned on its thread
+        await h.tick(0)
         text = h.text()
         assert series(text, "gpupulse_gpu_stale")["{" + GPU1 + "}"] == 0.0
         assert series(text, "gpu_up")["{" + GPU1 + "}"] == 1.0

@@ -64,8 +64,9 @@ async def test_a_gpu_back_from_stale_is_read_afresh_and_a_lost_one_serves_nothin
         assert not of_gpu(text, "gpu_power_limit_watts", GPU0)
         await h.tick(18.0)  # t = 39: a slow-tier read; GPU 1 still hangs, so it has no reading
         limit_reads = h.sim.calls["nvmlDeviceGetEnforcedPowerLimit"]
-        await h.tick(2.0)  # t = 41: the hang ended at 40; the next slow-tier read is due at 49 ...
-        await h.tick(1.0)
+        h.clock.advance(2.0)  # t = 41: the hang ended at 40; the next slow-tier read is due at 49 ...
+        await h.returned(1)
+        await h.tick(0)
         text = h.text()
         assert of_gpu(text, "gpu_power_limit_watts", GPU1)  # ... yet GPU 1 is read as soon as it answers
         assert h.sim.calls["nvmlDeviceGetEnforcedPowerLimit"] == limit_reads + 1  # it alone
@@ -91,8 +92,9 @@ async def test_a_gpu_stale_between_slow_reads_is_read_afresh_when_it_answers(tmp
         await h.tick(2.0)  # t = 11: GPU 1 hangs; its last reading is forgotten
         assert not of_gpu(h.text(), "gpu_power_limit_watts", GPU1)
         limit_reads = h.sim.calls["nvmlDeviceGetEnforcedPowerLimit"]
-        await h.tick(4.0)  # t = 15: the hang ended at 14
-        await h.tick(1.0)
+        h.clock.advance(4.0)  # t = 15: the hang ended at 14
+        await h.returned(1)
+        await h.tick(0)
         assert of_gpu(h.text(), "gpu_power_limit_watts", GPU1)
         # read afresh, not the reading from before the hang, although the slow tier is due only at 19
         assert h.sim.calls["nvmlDeviceGetEnforcedPowerLimit"] == limit_reads + 1
