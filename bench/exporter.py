@@ -56,6 +56,7 @@ from exporter.sim import ManualClock, SimulatedNvml, install, load_scenario  # n
 from exporter.sim.scenario import SCENARIO_DIR  # noqa: E402
 
 GPU_COUNTS = (1, 8, 16)
+PLUGIN_PAIRS = 3  # runs with and without the plug-ins, interleaved
 SCRAPERS = 10
 WARMUP_SECONDS = 3.0  # the exporter's first ticks import and allocate; steady state is what we serve
 WARMUP_SCRAPES = 20  # per scraper, not measured
@@ -286,26 +287,171 @@ def measure_nvitop(path: Path | None, cycles: int) -> CycleResult | None:
         return _per_cycle(target, cycles, run)
 
 
-MEASURES: dict[str, Callable[[Path | None, int], CycleResult | None]] = {
+@dataclass
+class PluginResult:
+    builtins_ms: float  # CPU per cycle, NVML collectors only (median of the runs)
+    all_ms: float  # the same cycles with the plug-ins (median of the runs)
+    added_ms: float  # median of (with - without) over back-to-back pairs of runs
+    engines_round_ms: float  # CPU of one round of each plug-in alone, for reference
+    attribution_round_ms: float
+    pagecache_round_ms: float
+
+
+def _fake_proc(root: Path, pods_dir: Path, pids: Sequence[int]) -> None:
+    """A /proc tree for the scenario's GPU processes, each in a pod the fake kubelet lists."""
+    for n, pid in enumerate(pids):
+        d = root / str(pid)
+        d.mkdir(parents=True)
+        uid = f"{n % 32:08x}-0000-4000-8000-{n % 32:012x}"
+        (d / "cgroup").write_text(
+            "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod"
+            f"{uid.replace('-', '_')}.slice/cri-containerd-{pid:064x}.scope\n"
+        )
+        (d / "stat").write_text(f"{pid} (python3) S 1 {pid} {pid} 0 -1 0 0 0 0 0 {n * 7} {n} 0 0\n")
+        (d / "maps").write_text("")
+        pod_dir = pods_dir / uid
+        if not pod_dir.exists():
+            (pod_dir / "volumes/kubernetes.io~projected/token").mkdir(parents=True)
+            (pod_dir / "etc-hosts").write_text(f"127.0.0.1\tlocalhost\n10.0.0.{n % 32}\tpod-{n % 32}\n")
+            (pod_dir / "volumes/kubernetes.io~projected/token/namespace").write_text(f"ns-{n % 7}")
+
+
+def measure_plugins(path: Path | None, cycles: int) -> PluginResult:
+    """CPU per 1 s cycle with and without the plug-ins, in this process: 4 simulated engines (vLLM,
+    SGLang, TGI, vLLM) scraped over HTTP on their 5 s interval, attribution (fake kubelet with 110
+    pods, fake /proc for the scenario's 64 processes) on its 5 s interval, and a 256 MiB model in the
+    page cache on its 30 s interval."""
+    from bench.engines_bench import _KINDS, _start_engines, _Targets
+    from exporter.attribution.collector import AttributionCollector, AttributionSettings
+    from exporter.collectors.base import NodeState
+    from exporter.engines.collector import EnginesCollector
+    from exporter.pagecache.collector import PageCacheCollector, PageCacheSettings
+
+    assert path is not None, "the plug-in measurement runs on the simulation"
+    workdir = Path(tempfile.mkdtemp(prefix="gpb"))
+    weights = ROOT / ".work" / "bench" / "plugins" / "model-00001-of-00001.safetensors"
+    weights.parent.mkdir(parents=True, exist_ok=True)
+    with weights.open("wb") as f:
+        f.write(os.urandom(256 << 20))
+    kubelet_socket = str(workdir / "kubelet.sock")
+    kubelet = subprocess.Popen(
+        [sys.executable, "-m", "bench.attribution_bench", "--serve", kubelet_socket, "--pods", "110"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+    )
+    loop = asyncio.new_event_loop()
+    engines_scenario = workdir / "engines.yaml"
+    engines_scenario.write_text(
+        yaml.safe_dump(
+            {
+                "name": "bench",
+                "gpus": [{"model": "H100-SXM5-80GB"}],
+                "engines": [{"name": f"e{i}", "kind": _KINDS[i], "model": f"model-{i}"} for i in range(4)],
+            }
+        )
+    )
+    procs, targets = loop.run_until_complete(_start_engines(4, engines_scenario))
+    try:
+        assert kubelet.stdout is not None
+        kubelet.stdout.readline()  # "ready"
+        with Target(path) as target:
+            nvml = Nvml()
+            nvml.init()
+            nvml.discover()
+            settings = ExporterSettings()
+            fleet = GpuFleet(nvml, target.clock, settings.gpu_call_timeout_seconds)
+            ctx = BuiltinContext(fleet, XidCounter(), settings)
+            assert target.sim is not None
+            _fake_proc(
+                workdir / "proc", workdir / "pods", sorted({p.pid for p in target.sim.scenario.processes})
+            )
+
+            states: list[NodeState] = []
+
+            def run(collectors: list[Any]) -> float:
+                sampler = Sampler(collectors, settings, target.clock, gpu_status=fleet)
+                for _ in range(6):  # warm-up: GPM baselines, first rounds, sessions
+                    target.advance()
+                    loop.run_until_complete(sampler.sample_once())
+                cpu = 0.0
+                for _ in range(cycles):
+                    target.advance()
+                    t0 = time.process_time()
+                    loop.run_until_complete(sampler.sample_once())
+                    cpu += time.process_time() - t0
+                states.append(sampler.state)
+                return 1000 * cpu / cycles
+
+            builtins = [f(ctx) for f in BUILTINS.values()]
+            engines = EnginesCollector([_Targets(targets)])
+            attribution = AttributionCollector(
+                AttributionSettings(
+                    kubelet_socket_path=kubelet_socket,
+                    kubelet_pods_dir=str(workdir / "pods"),
+                    procfs_path=str(workdir / "proc"),
+                )
+            )
+            pagecache = PageCacheCollector(PageCacheSettings(paths=(str(weights.parent),), scan_mapped=False))
+            base = run(builtins)
+            plugins: list[Any] = [attribution, engines, pagecache]
+            bases, fulls = [base], [run([*builtins, *plugins])]
+            for _ in range(PLUGIN_PAIRS - 1):  # back-to-back pairs: this machine's load drifts
+                bases.append(run(builtins))
+                fulls.append(run([*builtins, *plugins]))
+            state = states[-1]  # the node as the last run saw it: 16 GPUs, 64 processes
+
+            def round_ms(collector: Any) -> float:
+                cpus = []
+                for _ in range(10):
+                    t0 = time.process_time()
+                    loop.run_until_complete(collector.collect(state))
+                    cpus.append(time.process_time() - t0)
+                return 1000 * statistics.median(cpus)
+
+            rounds = [round_ms(c) for c in (engines, attribution, pagecache)]
+            for c in plugins:
+                loop.run_until_complete(c.close())
+            fleet.close()
+            nvml.shutdown()
+            return PluginResult(
+                statistics.median(bases),
+                statistics.median(fulls),
+                statistics.median(f - b for b, f in zip(bases, fulls, strict=True)),
+                *rounds,
+            )
+    finally:
+        for p in procs:
+            p.terminate()
+            loop.run_until_complete(p.wait())
+        loop.close()
+        kubelet.terminate()
+        kubelet.wait(10)
+        weights.unlink(missing_ok=True)
+
+
+MEASURES: dict[str, Callable[[Path | None, int], Any]] = {
     "gpupulse": measure_gpupulse,
     "raw": measure_raw,
     "nvitop": measure_nvitop,
+    "plugins": measure_plugins,
 }
 
 
-def measure_isolated(kind: str, gpus: int, cycles: int) -> CycleResult | None:
+def measure_isolated(kind: str, gpus: int, cycles: int) -> Any:
     """One measurement in a fresh interpreter, so imports, caches and garbage do not leak between them."""
     cmd = [sys.executable, __file__, "--one", kind, str(gpus), str(cycles)]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=ROOT, timeout=600).stdout
     data = json.loads(out.strip().splitlines()[-1])
-    return None if data is None else CycleResult(**data)
+    if data is None:
+        return None
+    return PluginResult(**data) if kind == "plugins" else CycleResult(**data)
 
 
 def _one(kind: str, gpus: int, cycles: int) -> None:
     """gpus 0 means the real driver."""
     with tempfile.TemporaryDirectory() as tmp:
         result = MEASURES[kind](scenario_file(gpus, Path(tmp)) if gpus else None, cycles)
-    print(json.dumps(None if result is None else result.__dict__))
+    print(json.dumps(None if result is None else dict(vars(result))))
 
 
 # --- the real exporter process: scrape latency, RSS, CPU -------------------------------------------
@@ -480,6 +626,12 @@ def main(argv: list[str] | None = None) -> int:
     """Run every measurement and print markdown tables."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0] if __doc__ else None)
     parser.add_argument("--cycles", type=int, default=40, help="measured sampling cycles per case")
+    parser.add_argument(
+        "--plugin-cycles",
+        type=int,
+        default=30,
+        help="cycles per run of the plug-in measurement (30: one page-cache round)",
+    )
     parser.add_argument("--scrapes", type=int, default=200, help="scrapes per concurrent scraper")
     parser.add_argument(
         "--scrape-pause", type=float, default=0.0, help="mean pause of one scraper between scrapes, seconds"
@@ -531,6 +683,23 @@ def main(argv: list[str] | None = None) -> int:
                 f"| {label} | {ours.cpu_ms:.2f} | {raw.cpu_ms:.2f} | {nv_ms} | {ratio:.2f}x "
                 f"| {nv_ratio} | {ours.nvml_calls:.0f}, {raw.nvml_calls:.0f}, {nv_calls} |"
             )
+            print(lines[-1], file=sys.stderr, flush=True)
+        if not args.serving_only and not args.real:
+            n = max(counts)
+            r = measure_isolated("plugins", n, args.plugin_cycles)
+            lines += [
+                "",
+                f"Plug-in collectors' added CPU per 1 s cycle ({n} GPUs, {PLUGIN_PAIRS} pairs of runs of "
+                f"{args.plugin_cycles} cycles): 4 simulated engines (vLLM, SGLang, TGI, vLLM) every 5 s, "
+                "attribution (110 pods, 64 processes) every 5 s, a 256 MiB model in the page cache "
+                "every 30 s:",
+                "",
+                "| NVML collectors only, ms | with the plug-ins, ms | added per cycle, ms "
+                "| round: engines (4), attribution, page cache, ms |",
+                "|---|---|---|---|",
+                f"| {r.builtins_ms:.2f} | {r.all_ms:.2f} | {r.added_ms:.2f} "
+                f"| {r.engines_round_ms:.2f}, {r.attribution_round_ms:.2f}, {r.pagecache_round_ms:.2f} |",
+            ]
             print(lines[-1], file=sys.stderr, flush=True)
         lines += [
             "",

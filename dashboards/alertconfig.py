@@ -41,6 +41,7 @@ class Windows:
     memory_history: str
     memory_history_offset: str
     memory_history_interval: str
+    memory_limit_hold: str
     queue_trend: str
     residency_lookback: str
     residency_dip: str
@@ -146,6 +147,13 @@ def parse_config(raw: Mapping[str, Any]) -> RulesConfig:
     windows = _exact(_section(raw, "windows"), Windows, "windows")
     for value in windows.values():
         duration_seconds(str(value))
+    hold, interval = (duration_seconds(str(windows[k])) for k in ("memory_limit_hold", "memory_history_interval"))
+    if hold < 3 * interval:
+        raise ConfigError(
+            "alerts/config.yaml windows.memory_limit_hold must be at least three memory_history_interval "
+            f"(one late evaluation would drop a held limit): {windows['memory_limit_hold']!r} < "
+            f"3 x {windows['memory_history_interval']!r}"
+        )
     thresholds = _exact(_section(raw, "thresholds"), Thresholds, "thresholds")
     for key, value in thresholds.items():
         if not isinstance(value, int | float) or isinstance(value, bool):

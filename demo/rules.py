@@ -22,6 +22,7 @@ DEMO_RULE_OVERRIDES: Mapping[str, Any] = {
         "memory_history": "5m",
         "memory_history_offset": "10s",
         "memory_history_interval": "1s",
+        "memory_limit_hold": "1m",
     },
     "for": {
         "GPUProcessMemoryAboveHardLimit": "5s",

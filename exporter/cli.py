@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -105,6 +106,14 @@ def build_parser(
         "stale (default: %(default)s)",
     )
     p.add_argument(
+        "--sampling.slow-interval",
+        dest="sampling_slow_interval",
+        type=duration_seconds,
+        default=d.slow_fields_interval_seconds,
+        help="seconds between reads of fields that change slowly: ECC and remap counters, NVLink link "
+        "states, power limit, PCIe link and replays; 0 reads them every sample (default: %(default)s)",
+    )
+    p.add_argument(
         "--simulate",
         dest="simulate",
         default=None,
@@ -167,6 +176,7 @@ def settings_from_args(args: argparse.Namespace) -> ExporterSettings:
         sampling_interval_seconds=args.sampling_interval,
         gpu_call_timeout_seconds=min(args.sampling_gpu_timeout, args.sampling_interval),
         collector_timeout_seconds=max(2.0, 2 * args.sampling_interval),
+        slow_fields_interval_seconds=args.sampling_slow_interval,
         simulate=args.simulate,
         simulate_speed=args.simulate_speed,
         log_format=args.log_format,
@@ -366,6 +376,10 @@ async def _serve(
         await runner.setup()
         site = make_site(runner, settings.listen_host, settings.listen_port)
         await site.start()
+        # What start-up made (modules, NVML tables, the simulation) lives for the whole run: frozen
+        # out of the garbage collector's scans, a full collection set off by a burst of parsing (a
+        # hostile engine page) stays short instead of stalling scrapes behind the GIL.
+        gc.freeze()
         log.info("listening on %s:%d", settings.listen_host, settings.listen_port)
         await stop.wait()
     finally:

@@ -45,10 +45,18 @@ class ExporterSettings:
     sampling_interval_seconds: float = 1.0
     # Deadline for one GPU's calls of one collector in one tick; a slower call marks the GPU stale.
     gpu_call_timeout_seconds: float = 0.5
-    # A collector round that exceeds this is cancelled and reported as failed.
+    # A collector round that exceeds this is cancelled and reported as failed (unless the collector
+    # declares a longer deadline_seconds of its own, above the deadlines inside its round).
     collector_timeout_seconds: float = 2.0
+    # How long a tick waits for a round of a collector on its own interval (the plug-ins); a round
+    # still running then goes on beside the ticks, which serve its last families meanwhile, so one
+    # slow engine endpoint or hung /proc read never delays the GPU series.
+    slow_collector_wait_seconds: float = 0.1
     # /readyz fails when the last good sample is older than this many intervals.
     ready_max_age_intervals: float = 3.0
+    # Fields that change slowly (ECC and remap counters, NVLink link states, power limit, PCIe link
+    # and replays) are read this often; between reads the last values are served (0: every tick).
+    slow_fields_interval_seconds: float = 10.0
     # Window for the first process-utilization read; later reads continue from the last sample seen.
     process_sample_window_seconds: float = 1.0
     xid_wait_timeout_ms: int = 500

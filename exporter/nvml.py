@@ -152,14 +152,10 @@ class DeviceReading:
     memory_temperature_celsius: float | None = None
     thermal_margin_celsius: float | None = None
     power_watts: float | None = None
-    power_limit_watts: float | None = None
     energy_joules: float | None = None
     sm_clock_hertz: float | None = None
     memory_clock_hertz: float | None = None
     clock_event_reasons: int | None = None
-    pcie_generation: int | None = None
-    pcie_width: int | None = None
-    pcie_replays: int | None = None
     performance_state: int | None = None
     fan_speed_ratio: float | None = None
 
@@ -290,8 +286,30 @@ def _memory(dev: Device, handle: Any, key: str) -> MemoryInfo | None:
     return None if m1 is None else MemoryInfo(int(m1.total), int(m1.used), int(m1.free), None)
 
 
+@dataclass(frozen=True)
+class SlowDeviceReading:
+    """Device fields that change rarely, read on the slow tier (power limit, PCIe link, replays)."""
+
+    power_limit_watts: float | None = None
+    pcie_generation: int | None = None
+    pcie_width: int | None = None
+    pcie_replays: int | None = None
+
+
+def read_device_slow(dev: Device) -> SlowDeviceReading:
+    """The slow-tier device fields (runs on the GPU's worker thread)."""
+    h, opt = dev.handle, dev.optional
+    limit = opt("powerlimit", pynvml.nvmlDeviceGetEnforcedPowerLimit, h)
+    return SlowDeviceReading(
+        power_limit_watts=None if limit is None else limit / 1000.0,
+        pcie_generation=_int(opt("pciegen", pynvml.nvmlDeviceGetCurrPcieLinkGeneration, h)),
+        pcie_width=_int(opt("pciewidth", pynvml.nvmlDeviceGetCurrPcieLinkWidth, h)),
+        pcie_replays=_int(opt("replay", pynvml.nvmlDeviceGetPcieReplayCounter, h)),
+    )
+
+
 def read_device(dev: Device) -> DeviceReading:
-    """Sample a GPU's dynamic state (runs on the GPU's worker thread)."""
+    """Sample a GPU's fast-changing state (runs on the GPU's worker thread); see read_device_slow."""
     h, opt = dev.handle, dev.optional
     util = None if dev.static.mig_enabled else opt("util", pynvml.nvmlDeviceGetUtilizationRates, h)
     temp = opt("tempv", pynvml.nvmlDeviceGetTemperatureV, h, pynvml.NVML_TEMPERATURE_GPU)
@@ -302,7 +320,6 @@ def read_device(dev: Device) -> DeviceReading:
     if fields is not None:
         mem_temp = _field_value(fields[0])
     power = opt("power", pynvml.nvmlDeviceGetPowerUsage, h)
-    limit = opt("powerlimit", pynvml.nvmlDeviceGetEnforcedPowerLimit, h)
     energy = opt("energy", pynvml.nvmlDeviceGetTotalEnergyConsumption, h)
     sm_clock = opt("smclock", pynvml.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_SM)
     mem_clock = opt("memclock", pynvml.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_MEM)
@@ -316,14 +333,10 @@ def read_device(dev: Device) -> DeviceReading:
         memory_temperature_celsius=mem_temp,
         thermal_margin_celsius=_float(opt("margin", pynvml.nvmlDeviceGetMarginTemperature, h)),
         power_watts=None if power is None else power / 1000.0,
-        power_limit_watts=None if limit is None else limit / 1000.0,
         energy_joules=None if energy is None else energy / 1000.0,
         sm_clock_hertz=None if sm_clock is None else sm_clock * 1e6,
         memory_clock_hertz=None if mem_clock is None else mem_clock * 1e6,
         clock_event_reasons=_int(opt("reasons", pynvml.nvmlDeviceGetCurrentClocksEventReasons, h)),
-        pcie_generation=_int(opt("pciegen", pynvml.nvmlDeviceGetCurrPcieLinkGeneration, h)),
-        pcie_width=_int(opt("pciewidth", pynvml.nvmlDeviceGetCurrPcieLinkWidth, h)),
-        pcie_replays=_int(opt("replay", pynvml.nvmlDeviceGetPcieReplayCounter, h)),
         performance_state=None if pstate is None or pstate > 15 else int(pstate),
         fan_speed_ratio=None if fan is None else fan / 100.0,
     )
@@ -511,8 +524,10 @@ class GpmSampler:
         self._mg = pynvml.c_nvmlGpmMetricsGet_t()  # about 19 KB: allocate once
         self._mg.version = pynvml.NVML_GPM_METRICS_GET_VERSION
         self._mg.numMetrics = len(self._ids)
+        # pynvml's structures convert every attribute access in Python; reach the metric array once
+        self._metrics = self._mg.metrics
         for i, metric_id in enumerate(self._ids):
-            self._mg.metrics[i].metricId = metric_id
+            self._metrics[i].metricId = metric_id
 
     def _take(self, sample: Any) -> None:
         if self._gi is None:
@@ -532,17 +547,21 @@ class GpmSampler:
         try:
             self._take(self._cur)
             self._mg.sample1, self._mg.sample2 = self._prev, self._cur
+            metrics = self._metrics
             for i in range(len(self._ids)):
-                self._mg.metrics[i].nvmlReturn = pynvml.NVML_ERROR_UNKNOWN  # don't trust stale outputs
+                metrics[i].nvmlReturn = pynvml.NVML_ERROR_UNKNOWN  # don't trust stale outputs
             call(pynvml.nvmlGpmMetricsGet, self._mg)
         finally:
             self._prev, self._cur = self._cur, self._prev  # rotate even on failure
             self._prev_t = now
         out: dict[str, float] = {}
+        metrics = self._metrics
         for i, name in enumerate(GPM_METRICS):
-            m = self._mg.metrics[i]
-            if m.nvmlReturn == pynvml.NVML_SUCCESS and math.isfinite(m.value):
-                out[name] = min(max(m.value / 100.0, 0.0), 1.0)
+            m = metrics[i]
+            if m.nvmlReturn == pynvml.NVML_SUCCESS:
+                value = m.value
+                if math.isfinite(value):
+                    out[name] = min(max(value / 100.0, 0.0), 1.0)
         return out
 
     def close(self) -> None:

@@ -21,6 +21,7 @@ from exporter.snapshot import Snapshot
 log = logging.getLogger(__name__)
 
 SnapshotHook = Callable[[Snapshot], Awaitable[None]]
+_Round = tuple[list[Metric], CollectorRound]
 
 
 class GpuStatus(Protocol):
@@ -55,47 +56,81 @@ class Sampler:
         self.last_good_monotonic: float | None = None
         self.ticks = 0
         self._cached: dict[str, tuple[float, list[Metric], CollectorRound]] = {}
+        # name -> (when its next round is due, the running round)
+        self._slow: dict[str, tuple[float, asyncio.Task[_Round]]] = {}
         self._hook_tasks: set[asyncio.Task[None]] = set()
+
+    def _timeout(self, collector: Collector) -> float:
+        # A collector with deadlines inside its round declares one above them (the engines collector:
+        # per-endpoint scrape timeouts); the sampler's own deadline must not cut under it.
+        own = getattr(collector, "deadline_seconds", None)
+        return float(own) if own else self.settings.collector_timeout_seconds
 
     async def _run_collector(self, collector: Collector) -> tuple[list[Metric], CollectorRound]:
         start = time.perf_counter()
+        timeout = self._timeout(collector)
         try:
             # asyncio.timeout, unlike wait_for, does not wrap the round in one more task
-            async with asyncio.timeout(self.settings.collector_timeout_seconds):
+            async with asyncio.timeout(timeout):
                 families = list(await collector.collect(self.state))
             ok = True
         except CollectorError as exc:
             log.warning("collector %s failed: %s", collector.name, exc)
             families, ok = list(exc.families), False
         except TimeoutError:
-            log.warning(
-                "collector %s took longer than %.1f s",
-                collector.name,
-                self.settings.collector_timeout_seconds,
-            )
+            log.warning("collector %s took longer than %.1f s", collector.name, timeout)
             families, ok = [], False
         except Exception:
             log.exception("collector %s crashed", collector.name)
             families, ok = [], False
         return families, CollectorRound(ok, time.perf_counter() - start)
 
-    async def _collect(self, collector: Collector, now: float) -> tuple[list[Metric], CollectorRound]:
-        # A collector with its own slower interval keeps serving its last families between rounds.
+    def _slow_round(self, collector: Collector, now: float) -> asyncio.Task[_Round] | None:
+        """The running round of a collector on its own interval, started when due; None when not due.
+
+        The tick waits for it at most `slow_collector_wait_seconds`: a round that outlasts that goes
+        on beside the ticks, and its last families are served until it ends.
+        """
+        running = self._slow.get(collector.name)
+        if running is not None:
+            return running[1]
         cached = self._cached.get(collector.name)
-        if collector.interval_seconds is not None and cached is not None and now < cached[0]:
-            return cached[1], cached[2]
-        families, round_ = await self._run_collector(collector)
-        due = now + (collector.interval_seconds or 0.0)
-        self._cached[collector.name] = (due, families, round_)
-        return families, round_
+        if cached is not None and now < cached[0]:
+            return None
+        task = asyncio.ensure_future(self._run_collector(collector))
+        self._slow[collector.name] = (now + (collector.interval_seconds or 0.0), task)
+        return task
+
+    def _harvest(self, collector: Collector) -> tuple[list[Metric], CollectorRound] | None:
+        running = self._slow.get(collector.name)
+        if running is not None and running[1].done():
+            del self._slow[collector.name]
+            families, round_ = running[1].result()
+            self._cached[collector.name] = (running[0], families, round_)
+        cached = self._cached.get(collector.name)
+        return None if cached is None else (cached[1], cached[2])
 
     async def sample_once(self, precompress: bool = False) -> Snapshot:
         """Run one tick and publish its snapshot. With `precompress`, the gzip body is made on a
         thread before publishing (zlib runs without the GIL), so no scrape compresses on the loop
         while the previous snapshot keeps being served."""
         now = self.clock.monotonic()
-        results = await asyncio.gather(*(self._collect(col, now) for col in self.collectors))
-        rounds = {col.name: r for col, (_, r) in zip(self.collectors, results, strict=True)}
+        slow = [c for c in self.collectors if c.interval_seconds is not None]
+        fast = [c for c in self.collectors if c.interval_seconds is None]
+        slow_rounds = [t for c in slow if (t := self._slow_round(c, now)) is not None]
+        fast_results = await asyncio.gather(*(self._run_collector(c) for c in fast))
+        pending = [t for t in slow_rounds if not t.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=self.settings.slow_collector_wait_seconds)
+        by_name: dict[str, tuple[list[Metric], CollectorRound]] = {
+            c.name: r for c, r in zip(fast, fast_results, strict=True)
+        }
+        for c in slow:
+            got = self._harvest(c)
+            if got is not None:  # None until its first round ends
+                by_name[c.name] = got
+        results = [by_name[c.name] for c in self.collectors if c.name in by_name]
+        rounds = {name: r for name, (_, r) in by_name.items()}
         good = self._is_good(rounds)
         taken_unix, taken_mono = self.clock.time(), self.clock.monotonic()
         if good:
@@ -184,6 +219,8 @@ class Sampler:
         """Close every collector and wait for running hooks."""
         for task in list(self._hook_tasks):
             task.cancel()
+        for _, round_task in list(self._slow.values()):
+            round_task.cancel()
         for collector in self.collectors:
             try:
                 await collector.close()

@@ -33,6 +33,7 @@ _SIMPLE_TYPES = {"gauge": "gauge", "counter": "counter", "unknown": "untyped", "
 _OM_SUFFIXES = ("_created", "_gsum", "_gcount")
 
 _VALID_LABEL_NAMES: set[str] = set()
+_RENDERED = "_gpupulse_rendered"  # attribute holding a plug-in family's text once rendered
 # "name{labels} " per series: series repeat every tick, so their text is built once.
 _SERIES_PREFIX: dict[tuple[object, ...], str] = {}
 _SERIES_PREFIX_MAX = 100_000  # label names already checked against _LABEL_NAME
@@ -80,13 +81,28 @@ def render(families: Sequence[Metric]) -> bytes:
     out: list[str] = []
     for family in families:
         # The collectors' own families render from their rows, unless a consumer replaced the samples
-        if type(family) is SeriesFamily and not family.materialized:
-            family.render_into(out)
-        elif _fast_path(family):
-            _render_fast(family, out)
-        else:
-            out.append(generate_latest(_Families([family])).decode())
+        if type(family) is SeriesFamily:
+            if not family.materialized:
+                family.render_into(out)
+            else:
+                out.append(_render_other(family))
+            continue
+        # Any other family is built fresh by its collector's round and never changed after it, and a
+        # collector on its own interval serves the same objects for several ticks: render it once.
+        text = getattr(family, _RENDERED, None)
+        if text is None:
+            text = _render_other(family)
+            setattr(family, _RENDERED, text)
+        out.append(text)
     return "".join(out).encode()
+
+
+def _render_other(family: Metric) -> str:
+    if _fast_path(family):
+        part: list[str] = []
+        _render_fast(family, part)
+        return "".join(part)
+    return generate_latest(_Families([family])).decode()
 
 
 @dataclass(frozen=True)

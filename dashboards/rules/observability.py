@@ -19,8 +19,9 @@ def observability_file(c: RulesConfig) -> RuleFile:
             c,
             "GPUExporterDown",
             # absent() covers "no exporter was ever discovered", which up == 0 cannot see; GPU
-            # alerts that have no data would otherwise read as healthy.
-            expr=f"absent(up{{{sel}}}) or max by ({_TARGET}) (up{{{sel}}}) == 0",
+            # alerts that have no data would otherwise read as healthy. Only once Prometheus has
+            # scraped something (any `up`): before its first scrape nothing is known, not missing.
+            expr=f"(absent(up{{{sel}}}) and on() count(up) > 0) or max by ({_TARGET}) (up{{{sel}}}) == 0",
             severity="critical",
             layer="observability",
             fault_class="observability",

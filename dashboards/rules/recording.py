@@ -14,6 +14,9 @@ ALLOCATION_SOLE = "uuid_namespace_pod:gpu_allocation:sole"
 POD_MEMORY = "namespace_workload_pod:gpu_process_memory_used_bytes:sum"
 SOFT_LIMIT = "namespace_workload:gpu_process_memory_soft_limit_bytes:quantile"
 HARD_LIMIT = "namespace_workload:gpu_process_memory_hard_limit_bytes:quantile"
+WORKLOAD_MEMORY = "namespace_workload:gpu_process_memory_used_bytes:max"
+ABOVE_HARD_LIMIT = "namespace_workload:gpu_process_memory_above_hard_limit:bool"
+HEALTHY_MEMORY = "namespace_workload:gpu_process_memory_healthy_bytes:max"
 KV_HIT_RATIO_POD = "namespace_pod_model:inference_kv_cache_hit_ratio:rate"
 HISTOGRAMS = (
     "inference_request_latency_seconds",
@@ -135,6 +138,17 @@ def _fragmentation(c: RulesConfig) -> Group:
 
 
 def _memory(c: RulesConfig) -> tuple[Group, Group]:
+    """Per-workload memory and the limits learned from its healthy time.
+
+    A limit learned from the whole history learns the leak: a leak that returns after every restart
+    raises its own hard limit, each return is caught later, and a daily one stops firing. So a sample
+    is learned only once `memory_history_offset` has passed without the workload going above its
+    hard limit (HEALTHY_MEMORY is the workload's memory that long ago, unless an excursion followed):
+    the run-up to an excursion is never learned. A workload above its hard limit for the whole of
+    that time has a new normal, not a leak (a leak is freed by its restart), and is learned again.
+    While a workload has no healthy sample in the window (a leak that keeps returning), each limit
+    keeps its last value instead of vanishing.
+    """
     w, t = c.windows, c.thresholds
     current = Group(
         "gpupulse.memory",
@@ -143,28 +157,56 @@ def _memory(c: RulesConfig) -> tuple[Group, Group]:
                 POD_MEMORY,
                 f"sum by (node, namespace, workload, pod) ({with_workload(_ATTRIBUTED_PROCESS_MEMORY)})",
             ),
+            Record(WORKLOAD_MEMORY, f"max by (namespace, workload) ({POD_MEMORY})"),
             Record(
-                "namespace_workload:gpu_process_memory_used_bytes:max",
-                f"max by (namespace, workload) ({POD_MEMORY})",
+                ABOVE_HARD_LIMIT,
+                f"{WORKLOAD_MEMORY} > bool on(namespace, workload) {HARD_LIMIT}",
             ),
         ),
     )
-    series = "namespace_workload:gpu_process_memory_used_bytes:max"
-    history = f"{series}[{w.memory_history}] offset {w.memory_history_offset}"
+    delay = w.memory_history_offset
+    history = f"{HEALTHY_MEMORY}[{w.memory_history}]"
     soft_q, hard_q = num(t.memory_soft_limit_quantile), num(t.memory_hard_limit_quantile)
     gap = num(1 + t.memory_limit_gap_ratio)
+
+    # A limit's last value, held while the workload still runs and there is nothing healthy to learn
+    # from; looked up over a few of the group's intervals so one late evaluation does not drop it.
+    hold = w.memory_limit_hold
+
+    def held(name: str) -> str:
+        return f"(last_over_time({name}[{hold}]) and on(namespace, workload) {WORKLOAD_MEMORY})"
+
     limits = Group(
         "gpupulse.memory-limits",
         (
-            Record(SOFT_LIMIT, f"quantile_over_time({soft_q}, {history})"),
+            Record(
+                HEALTHY_MEMORY,
+                f"""
+                {WORKLOAD_MEMORY} offset {delay}
+                unless on(namespace, workload)
+                (
+                  max_over_time({ABOVE_HARD_LIMIT}[{delay}]) > 0
+                  unless on(namespace, workload)
+                  min_over_time({ABOVE_HARD_LIMIT}[{delay}]) == 1
+                )
+                """,
+            ),
+            Record(
+                SOFT_LIMIT,
+                f"quantile_over_time({soft_q}, {history})\nor on(namespace, workload)\n{held(SOFT_LIMIT)}",
+            ),
             Record(
                 HARD_LIMIT,
                 # The seed wants P99.9 as the hard limit and the limits 20% apart; where P99.9 sits
                 # closer than that to P95 the gap wins, so the hard limit (which restarts) is never tight.
                 f"""
-                quantile_over_time({hard_q}, {history}) > on(namespace, workload) ({SOFT_LIMIT} * {gap})
+                (
+                  quantile_over_time({hard_q}, {history}) > on(namespace, workload) ({SOFT_LIMIT} * {gap})
+                  or on(namespace, workload)
+                  ({SOFT_LIMIT} * {gap} and on(namespace, workload) count_over_time({history}))
+                )
                 or on(namespace, workload)
-                {SOFT_LIMIT} * {gap}
+                {held(HARD_LIMIT)}
                 """,
             ),
         ),

@@ -27,7 +27,8 @@ from exporter.attribution.kubelet import (
 from exporter.attribution.poddir import DEFAULT_PODS_DIR, PodDirectory
 from exporter.attribution.procfs import DEFAULT_PROCFS, ProcessInfo, Procfs
 from exporter.attribution.resolve import PodResolver, ProcessDevices
-from exporter.collectors.base import CollectorError, GpuProcess, NodeState, PodRef
+from exporter.collectors.base import GpuProcess, NodeState, PodRef
+from exporter.collectors.blocking import ItemReader
 from exporter.config import duration_seconds
 
 NAME = "attribution"
@@ -64,9 +65,18 @@ class AttributionSettings:
     kubelet_pods_dir: str = DEFAULT_PODS_DIR  # "" turns UID -> name hints off
     extra_resource_names: tuple[str, ...] = ()
     procfs_path: str = DEFAULT_PROCFS
-    # Below the sampler's --collector.timeout (2 s), so our own message names the cause.
-    procfs_timeout_seconds: float = 1.5
+    # One round's /proc reads together; the collector's deadline (round_deadline_seconds) is above.
+    procfs_timeout_seconds: float = 1.0
+    # One PID's reads; a PID whose read takes longer is set aside until the read returns.
+    procfs_item_timeout_seconds: float = 0.2
+    pod_lookup_timeout_seconds: float = 0.5  # kubelet pod directories read for UID -> name hints
     max_processes: int = 1000
+
+    @property
+    def round_deadline_seconds(self) -> float:
+        """Above every deadline inside a round: first kubelet answer, /proc reads, pod lookups."""
+        first = self.kubelet_first_wait_seconds
+        return first + self.procfs_timeout_seconds + self.pod_lookup_timeout_seconds + 0.5
 
 
 @dataclass(frozen=True)
@@ -88,6 +98,7 @@ class AttributionCollector:
     ) -> None:
         self.settings = settings
         self.interval_seconds: float | None = settings.interval_seconds
+        self.deadline_seconds = settings.round_deadline_seconds
         self._matcher = resource_matcher(settings.extra_resource_names)
         self._procfs = procfs or Procfs(settings.procfs_path)
         directory = PodDirectory(settings.kubelet_pods_dir) if settings.kubelet_pods_dir else None
@@ -102,7 +113,9 @@ class AttributionCollector:
             self._tracker = PodResourcesTracker(client, tracker_settings, clock or SystemClock())
         self._exported: set[tuple[str, int]] = set()
         self._dropped_total = 0
-        self._procfs_busy = False
+        self._reader: ItemReader[int, ProcessInfo] = ItemReader("attribution-procfs")
+        self._resolver_busy = False
+        self._last_pid_pods: dict[int, PodRef] = {}
 
     @property
     def known_pod_uids(self) -> int:
@@ -155,26 +168,55 @@ class AttributionCollector:
         allocations: Mapping[str, Sequence[PodRef]],
         view: PodResourcesView,
     ) -> _ProcfsRound:
-        if self._procfs_busy:
-            # A timed-out read is still running in its thread; never stack a second one on it.
-            raise CollectorError("previous procfs read still running")
+        """Cgroup and CPU of every GPU process, one /proc read per PID on a worker thread.
+
+        A read that hangs (a process stuck in the kernel, a FUSE-mounted /proc) costs only its PID:
+        it is set aside, its CPU series is absent while it hangs, and its pod stays the one it had (a
+        PID's pod does not change). The other PIDs are read in the same round.
+        """
         devices: dict[int, set[str]] = {}
         for proc in processes:
             devices.setdefault(proc.pid, set()).add(proc.mig_uuid or proc.uuid)
         wanted = [ProcessDevices(pid, frozenset(keys)) for pid, keys in devices.items()]
+        s = self.settings
+        got = await self._reader.read(
+            sorted(devices), self._procfs.process, s.procfs_timeout_seconds, s.procfs_item_timeout_seconds
+        )
+        infos = dict(got.values)
+        pid_pods = await self._resolve(wanted, infos, allocations, view)
+        for pid in got.unread:
+            if pid in self._last_pid_pods:
+                pid_pods[pid] = self._last_pid_pods[pid]
+        self._last_pid_pods = pid_pods
+        return _ProcfsRound(infos, pid_pods)
 
-        def work() -> _ProcfsRound:
+    async def _resolve(
+        self,
+        wanted: list[ProcessDevices],
+        infos: dict[int, ProcessInfo],
+        allocations: Mapping[str, Sequence[PodRef]],
+        view: PodResourcesView,
+    ) -> dict[int, PodRef]:
+        """PID -> pod; reads kubelet pod directories for UID hints, so on a thread under a deadline."""
+        if self._resolver_busy:
+            # A timed-out lookup is still running in its thread; never stack a second one on it.
+            return {p.pid: self._last_pid_pods[p.pid] for p in wanted if p.pid in self._last_pid_pods}
+
+        def work() -> dict[int, PodRef]:
             try:
-                infos = {p.pid: self._procfs.process(p.pid) for p in wanted}
-                return _ProcfsRound(infos, self._resolver.resolve(wanted, infos, allocations, view.pods))
+                return self._resolver.resolve(wanted, infos, allocations, view.pods)
             finally:
-                self._procfs_busy = False
+                self._resolver_busy = False
 
-        self._procfs_busy = True
+        self._resolver_busy = True
         try:
             return await asyncio.wait_for(asyncio.to_thread(work), self.settings.procfs_timeout_seconds)
-        except TimeoutError as exc:
-            raise CollectorError(f"procfs read took over {self.settings.procfs_timeout_seconds} s") from exc
+        except TimeoutError:
+            log.warning(
+                "pod lookups took over %s s; keeping the last PID -> pod mapping",
+                self.settings.procfs_timeout_seconds,
+            )
+            return {p.pid: self._last_pid_pods[p.pid] for p in wanted if p.pid in self._last_pid_pods}
 
     def _cpu_family(self, processes: Sequence[GpuProcess], procfs_round: _ProcfsRound) -> Metric:
         series: dict[tuple[str, int], tuple[str, float]] = {}
@@ -197,9 +239,10 @@ class AttributionCollector:
         return family
 
     async def close(self) -> None:
-        """Stop the pod-resources refresher."""
+        """Stop the pod-resources refresher and the procfs worker."""
         if self._tracker is not None:
             await self._tracker.close()
+        self._reader.close()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -9,10 +10,10 @@ from prometheus_client.core import Metric
 
 from exporter import catalog as c
 from exporter.collectors.base import NodeState
-from exporter.collectors.gpus import GpuFleet, GpuSlot, Outcome
+from exporter.collectors.gpus import GpuFleet, GpuSlot, Outcome, Tiered
 from exporter.collectors.series import Series, table
 from exporter.metricspec import MetricSpec
-from exporter.nvml import CLOCK_EVENT_REASONS, DeviceReading, read_device
+from exporter.nvml import CLOCK_EVENT_REASONS, DeviceReading, SlowDeviceReading, read_device, read_device_slow
 
 # (spec, attribute of DeviceReading) for the plain per-GPU gauges and counters
 _VALUES: tuple[tuple[MetricSpec, str], ...] = (
@@ -22,15 +23,18 @@ _VALUES: tuple[tuple[MetricSpec, str], ...] = (
     (c.GPU_MEMORY_TEMPERATURE, "memory_temperature_celsius"),
     (c.GPU_THERMAL_MARGIN, "thermal_margin_celsius"),
     (c.GPU_POWER, "power_watts"),
-    (c.GPU_POWER_LIMIT, "power_limit_watts"),
     (c.GPU_ENERGY, "energy_joules"),
     (c.GPU_SM_CLOCK, "sm_clock_hertz"),
     (c.GPU_MEMORY_CLOCK, "memory_clock_hertz"),
+    (c.GPU_PSTATE, "performance_state"),
+    (c.GPU_FAN_SPEED, "fan_speed_ratio"),
+)
+# (spec, attribute of SlowDeviceReading): read on the slow tier, served from the last read between
+_SLOW_VALUES: tuple[tuple[MetricSpec, str], ...] = (
+    (c.GPU_POWER_LIMIT, "power_limit_watts"),
     (c.GPU_PCIE_GEN, "pcie_generation"),
     (c.GPU_PCIE_WIDTH, "pcie_width"),
     (c.GPU_PCIE_REPLAYS, "pcie_replays"),
-    (c.GPU_PSTATE, "performance_state"),
-    (c.GPU_FAN_SPEED, "fan_speed_ratio"),
 )
 _MEMORY = (c.GPU_MEMORY_TOTAL, c.GPU_MEMORY_USED, c.GPU_MEMORY_FREE, c.GPU_MEMORY_RESERVED)
 _INDEX = {spec.name: i for i, spec in enumerate(c.DEVICE_METRICS)}  # family position per spec
@@ -43,6 +47,7 @@ class _GpuSeries:
     info: Series
     up: Series
     values: tuple[tuple[str, int, Series], ...]  # (DeviceReading attribute, family position, series)
+    slow: tuple[tuple[str, int, Series], ...]  # the same for SlowDeviceReading
     statics: tuple[tuple[int, Series, float], ...]  # static facts: (family position, series, value)
     memory: tuple[Series, Series, Series, Series]  # total, used, free, reserved
     clock_events: tuple[tuple[int, Series], ...]  # (reason bit, series)
@@ -66,6 +71,7 @@ def _series_of(slot: GpuSlot, driver_version: str) -> _GpuSeries:
         info=table(c.GPU_INFO).series(*gpu, s.name, s.pci_bus_id, driver_version, s.vbios_version, mig),
         up=table(c.GPU_UP).series(*gpu),
         values=tuple((attr, _INDEX[spec.name], table(spec).series(*gpu)) for spec, attr in _VALUES),
+        slow=tuple((attr, _INDEX[spec.name], table(spec).series(*gpu)) for spec, attr in _SLOW_VALUES),
         statics=tuple(statics),
         memory=(
             table(_MEMORY[0]).series(*gpu),
@@ -85,13 +91,16 @@ class DeviceCollector:
     name = "device"
     interval_seconds: float | None = None
 
-    def __init__(self, fleet: GpuFleet) -> None:
+    def __init__(self, fleet: GpuFleet, slow_interval_seconds: float = 0.0) -> None:
         self.fleet = fleet
         self._series: dict[str, _GpuSeries] = {}  # by GPU UUID
+        self._slow = Tiered(fleet, read_device_slow, slow_interval_seconds)
 
     async def collect(self, state: NodeState) -> Sequence[Metric]:
         """Sample every live GPU and publish the GPU list to NodeState."""
-        outcomes = await self.fleet.map(read_device)
+        # both submitted in this loop turn: one batch per GPU
+        outcomes, slow_outcomes = await asyncio.gather(self.fleet.map(read_device), self._slow.map())
+        slow = {slot.uuid: r for slot, r in slow_outcomes}
         self.fleet.note_device_round([r for _, r in outcomes])
         results = {slot.uuid: r for slot, r in outcomes}
         fams = [table(spec).family() for spec in c.DEVICE_METRICS]
@@ -114,6 +123,12 @@ class DeviceCollector:
                 value = getattr(reading, attr)
                 if value is not None:
                     fams[position].add(series, float(value))
+            slow_reading = slow.get(slot.uuid)
+            if isinstance(slow_reading, SlowDeviceReading):
+                for attr, position, series in gs.slow:
+                    value = getattr(slow_reading, attr)
+                    if value is not None:
+                        fams[position].add(series, float(value))
             for position, series, value in gs.statics:
                 fams[position].add(series, value)
             mem = reading.memory

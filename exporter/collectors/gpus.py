@@ -8,7 +8,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from exporter.collectors.base import GpuRef
 from exporter.config import Clock
@@ -224,3 +224,52 @@ class GpuFleet:
         for slot in self.slots:
             slot.worker.stop()
         return all(slot.worker.join(0.5) for slot in self.slots)
+
+
+def _probe(_: Device) -> None:
+    """No NVML call: only whether the GPU's worker answers this tick."""
+    return None
+
+
+class Tiered(Generic[T]):
+    """Reads of fields that change slowly, on their own interval (DCGM field groups have an update
+    frequency): ECC and row-remap counters, NVLink link states, power limit, PCIe link and replays.
+
+    Between reads, a GPU that answers this tick (an NVML-free probe in the tick's batch) serves its
+    last reading; a stale or lost GPU serves nothing and forgets it, so it is read afresh once it
+    answers again. interval_seconds 0 reads every tick.
+    """
+
+    def __init__(self, fleet: GpuFleet, fn: Callable[[Device], T], interval_seconds: float) -> None:
+        self.fleet, self.fn, self.interval_seconds = fleet, fn, interval_seconds
+        self._due_at: float | None = None
+        self._last: dict[str, T] = {}  # by GPU UUID
+
+    async def map(self) -> list[tuple[GpuSlot, T | str]]:
+        """Per GPU, a reading (fresh when due, else the last one) or an Outcome string."""
+        now = self.fleet.clock.monotonic()
+        if self._due_at is None or now >= self._due_at or self.interval_seconds <= 0:
+            self._due_at = now + self.interval_seconds
+            results = await self.fleet.map(self.fn)
+            self._last = {slot.uuid: r for slot, r in results if not isinstance(r, str)}
+            return results
+        # The probe rides in the tick's batch: a read of another collector in the same batch that
+        # found the GPU lost has marked the slot by the time the probe's answer is here.
+        probes = [
+            (slot, Outcome.LOST if slot.lost and r is None else r) for slot, r in await self.fleet.map(_probe)
+        ]
+        for slot, r in probes:
+            if isinstance(r, str):
+                self._last.pop(slot.uuid, None)
+        missing = [slot for slot, r in probes if r is None and slot.uuid not in self._last]
+        if missing:  # back from stale, or never answered before: read it now
+            for slot, fresh in await self.fleet.map(self.fn, missing):
+                if not isinstance(fresh, str):
+                    self._last[slot.uuid] = fresh
+        out: list[tuple[GpuSlot, T | str]] = []
+        for slot, r in probes:
+            if isinstance(r, str):
+                out.append((slot, r))
+            else:
+                out.append((slot, self._last.get(slot.uuid, Outcome.FAILED)))
+        return out

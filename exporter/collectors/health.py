@@ -8,14 +8,14 @@ from prometheus_client.core import Metric
 
 from exporter import catalog as c
 from exporter.collectors.base import NodeState
-from exporter.collectors.gpus import GpuFleet
+from exporter.collectors.gpus import GpuFleet, Tiered
 from exporter.collectors.series import table
 from exporter.collectors.xid import XidCounter
 from exporter.nvml import HealthReading, read_health
 
 
 class HealthCollector:
-    """ECC and remapped rows from NVML each tick; XIDs as counted by the event thread.
+    """ECC and remapped rows from NVML on the slow tier; XIDs as counted by the event thread.
 
     XID counters stay for lost GPUs: XID 79 with gpu_up 0 is how a GPU that fell off the bus shows.
     """
@@ -23,13 +23,15 @@ class HealthCollector:
     name = "health"
     interval_seconds: float | None = None
 
-    def __init__(self, fleet: GpuFleet, xids: XidCounter) -> None:
+    def __init__(self, fleet: GpuFleet, xids: XidCounter, slow_interval_seconds: float = 0.0) -> None:
         self.fleet, self.xids = fleet, xids
+        # ECC and remap counters change rarely: read on the slow tier, XIDs come from the event thread
+        self._reads = Tiered(fleet, read_health, slow_interval_seconds)
 
     async def collect(self, state: NodeState) -> Sequence[Metric]:
         """Sample health counters and add the XID counts."""
         xid, ecc, rows, pending, failed = (table(spec).family() for spec in c.HEALTH_METRICS)
-        for slot, r in await self.fleet.map(read_health):
+        for slot, r in await self._reads.map():
             if not isinstance(r, HealthReading):
                 continue
             u, i = slot.uuid, slot.index

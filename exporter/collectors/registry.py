@@ -37,10 +37,10 @@ class BuiltinContext:
 
 
 BUILTINS: dict[str, Callable[[BuiltinContext], Collector]] = {
-    "device": lambda ctx: DeviceCollector(ctx.fleet),
+    "device": lambda ctx: DeviceCollector(ctx.fleet, ctx.settings.slow_fields_interval_seconds),
     "gpm": lambda ctx: GpmCollector(ctx.fleet),
-    "health": lambda ctx: HealthCollector(ctx.fleet, ctx.xids),
-    "nvlink": lambda ctx: NvLinkCollector(ctx.fleet),
+    "health": lambda ctx: HealthCollector(ctx.fleet, ctx.xids, ctx.settings.slow_fields_interval_seconds),
+    "nvlink": lambda ctx: NvLinkCollector(ctx.fleet, ctx.settings.slow_fields_interval_seconds),
     "processes": lambda ctx: ProcessesCollector(ctx.fleet, ctx.settings.process_sample_window_seconds),
     "mig": lambda ctx: MigCollector(ctx.fleet),
 }

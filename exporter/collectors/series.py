@@ -148,8 +148,15 @@ class SeriesFamily(Metric):
         table, rows, values = self.table, self.rows, self.values
         last = table.last_text
         # Same series with the same values as the last render of this spec: the same text. Series
-        # compare by identity; -0.0 == 0.0 but prints differently, so a negative zero re-renders.
-        if last is not None and last[0] == rows and last[1] == values and not _negative_zero(values):
+        # compare by identity; -0.0 == 0.0 but prints differently, so a negative zero on either side
+        # (now, or in the text that would be reused) re-renders.
+        if (
+            last is not None
+            and last[0] == rows
+            and last[1] == values
+            and not _negative_zero(values)
+            and not _negative_zero(last[1])
+        ):
             out.append(last[2])
             return
         text = table.header + "".join([s.line(v) for s, v in zip(rows, values, strict=True)])

@@ -13,30 +13,30 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import aiohttp
 from prometheus_client.core import Metric
 
 from exporter.collectors.base import CollectorError, NodeState
+from exporter.collectors.blocking import ItemReader
 from exporter.config import duration_seconds as parse_duration
 from exporter.engines import procfs
 from exporter.engines.derived import DerivedHistogram
-from exporter.engines.detect import NORMALIZERS, detect_kind
-from exporter.engines.exposition import ExpositionError, parse_exposition
+from exporter.engines.detect import NORMALIZERS, PREFIXES, WANTED, detect_kind
+from exporter.engines.exposition import LABEL_CACHE_MAX, Exposition, ExpositionError, ExpositionParser
 from exporter.engines.gpumap import engine_gpus
 from exporter.engines.kube_pods import KubePodSource
-from exporter.engines.reading import ModelReading
+from exporter.engines.reading import MIXED, ModelReading
 from exporter.engines.render import Budget, EndpointView, Families
-from exporter.engines.scrape import ScrapeError, fetch
+from exporter.engines.scrape import ScrapeError, fetch_page
 from exporter.engines.settings import Clock, EngineSettings, KubeSettings, SystemClock
 from exporter.engines.targets import AUTO, StaticSource, Target
 
 log = logging.getLogger(__name__)
 
 _LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1", "0.0.0.0"}
-_PROCFS_TIMEOUT_SECONDS = 2.0
 
 
 class TargetSource(Protocol):
@@ -48,23 +48,49 @@ class TargetSource(Protocol):
 
 
 @dataclass
+class _SourceState:
+    """A target source refreshed beside the rounds: a slow one never holds a round up."""
+
+    source: TargetSource
+    task: asyncio.Task[list[Target]] | None = None
+    last: list[Target] | None = None  # the last list it gave
+    failing: bool = False  # its last finished attempt raised
+
+
+@dataclass
 class Endpoint:
     """What the collector remembers about one endpoint between rounds."""
 
     target: Target
     kind: str | None = None
     up: bool = False
+    down_reason: str | None = None
     models: str = ""
     failures: dict[str, float] = field(default_factory=dict)
+    partial: dict[str, float] = field(default_factory=dict)
     duration_seconds: float | None = None
     readings: list[ModelReading] = field(default_factory=list)
-    derived: dict[str, DerivedHistogram] = field(default_factory=dict)
+    derived: dict[tuple[str, str], DerivedHistogram] = field(default_factory=dict)  # (model, phase)
     pid: int | None = None
     pid_tried_at: float | None = None
     process_start: float | None = None  # epoch seconds, from procfs or the engine's own metric
+    start_source: str | None = None  # "procfs" or "engine": where process_start came from
+    own_start: float | None = None  # the engine's process_start_time_seconds, last scrape
     first_success_at: float | None = None
     cold_start_seconds: float | None = None
     tree: set[int] = field(default_factory=set)
+    warned_malformed: frozenset[str] = frozenset()
+    label_cache: dict[str, Any] = field(default_factory=dict)  # label blocks repeat every scrape
+
+
+@dataclass(frozen=True)
+class _Resolved:
+    pid: int | None
+    tried_at: float | None
+    start: float | None
+
+
+_PARENTS = "<parent map>"  # the ItemReader key of the /proc-wide parent scan
 
 
 class EnginesCollector:
@@ -80,30 +106,48 @@ class EnginesCollector:
     ) -> None:
         self.settings = settings or EngineSettings()
         self.interval_seconds: float | None = self.settings.interval_seconds
-        self._sources = list(sources)
+        # The sampler's deadline for a round, above every deadline inside it, so that a slow
+        # endpoint costs only its own series and the sampler never cancels the whole round.
+        self.deadline_seconds = self.settings.round_deadline_seconds
+        self._sources = [_SourceState(s) for s in sources]
         self._clock = clock or SystemClock()
         self._started_at = self._clock.time()
         self._endpoints: dict[str, Endpoint] = {}
         self._session: aiohttp.ClientSession | None = None
         self._dropped_total = 0.0
         self._warned_duplicates: set[str] = set()
+        self._procfs: ItemReader[str, object] = ItemReader("engines-procfs")
+        self._ancestors: dict[int, int] = {}  # GPU processes' ancestry, reused for the ancestors
 
     async def _targets(self) -> list[Target]:
+        for st in self._sources:
+            if st.task is None:
+                st.task = asyncio.ensure_future(st.source.targets())
+        running = [st.task for st in self._sources if st.task is not None and not st.task.done()]
+        if running:
+            await asyncio.wait(running, timeout=self.settings.source_timeout_seconds)
         seen: dict[str, Target] = {}
-        failures = 0
-        for source in self._sources:
-            try:
-                for t in await source.targets():
-                    seen.setdefault(t.url, t)  # the first source (static config) wins
-            except Exception as exc:
-                failures += 1
-                log.warning("engine target source failed: %s", exc)
-        if self._sources and failures == len(self._sources):
+        failing = 0
+        for st in self._sources:
+            task = st.task
+            if task is not None and task.done():
+                st.task = None
+                try:
+                    st.last, st.failing = task.result(), False
+                except Exception as exc:
+                    st.failing = True
+                    log.warning("engine target source failed: %s", exc)
+            elif task is not None and st.last is None:
+                log.debug("engine target source still answering; no list from it yet")
+            failing += st.failing and st.last is None
+            for t in st.last or ():
+                seen.setdefault(t.url, t)  # the first source (static config) wins
+        if self._sources and failing == len(self._sources):
             raise CollectorError("every engine target source failed")
         return list(seen.values())
 
     async def collect(self, state: NodeState) -> Sequence[Metric]:
-        """One round: refresh targets, resolve processes, scrape concurrently, render."""
+        """One round: refresh targets, resolve processes and scrape concurrently, render."""
         targets = await self._targets()
         current = {t.url for t in targets}
         for url in list(self._endpoints):
@@ -116,8 +160,14 @@ class EnginesCollector:
         if self._session is None:
             self._session = aiohttp.ClientSession()
         endpoints = list(self._endpoints.values())
-        await self._resolve_processes(endpoints, state)
-        await asyncio.gather(*(self._scrape(ep) for ep in endpoints))
+        succeeded = await asyncio.gather(
+            *(self._scrape(ep) for ep in endpoints), self._resolve_processes(endpoints, state)
+        )
+        for ep, ok in zip(endpoints, succeeded, strict=False):
+            if ep.pid is None and ep.own_start is not None:
+                self._note_process_start(ep, ep.own_start, "engine")
+            if ok:
+                self._note_success(ep)
         budget = Budget(total=self.settings.max_series, per_endpoint=self.settings.max_series_per_endpoint)
         fams = Families(budget)
         for ep in sorted(endpoints, key=lambda e: e.target.url):
@@ -128,45 +178,68 @@ class EnginesCollector:
         self._warned_duplicates |= set(fams.duplicates)
         return fams.collect(self._dropped_total)
 
-    async def _resolve_processes(self, endpoints: list[Endpoint], state: NodeState) -> None:
-        """PIDs behind ports, process trees and start times, off the event loop."""
-        try:
-            await asyncio.wait_for(
-                asyncio.to_thread(self._resolve_blocking, endpoints, state), _PROCFS_TIMEOUT_SECONDS
-            )
-        except TimeoutError:
-            log.warning(
-                "procfs lookups for engines took over %ss; skipped this round", _PROCFS_TIMEOUT_SECONDS
-            )
-
-    def _resolve_blocking(self, endpoints: list[Endpoint], state: NodeState) -> None:
-        root = self.settings.procfs_path
+    async def _resolve_processes(self, endpoints: list[Endpoint], state: NodeState) -> bool:
+        """PIDs behind ports, process trees and start times, on a thread; a hung /proc read costs only
+        its endpoint (or, for the /proc-wide parent scan, only the process trees)."""
         now = self._clock.time()
-        for ep in endpoints:
-            if ep.pid is not None and not procfs.alive(root, ep.pid):
-                ep.pid, ep.pid_tried_at = ep.target.pid, None
-                if ep.pid is not None and not procfs.alive(root, ep.pid):
-                    ep.pid = None
-            if ep.pid is None and self._may_find_pid(ep, now):
-                ep.pid_tried_at = now
-                ep.pid = self._find_pid(ep.target, state)
-        parents = procfs.parent_map(root) if any(ep.pid is not None for ep in endpoints) else {}
-        for ep in endpoints:
+        by_url = {ep.target.url: ep for ep in endpoints}
+        keys = [*by_url, _PARENTS] if by_url else []
+        found: list[int] = []
+
+        gpu_pids = sorted({p.pid for p in state.processes})
+        known = dict(self._ancestors)
+
+        def read(key: str) -> object:
+            if key == _PARENTS:
+                # the GPU processes' ancestry, only when some endpoint has a process to look under
+                return procfs.parents_of(self.settings.procfs_path, gpu_pids, known) if found else {}
+            resolved = self._resolve_one(by_url[key], state, now)
+            if resolved.pid is not None:
+                found.append(resolved.pid)
+            return resolved
+
+        s = self.settings
+        result = await self._procfs.read(keys, read, s.procfs_timeout_seconds, s.procfs_item_timeout_seconds)
+        for key, exc in result.errors.items():
+            log.debug("procfs lookup %s failed: %s", key, exc)
+        parents = result.values.get(_PARENTS)
+        if isinstance(parents, dict) and parents:
+            self._ancestors = parents
+        for url, ep in by_url.items():
+            got = result.values.get(url)
+            if isinstance(got, _Resolved):
+                ep.pid, ep.pid_tried_at = got.pid, got.tried_at
+                self._note_process_start(ep, got.start, "procfs")
             if ep.pid is None:
                 ep.tree = set()
-                continue
-            ep.tree = procfs.descendants(ep.pid, parents)
-            start = procfs.process_start_seconds(root, ep.pid, self.settings.clock_ticks_per_second)
-            self._note_process_start(ep, start)
+            elif isinstance(parents, dict):
+                ep.tree = procfs.descendants(ep.pid, parents)
+            # else: keep the last known tree while the parent scan is late
+        return True
 
-    def _may_find_pid(self, ep: Endpoint, now: float) -> bool:
-        t = ep.target
+    def _resolve_one(self, ep: Endpoint, state: NodeState, now: float) -> _Resolved:
+        """Blocking, on the procfs thread: reads ep, never writes it (the loop applies the result)."""
+        root = self.settings.procfs_path
+        pid, tried_at = ep.pid, ep.pid_tried_at
+        if pid is not None and not procfs.alive(root, pid):
+            pid, tried_at = ep.target.pid, None
+            if pid is not None and not procfs.alive(root, pid):
+                pid = None
+        if pid is None and self._may_find_pid(ep.target, tried_at, now):
+            tried_at = now
+            pid = self._find_pid(ep.target, state)
+        start = None
+        if pid is not None:
+            start = procfs.process_start_seconds(root, pid, self.settings.clock_ticks_per_second)
+        return _Resolved(pid, tried_at, start)
+
+    def _may_find_pid(self, t: Target, tried_at: float | None, now: float) -> bool:
         if t.port is None:
             return False
         host = urlsplit(t.url).hostname or ""
         if host not in _LOCAL_HOSTS and not t.pod:
             return False  # a remote host's processes are not in our procfs
-        return ep.pid_tried_at is None or now - ep.pid_tried_at >= self.settings.pid_retry_seconds
+        return tried_at is None or now - tried_at >= self.settings.pid_retry_seconds
 
     def _find_pid(self, t: Target, state: NodeState) -> int | None:
         assert t.port is not None
@@ -179,30 +252,37 @@ class EnginesCollector:
         # anyone else's, so guessing would attribute the wrong process.
         return None
 
-    def _note_process_start(self, ep: Endpoint, start: float | None) -> None:
+    def _note_process_start(self, ep: Endpoint, start: float | None, source: str) -> None:
         if start is None:
             return
-        if ep.process_start is not None and abs(start - ep.process_start) > 1.0:
+        # The same process seen through another source (its PID found later, its own metric before)
+        # is not a restart: /proc's start time is rounded to btime's whole seconds.
+        same_source = ep.start_source in (None, source)
+        if same_source and ep.process_start is not None and abs(start - ep.process_start) > 1.0:
             # A new process: measure its cold start afresh.
             ep.first_success_at = None
             ep.cold_start_seconds = None
-        ep.process_start = start
+        ep.process_start, ep.start_source = start, source
 
-    async def _scrape(self, ep: Endpoint) -> None:
+    async def _scrape(self, ep: Endpoint) -> bool:
+        """Fetch, parse and normalize one endpoint under its own deadline; True when it succeeded."""
         t = ep.target
+        s = self.settings
         began = time.perf_counter()
+        if len(ep.label_cache) >= LABEL_CACHE_MAX:
+            ep.label_cache.clear()  # a page whose label sets keep changing: start over
+        parser = ExpositionParser(WANTED, s.max_samples_per_endpoint, PREFIXES, ep.label_cache)
         try:
             assert self._session is not None
-            text = await fetch(
-                self._session, t.url, self.settings.scrape_timeout_seconds, self.settings.max_response_bytes
+            expo = await fetch_page(
+                self._session, t.url, s.scrape_timeout_seconds, s.max_response_bytes, parser
             )
-            expo = await asyncio.to_thread(parse_exposition, text)
             kind = t.kind if t.kind != AUTO else detect_kind(expo)
             if kind is None:
-                raise ScrapeError("unknown_engine", "no known engine metric prefix")
+                raise ScrapeError(expo.truncated or "unknown_engine", "no known engine metric prefix")
             readings = NORMALIZERS[kind](expo)
             if not readings:
-                raise ScrapeError("no_metrics", f"no {kind} model series")
+                raise ScrapeError(expo.truncated or "no_metrics", f"no {kind} model series")
         except Exception as exc:  # one endpoint's failure, whatever it is, stays its own
             if isinstance(exc, ScrapeError):
                 reason = exc.reason
@@ -213,13 +293,15 @@ class EnginesCollector:
                 log.exception("normalizing %s failed", t.url)
             if ep.up or not ep.failures:
                 log.warning("engine endpoint %s failed: %s", t.url, exc)
-            ep.up = False
+            ep.up, ep.down_reason = False, reason
             ep.failures[reason] = ep.failures.get(reason, 0.0) + 1.0
             ep.readings = []
+            ep.own_start = None
             ep.duration_seconds = time.perf_counter() - began
-            return
+            return False
+        self._note_partial(ep, expo)
         ep.kind = kind
-        ep.up = True
+        ep.up, ep.down_reason = True, None
         if t.model and len(readings) == 1:
             readings[0].model = t.model
         for r in readings:
@@ -227,20 +309,36 @@ class EnginesCollector:
         ep.readings = readings
         ep.models = ",".join(sorted({r.model for r in readings}))
         ep.duration_seconds = time.perf_counter() - began
-        if ep.pid is None:
-            own = [s.value for s in expo.gauge("process_start_time_seconds")]
-            self._note_process_start(ep, max(own) if own else None)
-        self._note_success(ep)
+        own = [smp.value for smp in expo.gauge("process_start_time_seconds")]
+        ep.own_start = max(own) if own else None
+        return True
+
+    def _note_partial(self, ep: Endpoint, expo: Exposition) -> None:
+        if expo.truncated is not None:
+            ep.partial[expo.truncated] = ep.partial.get(expo.truncated, 0.0) + 1.0
+        if expo.malformed_families:
+            ep.partial["malformed"] = ep.partial.get("malformed", 0.0) + 1.0
+            names = frozenset(expo.malformed_families)
+            if names != ep.warned_malformed:
+                log.warning(
+                    "engine endpoint %s: malformed lines; dropped families %s",
+                    ep.target.url,
+                    ", ".join(sorted(names)),
+                )
+                ep.warned_malformed = names
 
     def _derive_batch(self, ep: Endpoint, r: ModelReading) -> None:
-        if r.batch is not None or (r.batch_gauge_seconds is None and r.batch_counters is None):
+        """Exporter-side histograms for engines that give only a last-step gauge or busy/step counters."""
+        if r.batch:
             return
-        hist = ep.derived.setdefault(r.model, DerivedHistogram())
         if r.batch_gauge_seconds is not None:
+            hist = ep.derived.setdefault((r.model, MIXED), DerivedHistogram())
             hist.observe(r.batch_gauge_seconds)
-        elif r.batch_counters is not None:
-            hist.observe_counters(*r.batch_counters)
-        r.batch = hist.snapshot()
+            r.batch[MIXED] = hist.snapshot()
+        for phase, (busy_seconds, steps) in sorted(r.batch_counters.items()):
+            hist = ep.derived.setdefault((r.model, phase), DerivedHistogram())
+            hist.observe_counters(busy_seconds, steps)
+            r.batch[phase] = hist.snapshot()
 
     def _note_success(self, ep: Endpoint) -> None:
         now = self._clock.time()
@@ -269,15 +367,20 @@ class EnginesCollector:
             failures=dict(ep.failures),
             readings=ep.readings,
             cold_start_seconds=ep.cold_start_seconds,
+            down_reason=ep.down_reason,
+            partial=dict(ep.partial),
         )
 
     async def close(self) -> None:
-        """Close the HTTP session and the target sources."""
+        """Close the HTTP session, the target sources and the procfs worker."""
         if self._session is not None:
             await self._session.close()
             self._session = None
-        for source in self._sources:
-            await source.close()
+        for st in self._sources:
+            if st.task is not None:
+                st.task.cancel()
+            await st.source.close()
+        self._procfs.close()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -334,7 +437,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         dest="engines_max_response_bytes",
         type=int,
         default=d.max_response_bytes,
-        help="abort reading an endpoint's body past this size",
+        help="stop reading an endpoint's page past this many bytes; complete families before the cut "
+        'are kept (counted as inference_engine_scrape_partial_total{reason="too_large"})',
+    )
+    g.add_argument(
+        "--engines.max-samples-per-endpoint",
+        dest="engines_max_samples_per_endpoint",
+        type=int,
+        default=d.max_samples_per_endpoint,
+        help="stop parsing a page past this many samples of mapped families "
+        '(inference_engine_scrape_partial_total{reason="too_many_samples"})',
     )
     g.add_argument(
         "--engines.max-series",
@@ -375,6 +487,7 @@ def from_args(args: argparse.Namespace) -> EnginesCollector | None:
         max_response_bytes=args.engines_max_response_bytes,
         max_series=args.engines_max_series,
         max_series_per_endpoint=args.engines_max_series_per_endpoint,
+        max_samples_per_endpoint=args.engines_max_samples_per_endpoint,
         procfs_path=procfs_root,
     )
     clock = SystemClock()

@@ -9,6 +9,27 @@ from exporter.engines.exposition import Exposition
 from exporter.engines.reading import ModelReading
 
 KINDS = ("vllm", "sglang", "tgi", "triton", "trtllm", "dynamo")
+# Families the parser keeps: what the normalizers read, plus the engine's own process start time.
+WANTED: frozenset[str] = (
+    vllm.FAMILIES
+    | sglang.FAMILIES
+    | tgi.FAMILIES
+    | triton.FAMILIES
+    | trtllm.FAMILIES
+    | dynamo.FAMILIES
+    | {"process_start_time_seconds"}
+)
+# Prefixes detection looks for, recorded even for families the parser drops.
+PREFIXES = (
+    "dynamo_frontend_",
+    "dynamo_component_",
+    "nv_inference_",
+    "nv_trt_llm_",
+    "vllm:",
+    "sglang:",
+    "tgi_",
+    "trtllm_",
+)
 NORMALIZERS: dict[str, Callable[[Exposition], list[ModelReading]]] = {
     vllm.KIND: vllm.normalize,
     sglang.KIND: sglang.normalize,

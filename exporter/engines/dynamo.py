@@ -12,6 +12,7 @@ from collections.abc import Callable
 from exporter.engines import sglang, trtllm, vllm
 from exporter.engines.exposition import Exposition
 from exporter.engines.reading import (
+    DECODE,
     BatchSource,
     ModelReading,
     ModelView,
@@ -22,6 +23,22 @@ from exporter.engines.reading import (
 
 KIND = "dynamo"
 MODEL_LABEL = "model"
+# kvstats' prefix hit-rate gauge is gone from 2026 releases (prometheus_names.rs keeps total_blocks and
+# gpu_cache_usage_percent); hit counters then come from the passed-through engine families.
+FAMILIES = frozenset(
+    {
+        "dynamo_frontend_inflight_requests",
+        "dynamo_frontend_queued_requests",
+        "dynamo_component_kvstats_gpu_cache_usage_percent",
+        "dynamo_component_kvstats_gpu_prefix_cache_hit_rate",
+        "dynamo_frontend_time_to_first_token_seconds",
+        "dynamo_frontend_inter_token_latency_seconds",
+        "dynamo_frontend_request_duration_seconds",
+    }
+    | vllm.FAMILIES
+    | sglang.FAMILIES
+    | trtllm.FAMILIES
+)
 _INNER: tuple[tuple[str, Callable[[Exposition], list[ModelReading]]], ...] = (
     ("vllm:", vllm.normalize),
     ("sglang:", sglang.normalize),
@@ -32,7 +49,8 @@ _INNER: tuple[tuple[str, Callable[[Exposition], list[ModelReading]]], ...] = (
 def _fill(r: ModelReading, inner: ModelReading) -> None:
     """Copy fields Dynamo lacks from the passed-through engine reading of the same model."""
     for name, value in vars(inner).items():
-        if name != "model" and getattr(r, name) is None and value is not None:
+        mine = getattr(r, name)
+        if name != "model" and (mine is None or mine == {}) and value is not None and value != {}:
             setattr(r, name, value)
     if r.kv_queries is not None:
         r.kv_unit = inner.kv_unit
@@ -52,7 +70,7 @@ def normalize(expo: Exposition) -> list[ModelReading]:
         r.itl = merge_histograms(v.histogram("dynamo_frontend_inter_token_latency_seconds"))
         r.e2e = merge_histograms(v.histogram("dynamo_frontend_request_duration_seconds"))
         if r.itl is not None:
-            r.batch = r.itl
+            r.batch = {DECODE: r.itl}
             r.batch_source = BatchSource("dynamo_frontend_inter_token_latency_seconds", proxy=True)
         readings[model] = r
     for prefix, inner_normalize in _INNER:

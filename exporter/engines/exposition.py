@@ -1,25 +1,55 @@
-"""A parsed engine exposition indexed by metric name, with the parser traps handled once.
+"""Engine pages parsed line by line as they stream in: bounded, tolerant, and only what we map.
+
+Why not prometheus_client's parser: it refuses the whole page for one bad line (a sidecar sharing
+the endpoint takes every engine family down), holds the whole text, and builds objects for every
+sample of every family. Here:
+
+- A malformed sample line costs only its family; a line that names no family is skipped. Both are
+  counted (`Exposition.malformed_families`, `skipped_lines`).
+- Only wanted families (those some normalizer reads) are kept; the rest are scanned and dropped,
+  so a page full of unrelated series costs little memory.
+- `max_samples` stops parsing (`truncated = "too_many_samples"`); the caller stops reading past a
+  byte cap (`finish(truncated="too_large")`). The family cut in the middle is dropped, the complete
+  ones before it are kept.
 
 Traps handled here (docs/design/engines.md, "Parser traps"):
-- prometheus-client's text parser strips `_total` from counter *family* names and appends it to
-  samples of counters that lacked it (TGI, Triton); counters are therefore indexed by base name.
-- `_created` gauges that shadow a counter or histogram are dropped.
+- Counters are indexed by base name (no `_total`): prometheus_client writes `x_total` on the TYPE
+  line, TGI and Triton write `x` with samples `x`.
+- `x_created` samples of counters and histograms are creation timestamps, not values.
 - Ray's wrappers rename `vllm:x` to `vllm_x` (optionally `ray_vllm_x`); names are put back.
+- Histogram children are grouped by their non-`le` labels in any line order (prometheus-cpp:
+  `_count`, `_sum`, buckets; multiprocess: `_sum` first).
 """
 
 from __future__ import annotations
 
+import codecs
+import functools
+import itertools
 import math
 import re
-from collections.abc import Iterable, Mapping
+import sys
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
-
-from prometheus_client.parser import text_string_to_metric_families
-from prometheus_client.samples import Sample as PromSample
 
 Labels = Mapping[str, str]
 
 _RAY_PREFIX = re.compile(r"^(?:ray_)?(vllm|sglang)[:_]")
+_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_LABEL = re.compile(r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\\n]|\\.)*)"[ \t]*([,}])')
+_TYPES = frozenset({"counter", "gauge", "histogram", "summary", "untyped", "unknown", "info", "stateset"})
+_SUFFIXES = {
+    "counter": ("_total", "_created"),
+    "histogram": ("_bucket", "_sum", "_count", "_created"),
+    "summary": ("_sum", "_count", "_created"),
+}
+# A line longer than this is malformed; the rest of it is skipped without being held.
+MAX_LINE_CHARS = 64 * 1024
+MAX_NAMED_PROBLEMS = 20  # names of malformed families kept for the log
+# Parsed label blocks kept per endpoint between scrapes (they repeat verbatim); bounded so that a
+# page of ever-new label sets costs no more than the parse itself.
+LABEL_CACHE_MAX = 4096
+GARBAGE_LINES = 1000  # unreadable lines before the first family after which a page is given up
 
 
 class ExpositionError(Exception):
@@ -51,102 +81,424 @@ class Exposition:
     histograms: dict[str, list[HistogramSeries]] = field(default_factory=dict)
     help: dict[str, str] = field(default_factory=dict)
     ray_prefixed: bool = False
+    # None: every family was kept; otherwise asking for a family outside it is a programming error.
+    wanted: frozenset[str] | None = None
+    prefixes_seen: set[str] = field(default_factory=set)  # detection prefixes of dropped families
+    malformed_families: list[str] = field(default_factory=list)
+    malformed_count: int = 0
+    skipped_lines: int = 0
+    samples: int = 0
+    truncated: str | None = None  # "too_large" or "too_many_samples" when the page was cut
 
     def names(self) -> Iterable[str]:
-        """Every canonical family name present."""
+        """Every canonical family name kept."""
         yield from self.gauges
         yield from self.counters
         yield from self.histograms
 
     def has_prefix(self, prefix: str) -> bool:
-        """True when any family name starts with prefix."""
-        return any(n.startswith(prefix) for n in self.names())
+        """True when any family of the page (kept or not) starts with prefix."""
+        return prefix in self.prefixes_seen or any(n.startswith(prefix) for n in self.names())
+
+    def _check(self, name: str) -> None:
+        if self.wanted is not None and name not in self.wanted:
+            raise LookupError(f"{name} is not among the families the parser keeps (declare it)")
 
     def gauge(self, name: str) -> list[Sample]:
         """Samples of a gauge (or untyped) family; [] when absent."""
+        self._check(name)
         return self.gauges.get(name, [])
 
     def counter(self, name: str) -> list[Sample]:
         """Samples of a counter by wire or base name; falls back to untyped series of that name."""
         base = name.removesuffix("_total")
+        self._check(base)
         if base in self.counters:
             return self.counters[base]
         return self.gauges.get(base + "_total") or self.gauges.get(base, [])
 
     def histogram(self, name: str) -> list[HistogramSeries]:
         """Children of a histogram family; [] when absent."""
+        self._check(name)
         return self.histograms.get(name, [])
 
 
+@functools.lru_cache(maxsize=4096)
 def canonical_name(name: str) -> str:
     """Undo Ray's sanitising of `vllm:`/`sglang:` prefixes (`ray_vllm_x`, `vllm_x` -> `vllm:x`)."""
     return _RAY_PREFIX.sub(r"\1:", name, count=1)
 
 
-def parse_exposition(text: str) -> Exposition:
-    """Parse Prometheus text format into an Exposition; raise ExpositionError on garbage."""
-    expo = Exposition()
-    created: dict[str, list[Sample]] = {}
-    try:
-        families = list(text_string_to_metric_families(text))
-    except Exception as exc:  # the parser raises ValueError, IndexError, ... on garbage
-        raise ExpositionError(f"unparseable exposition: {exc}") from exc
-    for fam in families:
-        name = canonical_name(fam.name)
-        if name != fam.name:
-            expo.ray_prefixed = True
-        if fam.documentation:
-            expo.help.setdefault(name, fam.documentation)
-        if fam.type == "counter":
-            expo.counters.setdefault(name, []).extend(
-                Sample(s.labels, float(s.value)) for s in fam.samples if s.name.endswith("_total")
-            )
-        elif fam.type == "histogram":
-            expo.histograms.setdefault(name, []).extend(_histogram_children(fam.name, fam.samples))
-        elif fam.type in ("gauge", "unknown", "untyped"):
-            samples = [Sample(s.labels, float(s.value)) for s in fam.samples]
-            if name.endswith("_created"):
-                created[name] = samples
-            else:
-                expo.gauges.setdefault(name, []).extend(samples)
-        # summaries, info and stateset families carry nothing we map
-    for name, samples in created.items():
-        base = name.removesuffix("_created")
-        if base in expo.counters or base in expo.histograms or base + "_total" in expo.histograms:
-            continue  # prometheus-client's creation timestamp, not a metric
-        expo.gauges.setdefault(name, []).extend(samples)
-    if text.strip() and not any(True for _ in expo.names()):
-        raise ExpositionError("no metric families in payload")
-    return expo
+@dataclass
+class _Family:
+    wire: str  # the name on the TYPE line (or the sample name of an untyped family)
+    key: str  # canonical storage name (counters without `_total`)
+    type: str
+    keep: bool
+    members: dict[str, str]  # sample name -> suffix ("" for a plain sample, "_created", "_bucket", ...)
+    broken: bool = False
+    # (suffix, raw label text, labels, value)
+    rows: list[tuple[str, str, _LabelSet, float]] = field(default_factory=list)
+
+
+def _members(wire: str, key: str, kind: str) -> dict[str, str]:
+    if kind == "counter":
+        # prometheus_client: TYPE x_total, samples x_total; TGI/Triton: TYPE x, samples x
+        return {
+            wire: "",
+            key: "",
+            key + "_total": "",
+            key + "_created": "_created",
+            wire + "_created": "_created",
+        }
+    if kind == "histogram":
+        return {wire + s: s for s in ("_bucket", "_sum", "_count", "_created")}
+    if kind == "summary":
+        return {wire: "", **{wire + s: s for s in ("_sum", "_count", "_created")}}
+    return {wire: ""}
+
+
+def _unescape(value: str) -> str:
+    if "\\" not in value:
+        return value
+    out, i = [], 0
+    while i < len(value):
+        c = value[i]
+        if c == "\\" and i + 1 < len(value):
+            nxt = value[i + 1]
+            out.append("\n" if nxt == "n" else nxt)
+            i += 2
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+def _value(token: str) -> float:
+    if "_" in token:  # float() accepts 1_000, Prometheus does not
+        raise ValueError(token)
+    return float(token)
 
 
 @dataclass
 class _Child:
+    labels: dict[str, str]
     buckets: list[tuple[float, float]] = field(default_factory=list)
     sum: float = math.nan
     count: float = math.nan
 
 
-def _histogram_children(family: str, samples: Iterable[PromSample]) -> list[HistogramSeries]:
-    """Group _bucket/_sum/_count samples into children keyed by their non-`le` labels."""
+class ExpositionParser:
+    """Incremental parser: feed() text as it arrives, then finish()."""
+
+    def __init__(
+        self,
+        wanted: Collection[str] | None = None,
+        max_samples: int | None = None,
+        note_prefixes: tuple[str, ...] = (),
+        label_cache: dict[str, _LabelSet] | None = None,
+    ) -> None:
+        self._label_cache = label_cache
+        self._wanted = frozenset(wanted) if wanted is not None else None
+        self._max_samples = max_samples
+        self._note_prefixes = note_prefixes
+        self._families: dict[str, _Family] = {}  # kept families only
+        self._families_seen = 0
+        self._current: _Family | None = None
+        self._help: dict[str, str] = {}
+        self._carry = ""
+        self._skipping_long_line = False
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.expo = Exposition(wanted=self._wanted)
+        self.stopped = False  # the sample cap was reached; stop feeding
+
+    # ---- input --------------------------------------------------------------------------------
+    def feed_bytes(self, chunk: bytes) -> bool:
+        """Feed raw bytes; False once the parser wants no more."""
+        return self.feed(self._decoder.decode(chunk))
+
+    def feed(self, text: str) -> bool:
+        """Feed text; False once the parser wants no more."""
+        if self.stopped:
+            return False
+        lines = text.split("\n")
+        lines[0] = self._carry + lines[0]
+        self._carry = lines.pop()
+        for line in lines:
+            if self._skipping_long_line:
+                self._skipping_long_line = False  # the tail of an over-long line
+                continue
+            self._line(line)
+            if self.stopped:
+                return False
+        if len(self._carry) > MAX_LINE_CHARS:
+            self._carry = ""
+            self._skipping_long_line = True
+            self._malformed(self._current)
+        if self._families_seen == 0 and self.expo.skipped_lines >= GARBAGE_LINES:
+            # So many lines and not one names a family: not an exposition (an HTML error page,
+            # binary); reading the rest would only cost the sampler's time.
+            self.stopped = True
+            return False
+        return True
+
+    def finish(self, truncated: str | None = None) -> Exposition:
+        """The parsed page; `truncated` names why the caller stopped reading early."""
+        if not self.stopped and truncated is None:
+            tail = self._carry + self._decoder.decode(b"", final=True)
+            self._carry = ""
+            if tail and not self._skipping_long_line:
+                self._line(tail)
+        if truncated is not None or self.stopped:
+            # The family the cut went through may be missing rows: never serve half of it.
+            self.expo.truncated = self.expo.truncated or truncated
+            if self._current is not None:
+                self._families.pop(self._current.key, None)
+        self._build()
+        return self.expo
+
+    # ---- lines --------------------------------------------------------------------------------
+    def _line(self, line: str) -> None:
+        if not line or line.isspace():
+            return
+        if line[0] == "#":
+            self._comment(line)
+            return
+        m = _NAME.match(line)
+        if m is None:
+            self.expo.skipped_lines += 1  # names no family: costs nothing else
+            return
+        name = m.group(0)
+        fam = self._current
+        if fam is None or name not in fam.members:
+            fam = self._family_of(name)
+        if not fam.keep or fam.broken:
+            return
+        if line[-1] == "\r":
+            line = line[:-1]
+        try:
+            raw, labels, value = _sample(line, m.end(), self._label_cache)
+        except ValueError:
+            self._malformed(fam)
+            return
+        fam.rows.append((fam.members[name], raw, labels, value))
+        self.expo.samples += 1
+        if self._max_samples is not None and self.expo.samples > self._max_samples:
+            self.expo.truncated = "too_many_samples"
+            self.stopped = True
+
+    def _comment(self, line: str) -> None:
+        parts = line.split(None, 3)
+        if len(parts) < 3 or parts[1] not in ("HELP", "TYPE"):
+            return  # a plain comment
+        name = parts[2]
+        if _NAME.fullmatch(name) is None:
+            self.expo.skipped_lines += 1
+            return
+        if parts[1] == "HELP":
+            canon = canonical_name(name)
+            if self._wanted is None or canon in self._wanted or canon.removesuffix("_total") in self._wanted:
+                self._help[name] = _unescape(parts[3].rstrip("\r")) if len(parts) > 3 else ""
+            return
+        kind = parts[3].strip() if len(parts) > 3 else ""
+        if kind not in _TYPES:
+            self.expo.skipped_lines += 1
+            return
+        self._current = self._open(name, "untyped" if kind == "unknown" else kind)
+
+    def _open(self, wire: str, kind: str) -> _Family:
+        canon = canonical_name(wire)
+        if canon != wire:
+            self.expo.ray_prefixed = True
+        key = canon.removesuffix("_total") if kind == "counter" else canon
+        fam = self._families.get(key)
+        if fam is not None:
+            if fam.type != kind:
+                self._malformed(fam)  # one name, two types: neither can be trusted
+            return fam
+        self._families_seen += 1
+        keep = self._wanted is None or key in self._wanted
+        if kind == "untyped" and self._wanted is not None:
+            keep = keep or key.removesuffix("_total") in self._wanted
+        for prefix in self._note_prefixes:
+            if canon.startswith(prefix):
+                self.expo.prefixes_seen.add(prefix)
+        fam = _Family(wire, key, kind, keep, _members(wire, key, kind))
+        if keep:
+            self._families[key] = fam  # families we drop are not remembered: a page of 80k costs nothing
+        return fam
+
+    def _family_of(self, name: str) -> _Family:
+        fam = self._families.get(canonical_name(name))
+        if fam is None or name not in fam.members:
+            fam = self._open(name, "untyped")
+        self._current = fam
+        return fam
+
+    def _malformed(self, fam: _Family | None) -> None:
+        self.expo.malformed_count += 1
+        if fam is None or fam.broken:
+            return
+        if len(self.expo.malformed_families) < MAX_NAMED_PROBLEMS:
+            self.expo.malformed_families.append(fam.key)
+        fam.broken = True
+        fam.rows = []
+
+    # ---- output -------------------------------------------------------------------------------
+    def _build(self) -> None:
+        expo = self.expo
+        for fam in self._families.values():
+            if fam.broken or not fam.rows:
+                continue
+            help_text = self._help.get(fam.wire)
+            if help_text:
+                expo.help.setdefault(fam.key, help_text)
+            if fam.type == "counter":
+                rows = [r for r in fam.rows if r[0] != "_created"]
+                if _has_duplicates(rows):
+                    self._malformed(fam)
+                    continue
+                expo.counters[fam.key] = [Sample(ls.labels, v) for _, _, ls, v in rows]
+            elif fam.type == "histogram":
+                children = _histogram_children(fam.rows)
+                if children is None:
+                    self._malformed(fam)
+                    continue
+                expo.histograms[fam.key] = children
+            elif fam.type in ("gauge", "untyped"):
+                base = fam.key.removesuffix("_created")
+                if base != fam.key and (base in self._families or base + "_total" in self._families):
+                    continue  # prometheus_client's creation timestamp of a counter or histogram
+                if _has_duplicates(fam.rows):
+                    self._malformed(fam)
+                    continue
+                expo.gauges[fam.key] = [Sample(ls.labels, v) for _, _, ls, v in fam.rows]
+            # summaries, info and stateset families carry nothing we map
+        kept = any(True for _ in expo.names())
+        if not kept and (expo.malformed_count or (expo.skipped_lines and self._families_seen == 0)):
+            raise ExpositionError(
+                f"nothing readable in payload ({expo.skipped_lines} unreadable lines, "
+                f"{expo.malformed_count} malformed)"
+            )
+
+
+@dataclass(frozen=True)
+class _LabelSet:
+    """One parsed label block, shared by every sample (and every scrape) that repeats it verbatim."""
+
+    labels: dict[str, str]  # read-only once built
+    le: str | None  # the histogram bucket bound, when there is one
+    rest: dict[str, str]  # labels without `le`
+    key: tuple[tuple[str, str], ...]  # sorted items of rest: a histogram child's identity
+
+
+_NO_LABELS = _LabelSet({}, None, {}, ())
+
+
+def _label_set(raw: str) -> _LabelSet:
+    """Parse `{a="b",...}` exactly (the whole block must match); ValueError otherwise."""
+    labels: dict[str, str] = {}
+    pos = 1
+    if raw[pos : pos + 1] != "}":
+        while True:
+            m = _LABEL.match(raw, pos)
+            if m is None:
+                raise ValueError("bad label set")
+            key = sys.intern(m.group(1))
+            if key in labels:
+                raise ValueError("label given twice")
+            value = _unescape(m.group(2))
+            labels[key] = sys.intern(value) if len(value) <= 64 else value
+            pos = m.end()
+            if m.group(3) == "}":
+                break
+            if raw[pos : pos + 1] == "}":  # a trailing comma
+                pos += 1
+                break
+    else:
+        pos += 1
+    if pos != len(raw):
+        raise ValueError("text after the label set")
+    le = labels.get("le")
+    rest = {k: v for k, v in labels.items() if k != "le"} if le is not None else labels
+    return _LabelSet(labels, le, rest, tuple(sorted(rest.items())))
+
+
+def _sample(line: str, pos: int, cache: dict[str, _LabelSet] | None) -> tuple[str, _LabelSet, float]:
+    """(raw label text, labels, value) of a sample line whose name ends at pos; ValueError if malformed."""
+    raw = ""
+    labels = _NO_LABELS
+    if pos < len(line) and line[pos] == "{":
+        # The value and timestamp hold no "}", so the last one closes the label set even when a
+        # label value contains one.
+        end = line.rfind("}") + 1
+        raw = line[pos:end]
+        got = cache.get(raw) if cache is not None else None
+        if got is None:
+            got = _label_set(raw)
+            if cache is not None and len(cache) < LABEL_CACHE_MAX:
+                cache[raw] = got
+        labels = got
+        pos = end
+    if pos >= len(line) or line[pos] not in " \t":
+        raise ValueError("no value")
+    rest = line[pos:].split()
+    if not rest or len(rest) > 2:
+        raise ValueError("no value")
+    value = _value(rest[0])
+    if len(rest) == 2:
+        int(rest[1])  # a timestamp in ms: checked, not used
+    return raw, labels, value
+
+
+def _has_duplicates(rows: list[tuple[str, str, _LabelSet, float]]) -> bool:
+    # Prometheus refuses a whole page with a series twice; here only that family goes.
+    return len({(r[0], r[1]) for r in rows}) != len(rows)
+
+
+def _histogram_children(rows: list[tuple[str, str, _LabelSet, float]]) -> list[HistogramSeries] | None:
+    """Group _bucket/_sum/_count rows by their non-`le` labels; None when a child is inconsistent."""
     groups: dict[tuple[tuple[str, str], ...], _Child] = {}
-    for s in samples:
-        labels = dict(s.labels)
-        le = labels.pop("le", None)
-        child = groups.setdefault(tuple(sorted(labels.items())), _Child())
-        if s.name == family + "_bucket" and le is not None:
-            child.buckets.append((float(le), float(s.value)))
-        elif s.name == family + "_sum":
-            child.sum = float(s.value)
-        elif s.name == family + "_count":
-            child.count = float(s.value)
+    for suffix, _, ls, value in rows:
+        if suffix == "_created":
+            continue
+        child = groups.get(ls.key)
+        if child is None:
+            child = groups[ls.key] = _Child(ls.rest)
+        if suffix == "_bucket":
+            if ls.le is None:
+                return None
+            try:
+                child.buckets.append((_value(ls.le), value))
+            except ValueError:
+                return None
+        elif suffix == "_sum":
+            child.sum = value
+        elif suffix == "_count":
+            child.count = value
     out: list[HistogramSeries] = []
-    for key, child in groups.items():
+    for child in groups.values():
         buckets = sorted(child.buckets)
         if not buckets:
             continue
+        if len({b for b, _ in buckets}) != len(buckets):
+            return None  # one bound twice
+        if any(b[1] < a[1] for a, b in itertools.pairwise(buckets)):
+            return None  # cumulative counts that fall: not a histogram
         count = child.count if not math.isnan(child.count) else buckets[-1][1]
         if buckets[-1][0] != math.inf:
             buckets.append((math.inf, count))
-        out.append(HistogramSeries(dict(key), tuple(buckets), child.sum, count))
+        out.append(HistogramSeries(child.labels, tuple(buckets), child.sum, count))
     return out
+
+
+def parse_exposition(
+    text: str,
+    wanted: Collection[str] | None = None,
+    max_samples: int | None = None,
+    note_prefixes: tuple[str, ...] = (),
+) -> Exposition:
+    """Parse a whole page at once; raise ExpositionError when nothing in it is an exposition."""
+    parser = ExpositionParser(wanted, max_samples, note_prefixes, {})
+    parser.feed(text)
+    return parser.finish()

@@ -7,7 +7,7 @@ tests use a fixture tree and a containerised exporter can read the host's /proc 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 _LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp's `st` column
@@ -91,6 +91,33 @@ def parent_map(procfs: Path) -> dict[int, int]:
         fields = _stat_fields(procfs, pid)
         if fields and len(fields) > 1:
             out[pid] = int(fields[1])
+    return out
+
+
+def parents_of(procfs: Path, pids: Iterable[int], known: Mapping[int, int]) -> dict[int, int]:
+    """PID -> parent PID for each pid and its ancestors.
+
+    A few reads per GPU process instead of a scan of every process on the node (thousands on a busy
+    one). The pids themselves are read afresh; ancestors come from `known` (earlier rounds) when there,
+    as a process's parent changes only when its parent dies, and then its child's entry changes too.
+    """
+    out: dict[int, int] = {}
+    for pid in pids:
+        fields = _stat_fields(procfs, pid)
+        if not fields or len(fields) < 2:
+            continue
+        out[pid] = parent = int(fields[1])
+        for _ in range(64):  # a chain deeper than this is not a process tree we know
+            if parent <= 1 or parent in out:
+                break
+            grand = known.get(parent)
+            if grand is None:
+                more = _stat_fields(procfs, parent)
+                if not more or len(more) < 2:
+                    break
+                grand = int(more[1])
+            out[parent] = grand
+            parent = grand
     return out
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from exporter.engines.exposition import Exposition, HistogramSeries, Labels, Sample
 
@@ -19,6 +19,10 @@ class Histogram:
     buckets: tuple[tuple[float, float], ...]
     sum: float
     count: float
+
+
+# Phases of an engine step, the `phase` label of inference_batch_latency_seconds.
+PREFILL, DECODE, MIXED = "prefill", "decode", "mixed"  # mixed: a step the engine does not split
 
 
 @dataclass(frozen=True)
@@ -44,12 +48,14 @@ class ModelReading:
     ttft: Histogram | None = None
     itl: Histogram | None = None
     e2e: Histogram | None = None
-    batch: Histogram | None = None
+    queue_time: Histogram | None = None
+    batch_tokens: Histogram | None = None  # tokens per engine step
+    batch: dict[str, Histogram] = field(default_factory=dict)  # phase -> histogram
     batch_source: BatchSource | None = None
-    # Engines without a batch histogram feed an exporter-side histogram (see derived.py) from either
-    # a last-iteration gauge sampled once per round, or cumulative (busy seconds, batches) counters.
+    # Engines without a batch histogram feed exporter-side histograms (see derived.py) from either
+    # a last-iteration gauge sampled once per round, or cumulative (busy seconds, steps) counters.
     batch_gauge_seconds: float | None = None
-    batch_counters: tuple[float, float] | None = None
+    batch_counters: dict[str, tuple[float, float]] = field(default_factory=dict)  # phase -> counters
 
 
 def _collapse_pid(samples: Sequence[Sample]) -> list[Sample]:

@@ -36,6 +36,8 @@ class EndpointView:
     failures: dict[str, float]
     readings: Sequence[ModelReading]
     cold_start_seconds: float | None
+    down_reason: str | None = None  # why the last scrape failed; None while it succeeds
+    partial: dict[str, float] = field(default_factory=dict)  # reason -> scrapes that used part of the page
 
 
 @dataclass
@@ -72,7 +74,8 @@ def _series_of(r: ModelReading, gpus: int) -> int:
     n = gpus + sum(v is not None for v in (r.running, r.waiting, r.kv_usage_ratio, r.kv_hit_ratio))
     if r.kv_hits is not None and r.kv_queries is not None:
         n += 2
-    return n + sum(len(h.buckets) + 2 for h in (r.batch, r.ttft, r.itl, r.e2e) if h is not None)
+    hists = (*r.batch.values(), r.ttft, r.itl, r.e2e, r.queue_time, r.batch_tokens)
+    return n + sum(len(h.buckets) + 2 for h in hists if h is not None)
 
 
 class Families:
@@ -89,6 +92,12 @@ class Families:
             labels=[*ENDPOINT_LABELS, "reason"],
         )
         self.duration = _gauge("inference_engine_scrape_duration_seconds", ENDPOINT_LABELS)
+        self.down_reason = _gauge("inference_engine_down_reason", [*ENDPOINT_LABELS, "reason"])
+        self.partial = CounterMetricFamily(
+            "inference_engine_scrape_partial_total",
+            _HELP["inference_engine_scrape_partial_total"],
+            labels=[*ENDPOINT_LABELS, "reason"],
+        )
         self.hits = CounterMetricFamily(
             "inference_kv_cache_hits_total", _HELP["inference_kv_cache_hits_total"], labels=[*el, "unit"]
         )
@@ -101,13 +110,17 @@ class Families:
         self.usage = _gauge("inference_kv_cache_usage_ratio", el)
         self.running = _gauge("inference_requests_running", el)
         self.waiting = _gauge("inference_requests_waiting", el)
+        self.batch = HistogramMetricFamily(
+            "inference_batch_latency_seconds", _HELP["inference_batch_latency_seconds"], labels=[*el, "phase"]
+        )
         self.hists = {
             key: HistogramMetricFamily(name, _HELP[name], labels=el)
             for key, name in (
-                ("batch", "inference_batch_latency_seconds"),
                 ("ttft", "inference_time_to_first_token_seconds"),
                 ("itl", "inference_inter_token_latency_seconds"),
                 ("e2e", "inference_request_latency_seconds"),
+                ("queue_time", "inference_request_queue_time_seconds"),
+                ("batch_tokens", "inference_batch_size_tokens"),
             )
         }
         self.batch_source = _gauge("inference_batch_latency_source_info", ("engine", "source", "proxy"))
@@ -126,11 +139,17 @@ class Families:
         self.up.add_metric(
             [ep.kind, ep.models, ep.namespace, ep.pod, gpu, uuid, ep.endpoint], 1.0 if ep.up else 0.0
         )
+        if ep.down_reason is not None:
+            self.budget.take(ep.endpoint, 1)  # like up, never dropped: it says why up is 0
+            self.down_reason.add_metric([*ident, ep.down_reason], 1.0)
         if ep.duration_seconds is not None and self.budget.take(ep.endpoint, 1):
             self.duration.add_metric(ident, ep.duration_seconds)
         for reason, count in sorted(ep.failures.items()):
             if self.budget.take(ep.endpoint, 1):
                 self.failures.add_metric([*ident, reason], count)
+        for reason, count in sorted(ep.partial.items()):
+            if self.budget.take(ep.endpoint, 1):
+                self.partial.add_metric([*ident, reason], count)
         for r in ep.readings:
             self._add_reading(ep, r, gpu, uuid)
 
@@ -158,10 +177,14 @@ class Families:
         if r.kv_hits is not None and r.kv_queries is not None and take(ep.endpoint, 2):
             self.hits.add_metric([*labels, r.kv_unit], r.kv_hits)
             self.queries.add_metric([*labels, r.kv_unit], r.kv_queries)
-        for key, h in (("batch", r.batch), ("ttft", r.ttft), ("itl", r.itl), ("e2e", r.e2e)):
+        for phase, h in sorted(r.batch.items()):
+            if take(ep.endpoint, len(h.buckets) + 2):
+                self.batch.add_metric([*labels, phase], _hist_buckets(h), h.sum)
+        for key, hist_family in self.hists.items():
+            h = getattr(r, key)
             if h is not None and take(ep.endpoint, len(h.buckets) + 2):
-                self.hists[key].add_metric(labels, _hist_buckets(h), h.sum)
-        if r.batch is not None and r.batch_source is not None:
+                hist_family.add_metric(labels, _hist_buckets(h), h.sum)
+        if r.batch and r.batch_source is not None:
             key3 = (ep.kind, r.batch_source.source, "true" if r.batch_source.proxy else "false")
             if key3 not in self._batch_sources:
                 self._batch_sources.add(key3)
@@ -179,6 +202,8 @@ class Families:
             self.up,
             self.gpu_info,
             self.failures,
+            self.down_reason,
+            self.partial,
             self.duration,
             self.hits,
             self.queries,
@@ -186,6 +211,7 @@ class Families:
             self.usage,
             self.running,
             self.waiting,
+            self.batch,
             *self.hists.values(),
             self.batch_source,
             self.cold_start,

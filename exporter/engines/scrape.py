@@ -1,4 +1,4 @@
-"""Fetch one engine endpoint with a timeout and a response-size limit."""
+"""Fetch one engine endpoint with a timeout and a response-size limit, parsing as it streams in."""
 
 from __future__ import annotations
 
@@ -6,8 +6,11 @@ import asyncio
 
 import aiohttp
 
+from exporter.engines.exposition import Exposition, ExpositionParser
+
 # Plain text: prometheus-client would switch to OpenMetrics for an openmetrics Accept header.
 _HEADERS = {"Accept": "text/plain;version=0.0.4;q=1,*/*;q=0.1"}
+_CHUNK_BYTES = 64 * 1024  # the parser runs between chunks, so no chunk holds the loop long
 
 
 class ScrapeError(Exception):
@@ -18,24 +21,30 @@ class ScrapeError(Exception):
         self.reason = reason
 
 
-async def fetch(session: aiohttp.ClientSession, url: str, timeout_seconds: float, max_bytes: int) -> str:
-    """Return the body as text; raise ScrapeError(timeout|refused|http_status|too_large|network)."""
+async def fetch_page(
+    session: aiohttp.ClientSession, url: str, timeout_seconds: float, max_bytes: int, parser: ExpositionParser
+) -> Exposition:
+    """Stream the page into the parser as it arrives, under one deadline for the whole request.
+
+    Reading stops at max_bytes (the families completed before the cut are kept, the page is marked
+    truncated "too_large") or when the parser has seen its sample cap; the rest of the body is never
+    pulled off the socket. Raises ScrapeError(timeout|refused|http_status|network) or ExpositionError.
+    """
     try:
         async with asyncio.timeout(timeout_seconds):
             async with session.get(url, headers=_HEADERS, allow_redirects=False) as resp:
                 if resp.status != 200:
                     raise ScrapeError("http_status", f"HTTP {resp.status}")
-                if resp.content_length is not None and resp.content_length > max_bytes:
-                    raise ScrapeError("too_large", f"Content-Length {resp.content_length} > {max_bytes}")
-                chunks: list[bytes] = []
                 size = 0
-                async for chunk in resp.content.iter_chunked(64 * 1024):
+                async for chunk in resp.content.iter_chunked(_CHUNK_BYTES):
+                    room = max_bytes - size
+                    if len(chunk) > room:
+                        parser.feed_bytes(chunk[:room])
+                        return parser.finish(truncated="too_large")
                     size += len(chunk)
-                    if size > max_bytes:
-                        # Stop reading: the rest of an oversized body is never pulled off the socket.
-                        raise ScrapeError("too_large", f"body over {max_bytes} bytes")
-                    chunks.append(chunk)
-                return b"".join(chunks).decode("utf-8", errors="replace")
+                    if not parser.feed_bytes(chunk):
+                        break  # the sample cap: the parser has marked the page itself
+                return parser.finish()
     except TimeoutError as exc:
         raise ScrapeError("timeout", f"no complete answer within {timeout_seconds}s") from exc
     except aiohttp.ClientConnectorError as exc:

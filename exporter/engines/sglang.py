@@ -1,5 +1,12 @@
 """SGLang (0.4.x -> 0.5.23, and Ray's `sglang_` spelling) -> ModelReading.
 
+Batch latency, best source first: the device timer (`SGLANG_ENABLE_METRICS_DEVICE_TIMER=1`),
+`forward_execution_seconds_total{category}` (GPU-busy seconds of forward passes) over
+`cuda_graph_passes_total{mode}` (passes), per phase: a real step time, averaged per round; else the
+inter-token latency histogram as a proxy. Decode passes are counted in every release that has the
+counter, prefill passes (`prefill_*` modes) only in newer ones: prefill is derived only where both
+exist. The `extend` and `mixed` categories are prefill-carrying steps.
+
 KV hits, best source first: `prefill_effective_tokens_total{mode=*_hit}` / all modes (> 0.5.14);
 `realtime_tokens_total{mode=prefill_cache}` / prefill_cache + prefill_compute (0.5.14);
 `cached_tokens_total` / `prompt_tokens_total` (>= 0.4.10, counted per finished request). Only the
@@ -10,6 +17,8 @@ from __future__ import annotations
 
 from exporter.engines.exposition import Exposition
 from exporter.engines.reading import (
+    DECODE,
+    PREFILL,
     BatchSource,
     ModelReading,
     ModelView,
@@ -21,6 +30,26 @@ from exporter.engines.reading import (
 
 KIND = "sglang"
 MODEL_LABEL = "model_name"
+DEVICE_TIMER_SOURCE = "sglang:forward_execution_seconds_total/sglang:cuda_graph_passes_total"
+FAMILIES = frozenset(
+    {
+        "sglang:num_running_reqs",
+        "sglang:num_queue_reqs",
+        "sglang:token_usage",
+        "sglang:prefill_effective_tokens",
+        "sglang:realtime_tokens",
+        "sglang:cached_tokens",
+        "sglang:prompt_tokens",
+        "sglang:cache_hit_rate",
+        "sglang:time_to_first_token_seconds",
+        "sglang:inter_token_latency_seconds",
+        "sglang:e2e_request_latency_seconds",
+        "sglang:queue_time_seconds",
+        "sglang:forward_execution_seconds",
+        "sglang:cuda_graph_passes",
+    }
+)
+_PREFILL_CATEGORIES = ("extend", "mixed")
 
 
 def _kv_counters(v: ModelView) -> tuple[float | None, float | None]:
@@ -39,6 +68,24 @@ def _kv_counters(v: ModelView) -> tuple[float | None, float | None]:
         tiers = [s for s in cached if s.labels.get("cache_source") != "total"] or cached
         return counter_value(tiers), counter_value(prompt)
     return None, None
+
+
+def _device_timer(v: ModelView) -> dict[str, tuple[float, float]]:
+    """(GPU-busy seconds, passes) per phase from the device-timer counters; {} when they are off."""
+    busy = v.counter("sglang:forward_execution_seconds_total")
+    passes = v.counter("sglang:cuda_graph_passes_total")
+    if not busy or not passes:
+        return {}
+    out: dict[str, tuple[float, float]] = {}
+    decode_busy = counter_value(busy, lambda lb: lb.get("category") == "decode")
+    decode_passes = counter_value(passes, lambda lb: lb.get("mode", "").startswith("decode_"))
+    if decode_busy is not None and decode_passes is not None:
+        out[DECODE] = (decode_busy, decode_passes)
+    prefill_busy = counter_value(busy, lambda lb: lb.get("category") in _PREFILL_CATEGORIES)
+    prefill_passes = counter_value(passes, lambda lb: lb.get("mode", "").startswith("prefill_"))
+    if prefill_busy is not None and prefill_passes is not None:
+        out[PREFILL] = (prefill_busy, prefill_passes)
+    return out
 
 
 def normalize(expo: Exposition) -> list[ModelReading]:
@@ -60,9 +107,13 @@ def normalize(expo: Exposition) -> list[ModelReading]:
         r.ttft = merge_histograms(v.histogram("sglang:time_to_first_token_seconds"))
         r.itl = merge_histograms(v.histogram("sglang:inter_token_latency_seconds"))
         r.e2e = merge_histograms(v.histogram("sglang:e2e_request_latency_seconds"))
-        if r.itl is not None:
-            # The device-timer counters give only a mean and are opt-in; ITL is per token here.
-            r.batch = r.itl
+        r.queue_time = merge_histograms(v.histogram("sglang:queue_time_seconds"))
+        timer = _device_timer(v)
+        if timer:
+            r.batch_counters = timer
+            r.batch_source = BatchSource(DEVICE_TIMER_SOURCE, proxy=False)
+        elif r.itl is not None:
+            r.batch = {DECODE: r.itl}
             r.batch_source = BatchSource("sglang:inter_token_latency_seconds", proxy=True)
         out.append(r)
     return out

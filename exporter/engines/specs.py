@@ -34,8 +34,27 @@ ENGINE_METRICS: tuple[MetricSpec, ...] = (
         "counter",
         "",
         (*ENDPOINT_LABELS, "reason"),
-        "Failed scrapes of an engine endpoint by reason (timeout, refused, http_status, too_large, "
-        "parse, no_metrics).",
+        "Failed scrapes of an engine endpoint by reason (timeout, refused, network, http_status, "
+        "too_large, parse, unknown_engine, no_metrics, normalize).",
+        _C,
+    ),
+    MetricSpec(
+        "inference_engine_down_reason",
+        "gauge",
+        "",
+        (*ENDPOINT_LABELS, "reason"),
+        "1 while the last scrape of an engine endpoint failed, with why (the reasons of "
+        "inference_engine_scrape_failures_total); absent while it succeeds.",
+        _C,
+    ),
+    MetricSpec(
+        "inference_engine_scrape_partial_total",
+        "counter",
+        "",
+        (*ENDPOINT_LABELS, "reason"),
+        "Scrapes of an engine endpoint that used only part of the page: too_large (reading stopped at "
+        "--engines.max-response-bytes), too_many_samples (parsing stopped at "
+        "--engines.max-samples-per-endpoint), malformed (families dropped for a malformed line).",
         _C,
     ),
     MetricSpec(
@@ -82,9 +101,18 @@ ENGINE_METRICS: tuple[MetricSpec, ...] = (
         "inference_batch_latency_seconds",
         "histogram",
         "seconds",
+        (*ENGINE_LABELS, "phase"),
+        "Engine step (batch) latency by phase (prefill, decode, or mixed where the engine does not "
+        "split steps); inference_batch_latency_source_info names the source metric and whether it "
+        "is a proxy.",
+        _C,
+    ),
+    MetricSpec(
+        "inference_batch_size_tokens",
+        "histogram",
+        "",
         ENGINE_LABELS,
-        "Engine step (batch) latency; inference_batch_latency_source_info names the source metric "
-        "and whether it is a proxy.",
+        "Tokens scheduled per engine step (vLLM's iteration_tokens_total).",
         _C,
     ),
     MetricSpec(
@@ -133,6 +161,14 @@ ENGINE_METRICS: tuple[MetricSpec, ...] = (
         "seconds",
         ENGINE_LABELS,
         "End-to-end request latency as measured by the engine.",
+        _C,
+    ),
+    MetricSpec(
+        "inference_request_queue_time_seconds",
+        "histogram",
+        "seconds",
+        ENGINE_LABELS,
+        "Time a request waited in the engine's queue before it was first scheduled.",
         _C,
     ),
     MetricSpec(

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from exporter.engines.exposition import Exposition
 from exporter.engines.reading import (
+    DECODE,
+    MIXED,
     BatchSource,
     ModelReading,
     ModelView,
@@ -21,6 +23,27 @@ from exporter.engines.reading import (
 
 KIND = "vllm"
 MODEL_LABEL = "model_name"
+# Every family the normalizer reads (counters by base name); the parser keeps only these.
+FAMILIES = frozenset(
+    {
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:gpu_cache_usage_perc",
+        "vllm:prefix_cache_hits",
+        "vllm:prefix_cache_queries",
+        "vllm:gpu_prefix_cache_hits",
+        "vllm:gpu_prefix_cache_queries",
+        "vllm:gpu_prefix_cache_hit_rate",
+        "vllm:time_to_first_token_seconds",
+        "vllm:inter_token_latency_seconds",
+        "vllm:time_per_output_token_seconds",
+        "vllm:e2e_request_latency_seconds",
+        "vllm:request_queue_time_seconds",
+        "vllm:iteration_tokens_total",
+        "vllm:model_forward_time_milliseconds",
+    }
+)
 
 
 def _prefix_unit(expo: Exposition, name: str) -> str:
@@ -63,12 +86,17 @@ def normalize(expo: Exposition) -> list[ModelReading]:
             itl_name = "vllm:time_per_output_token_seconds"  # <= 0.14, same observations
         r.itl = merge_histograms(v.histogram(itl_name))
         r.e2e = merge_histograms(v.histogram("vllm:e2e_request_latency_seconds"))
+        r.queue_time = merge_histograms(v.histogram("vllm:request_queue_time_seconds"))
+        # A histogram despite its name: tokens scheduled per engine step.
+        r.batch_tokens = merge_histograms(v.histogram("vllm:iteration_tokens_total"))
         if r.itl is not None:
             # vLLM has no per-iteration metric; each ITL observation is one decode-step interval.
-            r.batch = r.itl
+            r.batch = {DECODE: r.itl}
             r.batch_source = BatchSource(itl_name, proxy=True)
         elif v.histogram("vllm:model_forward_time_milliseconds"):
-            r.batch = merge_histograms(v.histogram("vllm:model_forward_time_milliseconds"), scale=1e-3)
-            r.batch_source = BatchSource("vllm:model_forward_time_milliseconds", proxy=True)
+            forward = merge_histograms(v.histogram("vllm:model_forward_time_milliseconds"), scale=1e-3)
+            if forward is not None:
+                r.batch = {MIXED: forward}
+                r.batch_source = BatchSource("vllm:model_forward_time_milliseconds", proxy=True)
         out.append(r)
     return out

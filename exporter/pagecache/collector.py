@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client.core import Metric
 
@@ -14,7 +16,8 @@ from exporter.attribution.clock import Clock, SystemClock
 from exporter.attribution.families import add_value, new_family
 from exporter.attribution.flags import add_procfs_argument, collector_enabled, csv_list
 from exporter.attribution.procfs import DEFAULT_PROCFS, Procfs
-from exporter.collectors.base import CollectorError, NodeState
+from exporter.collectors.base import NodeState
+from exporter.collectors.blocking import ItemReader
 from exporter.config import duration_seconds
 from exporter.pagecache import specs
 from exporter.pagecache.discovery import ModelKey, PathSpec, configured_files, mapped_files
@@ -34,9 +37,19 @@ class PageCacheSettings:
     max_bytes_per_round: int = 256 << 30
     max_seconds_per_round: float = 1.0
     max_models: int = 64
-    # Slack over the scan budget for discovery (globs, /proc/<pid>/maps) before the round is failed;
-    # budget + slack stay below the sampler's --collector.timeout (2 s by default).
+    # Slack over the scan budget for discovery (globs, /proc/<pid>/maps) and stat calls.
     timeout_slack_seconds: float = 0.5
+    # One glob, one process's maps or one file's stat; one taking longer is set aside until it returns.
+    item_timeout_seconds: float = 0.25
+
+    @property
+    def round_deadline_seconds(self) -> float:
+        """Above every deadline inside a round."""
+        return self.max_seconds_per_round + self.timeout_slack_seconds + self.item_timeout_seconds + 0.5
+
+
+def _stat(key: tuple[str, Any]) -> os.stat_result:
+    return os.stat(key[1])
 
 
 class PageCacheCollector:
@@ -49,6 +62,7 @@ class PageCacheCollector:
     ) -> None:
         self.settings = settings
         self.interval_seconds: float | None = settings.interval_seconds
+        self.deadline_seconds = settings.round_deadline_seconds
         self._procfs = procfs or Procfs(settings.procfs_path)
         self._paths = tuple(PathSpec.parse(p) for p in settings.paths)
         budget = BudgetSettings(
@@ -57,7 +71,7 @@ class PageCacheCollector:
             max_seconds_per_round=settings.max_seconds_per_round,
         )
         self._sampler = ResidencySampler(budget, clock or SystemClock())
-        self._busy = False
+        self._reader: ItemReader[tuple[str, Any], Any] = ItemReader("pagecache")
         self.last_stats = RoundStats()
 
     @property
@@ -66,28 +80,55 @@ class PageCacheCollector:
         return self._sampler.tracked_files
 
     async def collect(self, state: NodeState) -> Sequence[Metric]:
-        """Run one budgeted round in a thread and return residency per model."""
-        if self._busy:
-            raise CollectorError("previous page-cache round still running")
+        """One budgeted round: find the weight files, stat them, scan them, residency per model.
+
+        Every blocking step is one item of an ItemReader: a glob, a process's maps, or a file's stat
+        or scan that hangs (a dead network mount) is set aside and costs only its own models.
+        """
+        s = self.settings
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + s.max_seconds_per_round + s.timeout_slack_seconds
+
+        def left() -> float:
+            return max(0.0, deadline - loop.time())
+
+        wanted = await self._discover(state, left())
+        stats = RoundStats()
+        stat_keys = [("stat", path) for path in sorted(wanted)]
+        statted = await self._reader.read(stat_keys, _stat, left(), s.item_timeout_seconds)
+        found = {key[1]: st for key, st in statted.values.items()}
+        hung = {key[1] for key in statted.unread}
+        self._sampler.refresh(wanted, found, stats, hung)
+        budget = self._sampler.new_budget()
+        scan_keys = [("scan", file_id) for file_id in self._sampler.scan_order()]
+        scanned = await self._reader.read(
+            scan_keys,
+            lambda key: self._sampler.scan_file(key[1], budget, stats),
+            left(),
+            s.max_seconds_per_round + s.item_timeout_seconds,
+        )
+        self._sampler.end_round({key[1]: bool(done) for key, done in scanned.values.items()})
+        hung |= {self._sampler.path_of(key[1]) for key in self._reader.stuck if key[0] == "scan"}
+        self.last_stats = stats
+        return self._families(self._sampler.by_model(hung))
+
+    async def _discover(self, state: NodeState, budget_seconds: float) -> dict[str, set[ModelKey]]:
+        """Weight files to watch: the configured globs and the files GPU processes have mapped."""
         pids = sorted({p.pid for p in state.processes}) if self.settings.scan_mapped else []
         pid_pods = dict(state.pid_pods)
 
-        def work() -> tuple[dict[ModelKey, ModelResidency], RoundStats]:
-            try:
-                wanted = configured_files(self._paths)
-                for path, keys in mapped_files(self._procfs, pids, pid_pods).items():
-                    wanted.setdefault(path, set()).update(keys)
-                return self._sampler.run_round(wanted)
-            finally:
-                self._busy = False
+        def read(key: tuple[str, Any]) -> dict[str, set[ModelKey]]:
+            if key[0] == "globs":
+                return configured_files(self._paths)
+            return mapped_files(self._procfs, [key[1]], pid_pods)
 
-        self._busy = True
-        timeout = self.settings.max_seconds_per_round + self.settings.timeout_slack_seconds
-        try:
-            models, self.last_stats = await asyncio.wait_for(asyncio.to_thread(work), timeout)
-        except TimeoutError as exc:
-            raise CollectorError(f"page-cache round took over {timeout} s") from exc
-        return self._families(models)
+        keys: list[tuple[str, Any]] = [("globs", ""), *(("maps", pid) for pid in pids)]
+        found = await self._reader.read(keys, read, budget_seconds, self.settings.item_timeout_seconds)
+        wanted: dict[str, set[ModelKey]] = {}
+        for files in found.values.values():
+            for path, model_keys in files.items():
+                wanted.setdefault(path, set()).update(model_keys)
+        return wanted
 
     def _families(self, models: dict[ModelKey, ModelResidency]) -> list[Metric]:
         ratio = new_family(specs.MODEL_WEIGHTS_PAGE_CACHE_RESIDENT_RATIO)
@@ -106,7 +147,8 @@ class PageCacheCollector:
         return [f for f in (ratio, resident, size) if f.samples]
 
     async def close(self) -> None:
-        """Nothing to release: files are opened and unmapped within each round."""
+        """Stop the worker threads; files are opened and unmapped within each item."""
+        self._reader.close()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

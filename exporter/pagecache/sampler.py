@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Mapping, Set
@@ -47,8 +48,21 @@ class RoundStats:
     files_failed: list[str] = field(default_factory=list)
 
 
+@dataclass
+class RoundBudget:
+    """What one round may still spend; touched only by the round's worker thread."""
+
+    bytes_left: int
+    deadline: float
+
+
 class ResidencySampler:
-    """Keeps per-file progress; a model is reported once every one of its files has a full pass."""
+    """Keeps per-file progress; a model is reported once every one of its files has a full pass.
+
+    A round is `refresh` (with the files' stat results), then `scan_file` for each file of
+    `scan_order()` on a worker thread, then `end_round`. The collector runs the blocking steps (stat,
+    scan) one item at a time, so a file whose read hangs (a dead network mount) costs only itself.
+    """
 
     def __init__(self, settings: BudgetSettings, clock: Clock) -> None:
         self._settings = settings
@@ -65,48 +79,86 @@ class ResidencySampler:
     def run_round(
         self, wanted: Mapping[str, Set[ModelKey]]
     ) -> tuple[dict[ModelKey, ModelResidency], RoundStats]:
-        """Advance scans within the budget; return per-model residency of completed files (blocking)."""
+        """A whole round in this thread (blocking): stat, scan within the budget, residency per model."""
         stats = RoundStats()
-        self._refresh(wanted, stats)
-        deadline = self._clock.monotonic() + self._settings.max_seconds_per_round
-        budget = self._settings.max_bytes_per_round
+        found: dict[str, os.stat_result] = {}
+        for path in wanted:
+            with contextlib.suppress(OSError):
+                found[path] = os.stat(path)
+        self.refresh(wanted, found, stats)
+        budget = self.new_budget()
+        done: dict[FileId, bool] = {}
+        for file_id in self.scan_order():
+            done[file_id] = self.scan_file(file_id, budget, stats)
+            if not done[file_id]:
+                break
+        self.end_round(done)
+        return self.by_model(), stats
+
+    def new_budget(self) -> RoundBudget:
+        """The byte and time budget of a round that starts now."""
+        return RoundBudget(
+            self._settings.max_bytes_per_round, self._clock.monotonic() + self._settings.max_seconds_per_round
+        )
+
+    def scan_order(self) -> list[FileId]:
+        """Files in the order to scan: after the one the last round stopped at, so a huge model
+        cannot starve the others."""
         order = sorted(self._files)
-        # Start after the file the last round stopped at, so a huge model cannot starve the others.
         if self._cursor in self._files:
             start = order.index(self._cursor)
             order = order[start:] + order[:start]
-        for file_id in order:
-            state = self._files[file_id]
-            self._cursor = file_id
-            while budget > 0 and self._clock.monotonic() < deadline:
-                step = min(self._settings.window_bytes, budget)
-                try:
-                    result = scan(state.path, state.offset, step, self._settings.window_bytes)
-                except (OSError, MincoreError) as exc:
-                    stats.files_failed.append(state.path)
-                    log.debug("page-cache scan of %s failed: %s", state.path, exc)
-                    break
-                budget -= result.scanned_to - state.offset
-                stats.bytes_scanned += result.scanned_to - state.offset
-                state.partial_resident_bytes += result.resident_bytes
-                state.offset = result.scanned_to
-                if state.offset >= result.size_bytes:
-                    state.last = (min(state.partial_resident_bytes, result.size_bytes), result.size_bytes)
-                    state.offset, state.partial_resident_bytes = 0, 0
-                    stats.files_completed += 1
-                    break
-            else:
-                break  # budget spent: this file resumes first next round
-        else:
-            self._cursor = None
-        return self._by_model(), stats
+        return order
 
-    def _refresh(self, wanted: Mapping[str, Set[ModelKey]], stats: RoundStats) -> None:
-        fresh: dict[FileId, _FileState] = {}
-        for path, keys in wanted.items():
+    def scan_file(self, file_id: FileId, budget: RoundBudget, stats: RoundStats) -> bool:
+        """Advance one file's scan (blocking); False when the budget ran out inside it."""
+        state = self._files.get(file_id)
+        if state is None:
+            return True
+        while budget.bytes_left > 0 and self._clock.monotonic() < budget.deadline:
+            step = min(self._settings.window_bytes, budget.bytes_left)
             try:
-                st = os.stat(path)
-            except OSError:
+                result = scan(state.path, state.offset, step, self._settings.window_bytes)
+            except (OSError, MincoreError) as exc:
+                stats.files_failed.append(state.path)
+                log.debug("page-cache scan of %s failed: %s", state.path, exc)
+                return True
+            budget.bytes_left -= result.scanned_to - state.offset
+            stats.bytes_scanned += result.scanned_to - state.offset
+            state.partial_resident_bytes += result.resident_bytes
+            state.offset = result.scanned_to
+            if state.offset >= result.size_bytes:
+                state.last = (min(state.partial_resident_bytes, result.size_bytes), result.size_bytes)
+                state.offset, state.partial_resident_bytes = 0, 0
+                stats.files_completed += 1
+                return True
+        return False
+
+    def path_of(self, file_id: FileId) -> str:
+        """The path a tracked file was last seen under ("" when it is no longer tracked)."""
+        state = self._files.get(file_id)
+        return state.path if state is not None else ""
+
+    def end_round(self, done: Mapping[FileId, bool]) -> None:
+        """Where the next round starts: the first file this round did not finish."""
+        order = self.scan_order()
+        self._cursor = next((f for f in order if not done.get(f, False)), None)
+
+    def refresh(
+        self,
+        wanted: Mapping[str, Set[ModelKey]],
+        found: Mapping[str, os.stat_result],
+        stats: RoundStats,
+        unread: Set[str] = frozenset(),
+    ) -> None:
+        """Track the wanted files that exist (`found`: their stat results), by inode. Files whose stat
+        did not return in time (`unread`) keep their progress; their models wait for them."""
+        fresh: dict[FileId, _FileState] = {
+            file_id: state for file_id, state in self._files.items() if state.path in unread
+        }
+        for path, keys in wanted.items():
+            st = found.get(path)
+            if st is None:
                 continue
             if not mincore_allowed(path, st):
                 stats.files_denied.append(path)
@@ -132,12 +184,14 @@ class ResidencySampler:
         self._files = fresh
         self._denied_logged &= set(wanted)
 
-    def _by_model(self) -> dict[ModelKey, ModelResidency]:
+    def by_model(self, unreadable: Set[str] = frozenset()) -> dict[ModelKey, ModelResidency]:
+        """Residency of every model whose files all have a full pass; `unreadable` paths (a read that
+        hangs) make their models incomplete, so no stale ratio is served for them."""
         totals: dict[ModelKey, list[int]] = {}
         incomplete: set[ModelKey] = set()
         for state in self._files.values():
             for key in state.keys:
-                if state.last is None:
+                if state.last is None or state.path in unreadable:
                     incomplete.add(key)
                     continue
                 acc = totals.setdefault(key, [0, 0])

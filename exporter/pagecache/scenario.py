@@ -9,9 +9,14 @@ scenario times the file is evicted (fsync + posix_fadvise DONTNEED) or read back
       - model: llama-8b
         namespace: serving
         pod: llama-8b-0
+        file: model-00001-of-00001.safetensors   # default model.safetensors
         size_bytes: 64MiB
-        evict_at: [600]
+        evict_at: [600, 1200]
         warm_at: [0, 900]
+        keep_warm: true   # read it again every tick while warm, as an engine reading its weights does
+
+(The kernel may drop a few MiB of a freshly written file within a second; `keep_warm` holds it at
+100 % until the eviction, so a "was >= 95 %" condition sees it.)
 
 Run: python -m exporter.pagecache.scenario SCENARIO --work-dir .work/pagecache [--speed 1]
 """
@@ -45,11 +50,13 @@ class WeightEntry:
     size_bytes: int
     evict_at: tuple[float, ...]
     warm_at: tuple[float, ...]
+    file: str = "model.safetensors"
+    keep_warm: bool = False
 
     def path(self, work_dir: Path) -> Path:
         """Where this entry's weight file lives."""
         owner = f"{self.namespace}_{self.pod}" if self.pod else "_"
-        return work_dir / owner / self.model / "model.safetensors"
+        return work_dir / owner / self.model / self.file
 
 
 def _size(value: Any) -> int:
@@ -61,20 +68,47 @@ def _size(value: Any) -> int:
     return int(match.group(1)) * _UNITS[match.group(2)]
 
 
+_FIELDS = ("model", "namespace", "pod", "file", "size_bytes", "evict_at", "warm_at", "keep_warm")
+_WEIGHT_FILE = re.compile(r"^[A-Za-z0-9._-]+$")
+
+
+def _times(raw: Any, where: str) -> tuple[float, ...]:
+    if isinstance(raw, int | float) and not isinstance(raw, bool):
+        raw = [raw]
+    ok = isinstance(raw, list | tuple) and all(
+        isinstance(t, int | float) and not isinstance(t, bool) and t >= 0 for t in raw
+    )
+    if not ok:
+        raise PageCacheScenarioError(f"{where}: expected scenario times in seconds (>= 0), got {raw!r}")
+    return tuple(sorted(float(t) for t in raw))
+
+
 def parse_section(section: Sequence[Mapping[str, Any]]) -> tuple[WeightEntry, ...]:
     """Validate the raw `page_cache` list."""
     out = []
     for i, raw in enumerate(section):
-        if "model" not in raw:
-            raise PageCacheScenarioError(f"page_cache[{i}]: model is required")
+        where = f"page_cache[{i}]"
+        if not isinstance(raw, Mapping) or "model" not in raw:
+            raise PageCacheScenarioError(f"{where}: model is required")
+        unknown = sorted(set(raw) - set(_FIELDS))
+        if unknown:
+            raise PageCacheScenarioError(f"{where}: unknown fields {unknown} (allowed: {', '.join(_FIELDS)})")
+        name = str(raw.get("file", "model.safetensors"))
+        if not _WEIGHT_FILE.match(name) or name in (".", ".."):
+            raise PageCacheScenarioError(f"{where}.file: a file name without directories, got {name!r}")
+        keep_warm = raw.get("keep_warm", False)
+        if not isinstance(keep_warm, bool):
+            raise PageCacheScenarioError(f"{where}.keep_warm: expected true or false, got {keep_warm!r}")
         out.append(
             WeightEntry(
                 model=str(raw["model"]),
                 namespace=str(raw.get("namespace", "")),
                 pod=str(raw.get("pod", "")),
                 size_bytes=_size(raw.get("size_bytes", 64 * _MIB)),
-                evict_at=tuple(sorted(float(t) for t in raw.get("evict_at", ()))),
-                warm_at=tuple(sorted(float(t) for t in raw.get("warm_at", (0,)))),
+                evict_at=_times(raw.get("evict_at", ()), f"{where}.evict_at"),
+                warm_at=_times(raw.get("warm_at", (0,)), f"{where}.warm_at"),
+                file=name,
+                keep_warm=keep_warm,
             )
         )
     return tuple(out)
@@ -87,6 +121,7 @@ class PageCacheScenario:
         self.entries = tuple(entries)
         self.work_dir = work_dir
         self._done: set[tuple[int, str, float]] = set()
+        self._warm: set[int] = set()  # entries whose last action was a warm-up
 
     def prepare(self) -> None:
         """Write every weight file that is missing or has the wrong size."""
@@ -125,9 +160,14 @@ class PageCacheScenario:
             path = self.entries[i].path(self.work_dir)
             if action == "evict":
                 evict(path)
+                self._warm.discard(i)
             else:
                 warm(path)
+                self._warm.add(i)
             done.append(f"t={t:g}s {action} {self.entries[i].model}")
+        for i in sorted(self._warm):
+            if self.entries[i].keep_warm:
+                warm(self.entries[i].path(self.work_dir))  # an engine keeps reading its weights
         return done
 
 

@@ -89,7 +89,7 @@ def inject_xid(sim: SimulatedNvml, gpu_index: int, xid: int, at_seconds: float |
         for es in state.event_sets.values():
             if not es.registered.get(gpu_index, 0) & N.nvmlEventTypeXidCriticalError:
                 continue
-            es.pending = sorted([*es.pending[es.pos :], (at, next(_injected_seq), gpu_index, xid)])
+            es.pending = sorted([*es.pending[es.pos :], (at, next(_injected_seq), gpu_index, xid, -1)])
             es.pos = 0
         state.cond.notify_all()
 

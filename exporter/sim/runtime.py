@@ -190,7 +190,8 @@ Device = SimGpu | SimMig
 class EventSetState:
     """One nvmlEventSet: queued XID events of the GPUs registered on it, in delivery order."""
 
-    pending: list[tuple[float, int, int, int]] = field(default_factory=list)  # (at, seq, gpu, xid)
+    # (at, seq, gpu, xid, pid): with pid >= 0 the event is delivered only while that process lives
+    pending: list[tuple[float, int, int, int, int]] = field(default_factory=list)
     pos: int = 0
     registered: dict[int, int] = field(default_factory=dict)  # gpu index -> mask
 
@@ -241,16 +242,29 @@ class SimState:
         """A fresh small integer for opaque handles."""
         return next(self._ids)
 
-    def xid_events_for(self, gpu: SimGpu, since: float) -> list[tuple[float, int, int, int]]:
+    def xid_events_for(self, gpu: SimGpu, since: float) -> list[tuple[float, int, int, int, int]]:
         """Queue entries for `gpu`'s XIDs at or after `since` (registration drops earlier ones)."""
         events: list[XidEvent] = [e for e in self.scenario.events if e.gpu == gpu.index]
         out = []
+        end = self.scenario.duration_seconds
         for e in events:
-            if e.at_seconds >= since:
-                out += [(e.at_seconds, next(self._seq), gpu.index, e.xid) for _ in range(e.count)]
+            times = [e.at_seconds]
+            if e.repeat_seconds is not None:
+                n = int((end - e.at_seconds) // e.repeat_seconds)
+                times = [e.at_seconds + k * e.repeat_seconds for k in range(n + 1)]
+            pid = e.until_process_exits if e.until_process_exits is not None else -1
+            for at in times:
+                if at >= since:
+                    out += [(at, next(self._seq), gpu.index, e.xid, pid) for _ in range(e.count)]
         if gpu.spec.xid_on_loss and gpu.lost_at >= since:
-            out.append((gpu.lost_at, next(self._seq), gpu.index, 79))
+            out.append((gpu.lost_at, next(self._seq), gpu.index, 79, -1))
         return out
+
+    def process_alive(self, gpu_index: int, pid: int, t: float) -> bool:
+        """Whether the process runs on the GPU at scenario time t (as restarts left it)."""
+        return any(
+            p.pid == pid and p.start_seconds <= t < p.end_seconds for p in self.gpus[gpu_index].processes
+        )
 
     def wait_step(self, real_timeout: float, clock_target: float | None) -> None:
         """One bounded wait on the condition (caller holds it) for at most `real_timeout` seconds."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import uuid
 from dataclasses import dataclass, field
@@ -11,7 +12,18 @@ from typing import Any
 import yaml
 
 from exporter.sim.curve import Curve
-from exporter.sim.models import ALIASES, MODELS, GpuModel, lookup_model
+from exporter.sim.models import (
+    ALIASES,
+    ARCH_ADA,
+    ARCH_AMPERE,
+    ARCH_BLACKWELL,
+    ARCH_HOPPER,
+    ARCH_TURING,
+    ARCH_VOLTA,
+    MODELS,
+    GpuModel,
+    lookup_model,
+)
 
 SCENARIO_DIR = Path(__file__).resolve().parent.parent / "scenarios"
 INF = float("inf")
@@ -30,6 +42,36 @@ CLOCK_EVENT_REASONS: dict[str, int] = {
     "hw_thermal_slowdown": 0x40,
     "hw_power_brake_slowdown": 0x80,
     "display_clock_setting": 0x100,
+}
+
+# Facts of a scenario-defined GPU model (gpu_models) and how each is written
+_MODEL_FIELDS: dict[str, str] = {
+    "name": "str",
+    "architecture": "arch",
+    "compute_capability": "cc",
+    "pci_device_id": "int",
+    "memory_total_bytes": "size",
+    "memory_reserved_bytes": "size",
+    "power_limit_watts": "num",
+    "power_idle_watts": "num",
+    "sm_clock_max_hertz": "num",
+    "memory_clock_max_hertz": "num",
+    "sm_clock_idle_hertz": "num",
+    "pcie_generation_max": "int",
+    "pcie_width_max": "int",
+    "shutdown_temperature_celsius": "int",
+    "slowdown_temperature_celsius": "int",
+    "memory_max_temperature_celsius": "int",
+    "gpu_max_temperature_celsius": "int",
+    "nvlink_count": "int",
+}
+_ARCHITECTURES = {
+    "volta": ARCH_VOLTA,
+    "turing": ARCH_TURING,
+    "ampere": ARCH_AMPERE,
+    "ada": ARCH_ADA,
+    "hopper": ARCH_HOPPER,
+    "blackwell": ARCH_BLACKWELL,
 }
 
 # Fault error names -> nvmlReturn_t codes
@@ -189,16 +231,31 @@ class ProcessSpec:
     memory_bytes: Curve
     sm_utilization: Curve
     type: str
+    # CPU cores the process uses on the host over time (for /proc/<pid>/stat in fakes and the demo)
+    host_cpu_cores: Curve = field(default_factory=lambda: Curve.constant(0.0))
+
+    def host_cpu_seconds(self, t: float) -> float:
+        """Host CPU seconds the process has used by scenario time t."""
+        if t <= self.start_seconds:
+            return 0.0
+        return self.host_cpu_cores.integral(self.start_seconds, min(t, self.end_seconds))
 
 
 @dataclass(frozen=True)
 class XidEvent:
-    """`count` XID events with code `xid` on GPU `gpu`, deliverable from `at_seconds`."""
+    """`count` XID events with code `xid` on GPU `gpu`, deliverable from `at_seconds`.
+
+    With `repeat_seconds`, the events come again every that many seconds, up to the scenario's end or,
+    with `until_process_exits`, until that process ends: an application XID (13, 31, 43) keeps
+    coming until the process that triggers it is restarted, also when the demo restarts it.
+    """
 
     at_seconds: float
     gpu: int
     xid: int
     count: int
+    repeat_seconds: float | None = None
+    until_process_exits: int | None = None
 
 
 @dataclass(frozen=True)
@@ -269,6 +326,7 @@ class _Parser:
 
     def __init__(self, source: str) -> None:
         self.source = source
+        self.models: dict[str, GpuModel] = {}
 
     def fail(self, path: str, problem: str) -> ScenarioError:
         return ScenarioError(self.source, path, problem)
@@ -380,7 +438,7 @@ class _Parser:
     def scenario(self, data: Any, default_name: str) -> Scenario:
         top = (
             "name", "description", "duration_seconds", "node", "driver_version", "cuda_driver_version",
-            "gpus", "processes", "events", "faults", *FOREIGN_SECTIONS,
+            "gpu_models", "gpus", "processes", "events", "faults", *FOREIGN_SECTIONS,
         )  # fmt: skip
         d = self.mapping(data, "", top, required=("gpus",))
         name = self.string(d["name"], "name") if "name" in d else default_name
@@ -389,6 +447,7 @@ class _Parser:
         node = self.string(d.get("node", "sim-node-0"), "node")
         driver = self.string(str(d.get("driver_version", "570.133.20")), "driver_version")
         cuda = self.cuda_version(d.get("cuda_driver_version", 12080), "cuda_driver_version")
+        self.models = self.gpu_models(d.get("gpu_models"), "gpu_models")
         gpu_items = self.seq(d["gpus"], "gpus")
         if not gpu_items:
             raise self.fail("gpus", "a scenario needs at least one GPU")
@@ -402,7 +461,7 @@ class _Parser:
             for i, p in enumerate(self.seq(d.get("processes"), "processes"))
         ]
         events = [
-            self.event(e, len(gpus), f"events[{i}]")
+            self.event(e, len(gpus), f"events[{i}]", processes, duration)
             for i, e in enumerate(self.seq(d.get("events"), "events"))
         ]
         faults = [
@@ -416,6 +475,50 @@ class _Parser:
             events=tuple(sorted(events, key=lambda e: e.at_seconds)), faults=tuple(faults), extra=extra,
             source=self.source,
         )  # fmt: skip
+
+    def gpu_models(self, value: Any, path: str) -> dict[str, GpuModel]:
+        """GPU models outside the built-in table, each starting from a built-in one (`like`)."""
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise self.fail(path, f"expected a mapping of model keys, got {_kind(value)}")
+        out: dict[str, GpuModel] = {}
+        for key, item in value.items():
+            p = _join(path, str(key))
+            d = self.mapping(item, p, ("like", *_MODEL_FIELDS), required=("like", "name"))
+            like = self.string(d["like"], f"{p}.like")
+            base = lookup_model(like)
+            if base is None:
+                known = ", ".join(sorted(MODELS))
+                raise self.fail(f"{p}.like", f"not a built-in model: {like!r} (known: {known})")
+            changes: dict[str, Any] = {"key": str(key), "name": self.string(d["name"], f"{p}.name")}
+            for name, kind in _MODEL_FIELDS.items():
+                if name not in d or name == "name":
+                    continue
+                fp = f"{p}.{name}"
+                if kind == "size":
+                    changes[name] = int(self.size(d[name], fp))
+                elif kind == "int":
+                    changes[name] = self.integer(d[name], fp, low=0)
+                elif kind == "arch":
+                    if d[name] not in _ARCHITECTURES:
+                        raise self.fail(fp, f"expected one of {', '.join(_ARCHITECTURES)}, got {d[name]!r}")
+                    changes[name] = _ARCHITECTURES[d[name]]
+                elif kind == "cc":
+                    m = re.match(r"^(\d+)\.(\d+)$", str(d[name]).strip())
+                    if not m:
+                        raise self.fail(fp, f"expected like '8.9', got {d[name]!r}")
+                    changes[name] = (int(m.group(1)), int(m.group(2)))
+                else:
+                    changes[name] = self.num(d[name], fp, low=0)
+            if "memory_total_bytes" in changes:  # the base's MIG profiles no longer fit
+                changes["mig_profiles"] = ()
+                changes["mig_max_devices"] = 0
+            model = dataclasses.replace(base, **changes)
+            if model.memory_reserved_bytes >= model.memory_total_bytes:
+                raise self.fail(f"{p}.memory_reserved_bytes", "must be below memory_total_bytes")
+            out[str(key)] = model
+        return out
 
     def cuda_version(self, value: Any, path: str) -> int:
         if isinstance(value, str):
@@ -444,10 +547,13 @@ class _Parser:
         )  # fmt: skip
         d = self.mapping(value, path, allowed, required=("model",))
         key = self.string(d["model"], f"{path}.model")
-        model = lookup_model(key)
+        model = self.models.get(key) or lookup_model(key)
         if model is None:
-            known = sorted([*MODELS, *ALIASES])
-            raise self.fail(f"{path}.model", f"unknown GPU model {key!r} (known: {', '.join(known)})")
+            known = sorted([*MODELS, *ALIASES, *self.models])
+            raise self.fail(
+                f"{path}.model",
+                f"unknown GPU model {key!r} (known: {', '.join(known)}; describe others under gpu_models)",
+            )
 
         def c(name: str, default: Curve, low: float | None = 0.0, high: float | None = None) -> Curve:
             if name not in d:
@@ -717,6 +823,7 @@ class _Parser:
             "memory_bytes",
             "sm_utilization",
             "type",
+            "host_cpu_cores",
         )
         d = self.mapping(value, path, allowed, required=("pid", "gpu"))
         pid = self.integer(d["pid"], f"{path}.pid", low=1)
@@ -744,15 +851,35 @@ class _Parser:
             memory_bytes=self.curve(d.get("memory_bytes", 0), f"{path}.memory_bytes", 0, sizes=True),
             sm_utilization=self.curve(d.get("sm_utilization", 0.0), f"{path}.sm_utilization", 0.0, 1.0),
             type=ptype,
+            host_cpu_cores=self.curve(d.get("host_cpu_cores", 0.0), f"{path}.host_cpu_cores", 0.0, 1024.0),
         )  # fmt: skip
 
-    def event(self, value: Any, n_gpus: int, path: str) -> XidEvent:
-        d = self.mapping(value, path, ("at", "gpu", "xid", "count"), required=("at", "gpu", "xid"))
+    def event(
+        self, value: Any, n_gpus: int, path: str, processes: list[ProcessSpec], duration: float
+    ) -> XidEvent:
+        allowed = ("at", "gpu", "xid", "count", "repeat_seconds", "until_process_exits")
+        d = self.mapping(value, path, allowed, required=("at", "gpu", "xid"))
+        gpu = self.integer(d["gpu"], f"{path}.gpu", low=0, high=n_gpus - 1)
+        at = self.num(d["at"], f"{path}.at", low=0)
+        repeat = None
+        if d.get("repeat_seconds") is not None:
+            repeat = self.num(d["repeat_seconds"], f"{path}.repeat_seconds", low=0.1)
+            if (duration - at) / repeat > 10_000:
+                raise self.fail(f"{path}.repeat_seconds", "more than 10000 repeats before the scenario ends")
+        pid = None
+        if d.get("until_process_exits") is not None:
+            pid = self.integer(d["until_process_exits"], f"{path}.until_process_exits", low=1)
+            if repeat is None:
+                raise self.fail(f"{path}.until_process_exits", "needs repeat_seconds (how often it comes)")
+            if not any(p.pid == pid and p.gpu == gpu for p in processes):
+                raise self.fail(f"{path}.until_process_exits", f"no process {pid} on GPU {gpu}")
         return XidEvent(
-            self.num(d["at"], f"{path}.at", low=0),
-            self.integer(d["gpu"], f"{path}.gpu", low=0, high=n_gpus - 1),
+            at,
+            gpu,
             self.integer(d["xid"], f"{path}.xid", low=1),
             self.integer(d.get("count", 1), f"{path}.count", low=1, high=10000),
+            repeat,
+            pid,
         )
 
     def fault(self, value: Any, n_gpus: int, path: str) -> FaultSpec:

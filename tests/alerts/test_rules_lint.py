@@ -127,6 +127,13 @@ def test_missing_threshold_is_a_config_error(tmp_path: Path) -> None:
         load_config(path)
 
 
+def test_a_limit_hold_shorter_than_three_intervals_is_a_config_error() -> None:
+    # the held limit is looked up over memory_limit_hold; a shorter one drops it at one late evaluation
+    with pytest.raises(ConfigError, match="memory_limit_hold"):
+        load_config(overrides={"windows": {"memory_history_interval": "5m", "memory_limit_hold": "10m"}})
+    load_config(overrides={"windows": {"memory_history_interval": "5m", "memory_limit_hold": "15m"}})
+
+
 def test_for_of_an_unknown_alert_is_a_config_error() -> None:
     config = load_config(overrides={"for": {"GPUDoesNotExist": "5m"}})
     with pytest.raises(ConfigError, match="GPUDoesNotExist"):

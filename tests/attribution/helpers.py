@@ -9,6 +9,7 @@ from typing import Any
 from prometheus_client.core import Metric
 from prometheus_client.samples import Sample
 
+from exporter.sim.scenario import ProcessSpec
 from tests.fakes.kubelet import pod_uid
 
 CLOCK_TICKS = 100
@@ -105,6 +106,24 @@ def procfs_from_scenario(tree: ProcfsTree, pods_dir: Path, doc: Mapping[str, Any
         else:
             cgroup = cgroup_host()
         tree.add(pid, cgroup, utime_ticks=pid % 1000, comm=str(proc.get("name", "python3"))[:15])
+
+
+def set_cpu_ticks(root: Path, pid: int, ticks: int) -> None:
+    """Rewrite utime in a fake /proc/<pid>/stat (atomically: an exporter may read it meanwhile)."""
+    stat = root / str(pid) / "stat"
+    head, _, rest = stat.read_text().rpartition(") ")
+    fields = rest.split()
+    fields[11] = str(ticks)  # utime, counted from the state field
+    tmp = stat.with_suffix(".tmp")
+    tmp.write_text(f"{head}) {' '.join(fields)}\n")
+    tmp.replace(stat)
+
+
+def advance_host_cpu(root: Path, processes: Iterable[ProcessSpec], t: float, ticks_per_second: int) -> None:
+    """Each scenario process's CPU time at scenario time t (its host_cpu_cores curve, integrated)."""
+    for proc in processes:
+        if (root / str(proc.pid)).is_dir():
+            set_cpu_ticks(root, proc.pid, int(proc.host_cpu_seconds(t) * ticks_per_second))
 
 
 def write_pod_dir(pods_dir: Path, uid: str, namespace: str, name: str, ip: str = "10.244.1.7") -> None:

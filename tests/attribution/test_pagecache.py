@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 import pytest
 from prometheus_client.core import Metric
 
+import exporter.pagecache.collector as collection_module
 from exporter.attribution.procfs import Procfs
 from exporter.collectors.base import GpuProcess, NodeState, PodRef
 from exporter.pagecache.collector import PageCacheCollector, PageCacheSettings
@@ -211,3 +213,94 @@ async def test_scenario_eviction_drops_the_ratio_of_the_pods_model(
     assert ratios[0] > 0.9 and ratios[1] > 0.9
     assert ratios[2] < 0.1 and ratios[3] < 0.1
     assert ratios[4] > 0.9
+
+
+async def test_a_file_whose_stat_hangs_costs_only_its_model(
+    weights_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two models; one sits on a network mount that stopped answering. The other is still reported,
+    # the hung one is not (no stale ratio), and its stat is not started again while it is out.
+    write_weights(weights_dir / "good" / "w.safetensors", 2 * MIB)
+    # the hung mount's file sorts first: the good one is read after it, in the same round
+    write_weights(weights_dir / "a-nfs" / "w.safetensors", 2 * MIB)
+    hung_path = str(weights_dir / "a-nfs" / "w.safetensors")
+    release = threading.Event()
+    stats: list[str] = []
+    real_stat = os.stat
+
+    def stat(path: str | os.PathLike[str], *args: Any, **kwargs: Any) -> os.stat_result:
+        if str(path) == hung_path and not release.is_set():
+            stats.append(str(path))
+            release.wait()
+        return real_stat(path, *args, **kwargs)
+
+    settings = PageCacheSettings(
+        paths=(f"good={weights_dir / 'good'}", f"nfs={weights_dir / 'a-nfs'}"),
+        scan_mapped=False,
+        item_timeout_seconds=0.1,
+    )
+    collector = PageCacheCollector(settings)
+    try:
+        before = values(await collector.collect(NodeState()), SIZE)
+        assert set(before) == {("good", "", ""), ("nfs", "", "")}
+        monkeypatch.setattr(collection_module.os, "stat", stat)
+        during = values(await collector.collect(NodeState()), SIZE)
+        assert set(during) == {("good", "", "")}
+        again = values(await collector.collect(NodeState()), SIZE)
+        assert set(again) == {("good", "", "")} and stats == [hung_path]  # set aside, not retried
+        release.set()
+        for _ in range(100):
+            if not collector._reader.stuck:
+                break
+            await asyncio.sleep(0.01)
+        after = values(await collector.collect(NodeState()), SIZE)
+        assert set(after) == {("good", "", ""), ("nfs", "", "")}
+    finally:
+        release.set()
+        await collector.close()
+
+
+async def test_a_page_cache_section_names_its_file_and_is_evicted_again_and_again(weights_dir: Path) -> None:
+    section = [
+        {
+            "model": "llama-3-8b",
+            "namespace": "serving",
+            "pod": "llm-0",
+            "file": "model-00002-of-00004.safetensors",
+            "size_bytes": "8MiB",
+            "warm_at": [0, 20],
+            "evict_at": [10, 30],
+            "keep_warm": True,
+        }
+    ]
+    driver = PageCacheScenario(parse_section(section), weights_dir)
+    await asyncio.to_thread(driver.prepare)
+    assert driver.entries[0].path(weights_dir).name == "model-00002-of-00004.safetensors"
+    assert driver.flags() == [f"llama-3-8b@serving/llm-0={driver.entries[0].path(weights_dir)}"]
+    collector = PageCacheCollector(PageCacheSettings(paths=tuple(driver.flags()), scan_mapped=False))
+    key = ("llama-3-8b", "serving", "llm-0")
+    ratios = []
+    try:
+        for t in (0, 9, 10, 19, 20, 29, 30):
+            await asyncio.to_thread(driver.apply, t)
+            ratios.append(values(await collector.collect(NodeState()), RATIO)[key])
+    finally:
+        await collector.close()
+    assert [r > 0.9 for r in ratios] == [True, True, False, False, True, True, False]
+
+
+@pytest.mark.parametrize(
+    ("entry", "words"),
+    [
+        ({"model": "m", "file": "../escape.safetensors"}, "file name"),
+        ({"model": "m", "file": "dir/w.safetensors"}, "file name"),
+        ({"model": "m", "keep_warm": "yes"}, "true or false"),
+        ({"model": "m", "evict_at": ["soon"]}, "scenario times"),
+        ({"model": "m", "evict": [1]}, "unknown fields"),
+    ],
+)
+def test_a_bad_page_cache_entry_is_refused(entry: dict[str, Any], words: str) -> None:
+    from exporter.pagecache.scenario import PageCacheScenarioError
+
+    with pytest.raises(PageCacheScenarioError, match=words):
+        parse_section([entry])

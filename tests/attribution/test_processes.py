@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
 
 from exporter.attribution.collector import AttributionCollector, AttributionSettings
-from exporter.attribution.procfs import Procfs
+from exporter.attribution.procfs import ProcessInfo, Procfs
 from exporter.collectors.base import GpuProcess, GpuRef, NodeState, PodRef
 from tests.attribution.conftest import GPU_UUIDS, MIG_UUIDS
 from tests.attribution.helpers import (
@@ -217,3 +218,60 @@ async def test_process_that_exited_before_the_read_has_no_series(
     finally:
         await collector.close()
     assert samples(families, CPU_TOTAL) == []
+
+
+class _HangingProcfs(Procfs):
+    """A procfs where reading one PID never returns (a process stuck in the kernel, a FUSE /proc)."""
+
+    def __init__(self, root: str, hung_pid: int) -> None:
+        super().__init__(root, clock_ticks_per_second=CLOCK_TICKS)
+        self.hung_pid = hung_pid
+        self.release = threading.Event()
+        self.reads: list[int] = []
+
+    def process(self, pid: int) -> ProcessInfo:
+        self.reads.append(pid)
+        if pid == self.hung_pid:
+            self.release.wait()
+        return super().process(pid)
+
+
+async def test_a_hung_proc_read_costs_only_its_pid_and_keeps_its_pod(
+    kubelet: FakeKubelet, procfs: ProcfsTree, tmp_path: Path, gpus: list[GpuRef]
+) -> None:
+    kubelet.pods = (
+        pod("serving", "llama-0", {"vllm": {"nvidia.com/gpu": [GPU_UUIDS[0]]}}),
+        pod("vision", "resnet", {"triton": {"nvidia.com/gpu": [GPU_UUIDS[1]]}}),
+    )
+    procfs.add(4001, cgroup_v2_systemd(UIDS[0], CIDS[0]), utime_ticks=100)
+    procfs.add(4002, cgroup_v2_systemd(UIDS[1], CIDS[1]), utime_ticks=200)
+    hanging = _HangingProcfs(str(procfs.root), hung_pid=4001)
+    settings = AttributionSettings(
+        kubelet_socket_path=kubelet.socket_path,
+        kubelet_refresh_interval_seconds=3600.0,
+        kubelet_pods_dir=str(tmp_path / "pods"),
+        procfs_path=str(procfs.root),
+        procfs_item_timeout_seconds=0.1,
+    )
+    collector = AttributionCollector(settings, procfs=hanging)
+    state = NodeState(gpus=gpus, processes=[proc(0, 4001), proc(1, 4002)])
+    try:
+        # a first round with both readable gives 4001 its pod
+        hanging.hung_pid = 0
+        await collector.collect(state)
+        assert state.pid_pods[4001] == PodRef("serving", "llama-0", "vllm")
+        hanging.hung_pid = 4001
+        families = await collector.collect(state)  # returns although 4001's read never does
+        cpu = {s.labels["pid"]: s.value for s in samples(families, CPU_TOTAL)}
+        assert cpu == {"4002": pytest.approx(2.0)}  # no stale CPU value for the hung PID
+        assert state.pid_pods == {
+            4001: PodRef("serving", "llama-0", "vllm"),  # it keeps the pod it had
+            4002: PodRef("vision", "resnet", "triton"),
+        }
+        reads_of_hung = hanging.reads.count(4001)
+        await collector.collect(state)
+        assert hanging.reads.count(4001) == reads_of_hung  # not read again while its read is out
+        assert {i.labels["pod"] for i in samples(families, "gpu_allocation_info")} == {"llama-0", "resnet"}
+    finally:
+        hanging.release.set()
+        await collector.close()

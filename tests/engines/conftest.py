@@ -11,6 +11,7 @@ import pytest
 from aiohttp import web
 from prometheus_client.core import Metric
 
+from exporter.engines.detect import PREFIXES, WANTED
 from exporter.engines.exposition import Exposition, parse_exposition
 from exporter.engines.targets import Target
 
@@ -32,7 +33,8 @@ def load_fixture(name: str) -> str:
 
 
 def expo_of(name: str) -> Exposition:
-    return parse_exposition(load_fixture(name))
+    """A fixture parsed the way the collector parses it: only the families the normalizers declare."""
+    return parse_exposition(load_fixture(name), wanted=WANTED, note_prefixes=PREFIXES)
 
 
 def samples(metrics: Sequence[Metric], sample_name: str, **labels: str) -> list[tuple[dict[str, str], float]]:

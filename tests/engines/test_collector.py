@@ -137,7 +137,9 @@ async def test_model_override_applies_to_engines_without_model_label(
     finally:
         await collector.close()
     assert value(metrics, "inference_requests_waiting", model="mistral-7b") == 3.0
-    assert value(metrics, "inference_batch_latency_seconds_count", model="mistral-7b") == 912 + 61804
+    count = "inference_batch_latency_seconds_count"
+    assert value(metrics, count, model="mistral-7b", phase="prefill") == 912
+    assert value(metrics, count, model="mistral-7b", phase="decode") == 61804
 
 
 async def test_trtllm_iteration_gauge_sampled_into_derived_histogram(
@@ -155,7 +157,7 @@ async def test_trtllm_iteration_gauge_sampled_into_derived_histogram(
     assert value(metrics, "inference_batch_latency_seconds_bucket", model="llama", le="0.025") == 2.0
     info = samples(metrics, "inference_batch_latency_source_info", engine="trtllm")
     assert info and info[0][0]["proxy"] == "true"
-    assert value(metrics, "inference_kv_cache_queries_total", model="llama", unit="blocks") == 57_600.0
+    assert value(metrics, "inference_kv_cache_queries_total", model="llama", unit="tokens") == 1_843_208.0
 
 
 async def test_engine_gpus_from_pid_tree_in_procfs(fake_engines: str, clock: FakeClock) -> None:
@@ -189,8 +191,8 @@ async def test_endpoints_with_identical_labels_do_not_emit_duplicate_series(
         await collector.close()
     assert len(samples(metrics, "inference_requests_running")) == 1
     assert up_of(metrics, a.url) == 1.0 and up_of(metrics, b.url) == 1.0
-    # running, waiting, usage, hits+queries, and batch/ttft/itl/e2e histograms of vLLM's buckets
-    expected = 3 + 2 + (19 + 3) * 2 + (22 + 3) + (21 + 3)
+    # running, waiting, usage, hits+queries, and batch/ttft/itl/e2e/queue-time/step-tokens histograms
+    expected = 3 + 2 + (19 + 3) * 2 + (22 + 3) + (21 + 3) + (21 + 3) + (13 + 3)
     assert value(metrics, "gpupulse_series_dropped_total", collector="engines") == expected
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
-from exporter.engines.detect import NORMALIZERS, detect_kind
+from exporter.engines.detect import NORMALIZERS, PREFIXES, WANTED, detect_kind
 from exporter.engines.exposition import ExpositionError, parse_exposition
 from exporter.engines.reading import ModelReading
 
@@ -39,6 +41,8 @@ def only(name: str) -> ModelReading:
         ("tgi-3.3", "tgi"),
         ("triton-trtllm-2.73", "triton"),
         ("triton-vllm-backend", "triton"),
+        ("triton-vllm-backend-pr92", "triton"),
+        ("triton-trtllm-2024", "triton"),
         ("trtllm-serve-2026", "trtllm"),
         ("trtllm-serve-2025", "trtllm"),
         ("dynamo-frontend", "dynamo"),
@@ -57,9 +61,12 @@ def test_vllm_current_generation_maps_every_signal() -> None:
     assert r.ttft is not None and r.ttft.count == 1812.0 and r.ttft.buckets[3] == (0.02, 12.0)
     assert r.itl is not None and r.itl.count == 400_301.0
     assert r.e2e is not None and r.e2e.count == 1800.0 and r.e2e.buckets[-1] == (float("inf"), 1800.0)
-    assert r.batch == r.itl
+    assert r.batch == {"decode": r.itl}
     assert r.batch_source is not None and r.batch_source.source == "vllm:inter_token_latency_seconds"
     assert r.batch_source.proxy is True
+    assert r.queue_time is not None and r.queue_time.count == 1800.0
+    # iteration_tokens_total: tokens per engine step, one observation per step
+    assert r.batch_tokens is not None and r.batch_tokens.count == 8649.0
 
 
 def test_counter_total_suffix_trap_counters_found_by_base_name() -> None:
@@ -67,15 +74,15 @@ def test_counter_total_suffix_trap_counters_found_by_base_name() -> None:
     # The parser names the family `vllm:prefix_cache_hits`; the wire sample keeps `_total`.
     assert "vllm:prefix_cache_hits" in expo.counters
     assert expo.counter("vllm:prefix_cache_hits_total")[0].value == 1_212_416.0
-    # TGI counters carry no `_total` on the wire; the parser adds it to samples.
-    tgi = expo_of("tgi-3.3")
+    # TGI counters carry no `_total` on the wire; they are found by the same base name.
+    tgi = parse_exposition(load_fixture("tgi-3.3"))
     assert tgi.counter("tgi_request_count")[0].value == 1806.0
 
 
 def test_histogram_named_total_is_not_a_counter() -> None:
     expo = expo_of("vllm-0.33.0")
     assert "vllm:iteration_tokens_total" in expo.histograms
-    assert expo.counter("vllm:iteration_tokens_total") == []
+    assert "vllm:iteration_tokens" not in expo.counters
 
 
 def test_created_series_are_ignored() -> None:
@@ -133,14 +140,26 @@ def test_data_parallel_engines_summed_and_usage_averaged() -> None:
     assert r.itl is not None and r.itl.count == 2 * 400_301.0
 
 
-def test_triton_vllm_backend_keeps_model_label_and_has_no_kv_counters() -> None:
+def test_released_triton_vllm_backend_has_no_scheduler_gauges() -> None:
     kind, rs = readings("triton-vllm-backend")
     assert kind == "triton"
     (r,) = rs
     assert r.model == "vllm_model"
-    assert r.kv_hits is None and r.kv_usage_ratio is None
+    assert r.kv_hits is None and r.kv_usage_ratio is None and r.running is None
     assert r.ttft is not None and r.ttft.buckets[0] == (0.001, 0.0) and len(r.ttft.buckets) == 17
-    assert r.waiting == 2.0
+    assert r.waiting == 2.0  # Triton's own pending count: the backend (up to r25.12) has no waiting gauge
+
+
+def test_triton_vllm_backend_pr92_gauges_are_read_not_the_pending_count() -> None:
+    kind, rs = readings("triton-vllm-backend-pr92")
+    assert kind == "triton"
+    (r,) = rs
+    assert (r.running, r.waiting, r.kv_usage_ratio) == (24.0, 3.0, 0.6734)  # pending count says 2
+    assert r.queue_time is not None and r.queue_time.count == 1800
+    assert r.queue_time.buckets[0] == (0.3, 1710.0)
+    assert r.batch_tokens is not None and r.batch_tokens.count == 62716
+    assert r.batch == {"decode": r.itl} and r.batch_source is not None
+    assert r.batch_source.source == "vllm:time_per_output_token_seconds"
 
 
 @pytest.mark.parametrize("fixture", ["sglang-0.5.23", "sglang-0.5.14", "sglang-0.4.10", "sglang-ray-0.5.23"])
@@ -150,7 +169,21 @@ def test_sglang_generations_give_the_same_token_hit_counters(fixture: str) -> No
     assert (r.kv_hits, r.kv_queries, r.kv_unit) == (3_910_112.0, 5_114_542.0, "tokens")
     assert r.kv_hit_ratio is None
     assert (r.running, r.waiting, r.kv_usage_ratio) == (37.0, 5.0, 0.41)
-    assert r.batch_source is not None and r.batch_source.proxy
+
+
+def test_sglang_device_timer_gives_a_real_step_time_per_phase() -> None:
+    r = only("sglang-0.5.23")  # SGLANG_ENABLE_METRICS_DEVICE_TIMER=1
+    assert r.batch_source is not None and r.batch_source.proxy is False
+    assert r.batch_source.source == "sglang:forward_execution_seconds_total/sglang:cuda_graph_passes_total"
+    assert r.batch_counters["decode"] == pytest.approx((4120.902, 181203.0 + 12.0))
+    assert r.batch_counters["prefill"] == pytest.approx((812.337, 19344.0))
+    assert r.batch == {}  # the histograms are built by the collector from the counters' increases
+
+
+def test_sglang_without_device_timer_falls_back_to_inter_token_latency() -> None:
+    r = only("sglang-0.4.10")
+    assert r.batch_counters == {}
+    assert r.batch == {"decode": r.itl} and r.batch_source is not None and r.batch_source.proxy
 
 
 def test_sglang_multiprocess_histogram_order_sum_first() -> None:
@@ -159,13 +192,16 @@ def test_sglang_multiprocess_histogram_order_sum_first() -> None:
     assert r.ttft.sum == pytest.approx(588.6812346632702)
 
 
-def test_tgi_batch_latency_is_a_real_histogram_over_prefill_and_decode() -> None:
+def test_tgi_batch_latency_is_a_real_histogram_kept_apart_per_phase() -> None:
     r = only("tgi-3.3")
     assert r.model == ""
     assert (r.running, r.waiting) == (24.0, 3.0)
-    assert r.batch is not None and r.batch.count == 912 + 61804
-    assert r.batch.sum == pytest.approx(117.1155152735879 + 1410.139859809763)
+    assert set(r.batch) == {"prefill", "decode"}
+    assert (r.batch["prefill"].count, r.batch["decode"].count) == (912, 61804)
+    assert r.batch["prefill"].sum == pytest.approx(117.1155152735879)
+    assert r.batch["decode"].sum == pytest.approx(1410.139859809763)
     assert r.batch_source is not None and r.batch_source.proxy is False
+    assert r.queue_time is not None and r.queue_time.count == 1800
     assert r.kv_usage_ratio is None and r.kv_hits is None
     assert r.e2e is not None and r.e2e.count == 1800
 
@@ -179,14 +215,38 @@ def test_triton_trtllm_backend_reads_labelled_gauges_and_ms_histogram() -> None:
     assert r.kv_usage_ratio == pytest.approx(0.6735493318689365)
     assert r.kv_hits is None  # only the `reused` numerator exists
     assert r.ttft is not None and r.ttft.buckets[0] == (0.1, 560.0) and r.ttft.sum == pytest.approx(366.076)
-    assert r.batch_counters == pytest.approx((13187.664021, 1800.0))
+    assert r.batch_counters["mixed"] == pytest.approx((13187.664021, 1800.0))
+
+
+def test_triton_trtllm_2024_generation_derives_usage_from_used_over_max() -> None:
+    (r,) = readings("triton-trtllm-2024")[1]
+    assert r.kv_usage_ratio == pytest.approx(18398 / 27315)  # no `fraction` block type yet
+    assert r.running == 24.0
+    assert r.waiting == 0.0  # no `waiting` request type: Triton's pending count
+    assert r.kv_hits is None  # `reused` alone is a numerator without a denominator
+
+
+def test_triton_trtllm_alloc_total_gives_a_block_hit_ratio() -> None:
+    # The 2024 branch of tensorrtllm_backend (refs/pull/592) adds alloc_total and alloc_new.
+    fam = "nv_trt_llm_kv_cache_block_metrics"
+    row = fam + '{{kv_cache_block_type="{}",model="tensorrt_llm",version="1"}} {}'
+    text = load_fixture("triton-trtllm-2024").replace(
+        row.format("reused", 47711),
+        "\n".join(
+            (row.format("alloc_total", 81630), row.format("alloc_new", 62310), row.format("reused", 47711))
+        ),
+    )
+    expo = parse_exposition(text, wanted=WANTED, note_prefixes=PREFIXES)
+    (r,) = NORMALIZERS["triton"](expo)
+    assert (r.kv_hits, r.kv_queries, r.kv_unit) == (47711.0, 47711.0 + 81630.0, "blocks")
 
 
 @pytest.mark.parametrize("fixture", ["trtllm-serve-2026", "trtllm-serve-2025"])
-def test_trtllm_serve_block_counters_and_iteration_gauge(fixture: str) -> None:
+def test_trtllm_serve_token_hits_and_iteration_gauge(fixture: str) -> None:
     r = only(fixture)
     assert r.model == ""  # "undefined" is not a model name
-    assert (r.kv_hits, r.kv_queries, r.kv_unit) == (37_888.0, 57_600.0, "blocks")
+    # cached prompt tokens over prompt tokens win over the block counters
+    assert (r.kv_hits, r.kv_queries, r.kv_unit) == (1_212_416.0, 1_843_208.0, "tokens")
     assert r.kv_hit_ratio is None
     assert (r.running, r.waiting, r.kv_usage_ratio) == (24.0, 3.0, 0.6735)
     assert r.batch_gauge_seconds == 0.02317
@@ -211,3 +271,42 @@ def test_openmetrics_style_values_and_label_orders_accepted() -> None:
     text = load_fixture("triton-trtllm-2.73")
     assert "13187664021" in text  # prometheus-cpp %.16g integers parse as floats
     assert expo_of("triton-trtllm-2.73").counter("nv_inference_compute_infer_duration_us")
+
+
+def test_trtllm_serve_block_counters_when_no_token_counters() -> None:
+    text = "\n".join(
+        line for line in load_fixture("trtllm-serve-2026").splitlines() if "prompt_cached_tokens" not in line
+    )
+    (r,) = NORMALIZERS["trtllm"](parse_exposition(text, wanted=WANTED, note_prefixes=PREFIXES))
+    assert (r.kv_hits, r.kv_queries, r.kv_unit) == (37_888.0, 57_600.0, "blocks")
+
+
+@pytest.mark.parametrize("fixture", ["tgi-3.3", "trtllm-serve-2026", "sglang-0.5.23", "vllm-0.33.0"])
+def test_request_queue_time_is_read_where_the_engine_has_it(fixture: str) -> None:
+    r = only(fixture)
+    assert r.queue_time is not None and r.queue_time.count > 0
+
+
+def test_vllm_v0_without_step_histograms_falls_back_to_model_forward_time() -> None:
+    # vLLM V0 with --collect-detailed-traces, and no TPOT/ITL family on the page
+    lines = [
+        line
+        for line in load_fixture("vllm-v0-0.7.3").splitlines()
+        if "time_per_output_token" not in line and "inter_token_latency" not in line
+    ]
+    forward = [
+        "# HELP vllm:model_forward_time_milliseconds Histogram of time spent in the model forward pass.",
+        "# TYPE vllm:model_forward_time_milliseconds histogram",
+        'vllm:model_forward_time_milliseconds_bucket{le="10.0",model_name="m"} 3.0',
+        'vllm:model_forward_time_milliseconds_bucket{le="25.0",model_name="m"} 9.0',
+        'vllm:model_forward_time_milliseconds_bucket{le="+Inf",model_name="m"} 10.0',
+        'vllm:model_forward_time_milliseconds_count{model_name="m"} 10.0',
+        'vllm:model_forward_time_milliseconds_sum{model_name="m"} 180.0',
+    ]
+    expo = parse_exposition("\n".join(lines + forward) + "\n", wanted=WANTED, note_prefixes=PREFIXES)
+    r = next(r for r in NORMALIZERS["vllm"](expo) if r.model == "m")
+    assert r.itl is None
+    assert set(r.batch) == {"mixed"}
+    assert r.batch["mixed"].buckets == ((0.01, 3.0), (0.025, 9.0), (math.inf, 10.0))  # ms -> s
+    assert r.batch["mixed"].sum == pytest.approx(0.18)
+    assert r.batch_source is not None and r.batch_source.source == "vllm:model_forward_time_milliseconds"

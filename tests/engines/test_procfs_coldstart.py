@@ -35,6 +35,25 @@ def test_process_tree_and_start_time() -> None:
     assert procfs.process_start_seconds(ROOT, 99999) is None
 
 
+def test_gpu_process_ancestry_is_read_without_scanning_every_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    reads: list[int] = []
+    real = procfs._stat_fields
+
+    def counted(root: object, pid: int) -> list[str] | None:
+        reads.append(pid)
+        return real(root, pid)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(procfs, "_stat_fields", counted)
+    parents = procfs.parents_of(ROOT, [4250], {})
+    assert parents == {4250: 4242, 4242: 1}
+    assert procfs.descendants(4242, parents) == {4242, 4250}
+    assert sorted(reads) == [4242, 4250]  # the GPU process and its ancestor, not 4300 or anyone else
+    reads.clear()
+    assert procfs.parents_of(ROOT, [4250], parents) == parents
+    assert reads == [4250]  # the ancestor came from the last round; the GPU process is read afresh
+    assert procfs.parents_of(ROOT, [99999], {}) == {}  # a process that is gone
+
+
 SETTINGS = EngineSettings(procfs_path=ROOT, clock_ticks_per_second=100)  # fixture starttime in 1/100 s
 
 
@@ -62,3 +81,25 @@ async def test_engine_running_before_the_exporter_has_no_cold_start(fake_engines
     finally:
         await collector.close()
     assert not samples(metrics, "inference_cold_start_seconds")
+
+
+def test_the_same_process_seen_through_proc_later_is_not_a_restart() -> None:
+    # The engine's own process_start_time_seconds first; a minute later its PID is found and /proc's
+    # start time (rounded to btime's whole seconds) differs by more than a second: the cold start
+    # measured stays, and from then on /proc alone tells restarts.
+    from exporter.engines.collector import Endpoint, EnginesCollector
+    from exporter.engines.targets import Target
+
+    from .conftest import FakeClock
+
+    clock = FakeClock(1000.0)
+    collector = EnginesCollector([], clock=clock)
+    ep = Endpoint(Target("http://127.0.0.1:1/metrics"))
+    collector._note_process_start(ep, 1010.0, "engine")
+    clock.now = 1013.5
+    collector._note_success(ep)
+    assert ep.cold_start_seconds == 3.5
+    collector._note_process_start(ep, 1008.6, "procfs")  # same process, 1.4 s apart
+    assert ep.cold_start_seconds == 3.5
+    collector._note_process_start(ep, 1050.0, "procfs")  # a restart, seen by /proc
+    assert ep.cold_start_seconds is None

@@ -56,6 +56,16 @@ class Harness:
                 raise AssertionError(f"XID events not delivered: {self.xids.counts()} of {want}")
             await asyncio.sleep(0.01)
 
+    async def returned(self, gpu_index: int, timeout_seconds: float = 30.0) -> None:
+        """Wait until the GPU's hung call has returned (its worker thread woke after the clock moved
+        past the hang); the timeout only turns a hang into a failure, no result depends on it."""
+        worker = self.fleet.slots[gpu_index].worker
+        deadline = time.monotonic() + timeout_seconds
+        while worker.stuck:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"GPU {gpu_index}'s hung call did not return")
+            await asyncio.sleep(0.001)
+
     async def tick(self, advance_seconds: float = 1.0) -> Snapshot:
         """Move scenario time, let XIDs arrive, and take one sample."""
         if advance_seconds:

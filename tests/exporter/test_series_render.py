@@ -79,3 +79,57 @@ def test_replaced_samples_are_what_gets_rendered() -> None:
 def test_only_gauges_counters_and_info_get_tables() -> None:
     with pytest.raises(ValueError, match="only gauges, counters and info"):
         SeriesTable(MetricSpec("gpu_x_seconds", "histogram", "seconds", (), "h", "device"))
+
+
+def test_zero_then_negative_zero_renders_each_as_written() -> None:
+    # -0.0 == 0.0, so a value cache keyed on equality would serve "0.0" for it
+    table = SeriesTable(GAUGE)
+    series = table.series("GPU-0", "z")
+    assert series.line(0.0).endswith(" 0.0\n")
+    assert series.line(-0.0).endswith(" -0.0\n")
+    assert series.line(0.0).endswith(" 0.0\n")
+    # and the whole-family cache: same rows, values equal but not the same zero
+    for value, text in ((0.0, " 0.0\n"), (-0.0, " -0.0\n"), (0.0, " 0.0\n")):
+        family = table.family()
+        family.add(series, value)
+        assert render([family]).decode().endswith(text)
+
+
+def test_wrong_number_of_label_values_is_refused() -> None:
+    table = SeriesTable(GAUGE)  # labels: uuid, note
+    with pytest.raises(ValueError):
+        table.series("GPU-0")
+    with pytest.raises(ValueError):
+        table.series("GPU-0", "note", "extra")
+    assert table.series("GPU-0", "note").labels == {"uuid": "GPU-0", "note": "note"}
+
+
+def test_a_plug_in_label_name_prometheus_refuses_never_takes_the_fast_path() -> None:
+    # A plug-in (not catalog-checked) family with `bad-label`: the direct renderer would write it as
+    # is, which Prometheus refuses; prometheus_client's writer escapes it.
+    family = GaugeMetricFamily("plugin_thing", "A plug-in gauge.", labels=["bad-label", "ok"])
+    family.add_metric(["x", "y"], 1.0)
+    text = render([family]).decode()
+    assert "bad-label" not in text
+    assert text == generate_latest(_One(family)).decode()
+
+
+def test_a_plug_in_family_is_rendered_once_however_many_ticks_serve_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from exporter import snapshot
+
+    hist = snapshot_hist()
+    first = render([hist])
+    monkeypatch.setattr(snapshot, "generate_latest", lambda *_: (_ for _ in ()).throw(AssertionError))
+    assert render([hist]) == first  # served from its rendered text
+    with pytest.raises(AssertionError):
+        render([snapshot_hist()])  # a new round's family is rendered afresh
+
+
+def snapshot_hist() -> Metric:
+    from prometheus_client.core import HistogramMetricFamily
+
+    hist = HistogramMetricFamily("plugin_latency_seconds", "A plug-in histogram.", labels=["model"])
+    hist.add_metric(["m"], [("0.1", 1.0), ("+Inf", 2.0)], 0.3)
+    return hist

@@ -116,3 +116,41 @@ def test_uninstall_releases_a_blocked_wait(sim: Installer) -> None:
     thread.join(5)
     assert not thread.is_alive()
     assert len(errors) == 1
+
+
+def test_an_xid_repeats_until_its_process_exits(sim: Installer, clock: ManualClock) -> None:
+    sim(
+        {
+            "duration_seconds": 60,
+            "gpus": [{"model": "H100"}],
+            "processes": [{"pid": 500, "gpu": 0, "end": 12}],
+            "events": [{"at": 2, "gpu": 0, "xid": 43, "repeat_seconds": 4, "until_process_exits": 500}],
+        }
+    )
+    es = _event_set(handles())
+    clock.set(30)
+    got = []
+    with pytest.raises(N.NVMLError_Timeout):
+        while True:
+            got.append(N.nvmlEventSetWait_v2(es, 0).eventData)
+    assert got == [43, 43, 43]  # at 2, 6 and 10; at 14 the process had ended at 12
+
+
+def test_a_restart_stops_the_xid_its_process_caused(sim: Installer, clock: ManualClock) -> None:
+    from exporter.sim.interventions import restart_process
+
+    nv = sim(
+        {
+            "duration_seconds": 60,
+            "gpus": [{"model": "H100"}],
+            "processes": [{"pid": 500, "gpu": 0}],
+            "events": [{"at": 1, "gpu": 0, "xid": 13, "repeat_seconds": 2, "until_process_exits": 500}],
+        }
+    )
+    es = _event_set(handles())
+    clock.set(5)
+    assert [N.nvmlEventSetWait_v2(es, 0).eventData for _ in range(3)] == [13, 13, 13]  # 1, 3, 5
+    restart_process(nv, 500, 501)  # the controller restarted the pod
+    clock.set(20)
+    with pytest.raises(N.NVMLError_Timeout):
+        N.nvmlEventSetWait_v2(es, 0)

@@ -169,3 +169,97 @@ def test_symbol_names_are_checked() -> None:
     assert err.field_path == "gpus[0].not_supported[0]" and "not a C symbol" in err.problem
     err = _error({"gpus": [{"model": "H100"}], "faults": [{"gpu": 0, "call": "GetPower", "kind": "hang"}]})
     assert err.field_path == "faults[0].call"
+
+
+def test_a_gpu_model_outside_the_table_is_described_in_the_scenario() -> None:
+    doc = {
+        "gpu_models": {
+            "L4": {
+                "like": "L40S",
+                "name": "NVIDIA L4",
+                "architecture": "ada",
+                "compute_capability": "8.9",
+                "memory_total_bytes": "23034MiB",
+                "power_limit_watts": 72,
+                "power_idle_watts": 16,
+                "pcie_generation_max": 4,
+            }
+        },
+        "gpus": [{"model": "L4"}, {"model": "H100"}],
+    }
+    s = parse_scenario(doc)
+    l4 = s.gpus[0].model
+    assert (l4.key, l4.name, l4.memory_total_bytes, l4.power_limit_watts) == (
+        "L4",
+        "NVIDIA L4",
+        23034 << 20,
+        72,
+    )
+    assert l4.pcie_width_max == 16  # from L40S
+    assert not l4.gpm_supported and not l4.mig_supported
+    assert s.gpus[1].model.key == "H100-SXM5-80GB"
+
+
+@pytest.mark.parametrize(
+    ("models", "field_path", "words"),
+    [
+        ({"L4": {"name": "NVIDIA L4"}}, "gpu_models.L4.like", "required"),
+        ({"L4": {"like": "L3", "name": "x"}}, "gpu_models.L4.like", "not a built-in model"),
+        (
+            {"L4": {"like": "L40S", "name": "x", "architecture": "pascal"}},
+            "gpu_models.L4.architecture",
+            "one of",
+        ),
+        ({"L4": {"like": "L40S", "name": "x", "wattage": 1}}, "gpu_models.L4.wattage", "unknown field"),
+    ],
+)
+def test_a_bad_gpu_model_is_refused_by_field(models: dict[str, Any], field_path: str, words: str) -> None:
+    with pytest.raises(ScenarioError) as err:
+        parse_scenario({"gpu_models": models, "gpus": [{"model": "L4"}]})
+    assert err.value.field_path == field_path and words in err.value.problem
+
+
+def test_an_unknown_model_points_at_gpu_models() -> None:
+    with pytest.raises(ScenarioError) as err:
+        parse_scenario({"gpus": [{"model": "L4"}]})
+    assert "gpu_models" in err.value.problem
+
+
+def test_host_cpu_per_process_is_a_curve_integrated_over_its_life() -> None:
+    s = parse_scenario(
+        {
+            "gpus": [{"model": "H100"}],
+            "processes": [
+                {
+                    "pid": 1,
+                    "gpu": 0,
+                    "start": 10,
+                    "end": 50,
+                    "host_cpu_cores": [[10, 0.5], [30, 0.5], [30, 1.0]],
+                },
+            ],
+        }
+    )
+    p = s.processes[0]
+    assert p.host_cpu_seconds(5) == 0.0  # before it started
+    assert p.host_cpu_seconds(30) == pytest.approx(10.0)
+    assert p.host_cpu_seconds(40) == pytest.approx(20.0)
+    assert p.host_cpu_seconds(100) == pytest.approx(30.0)  # nothing after it ended
+
+
+@pytest.mark.parametrize(
+    ("event", "field_path"),
+    [
+        ({"at": 1, "gpu": 0, "xid": 43, "until_process_exits": 7}, "events[0].until_process_exits"),
+        (
+            {"at": 1, "gpu": 0, "xid": 43, "repeat_seconds": 2, "until_process_exits": 99},
+            "events[0].until_process_exits",
+        ),
+        ({"at": 1, "gpu": 0, "xid": 43, "repeat_seconds": 0}, "events[0].repeat_seconds"),
+    ],
+)
+def test_repeating_xids_are_checked(event: dict[str, Any], field_path: str) -> None:
+    doc = {"gpus": [{"model": "H100"}], "processes": [{"pid": 7, "gpu": 0}], "events": [event]}
+    with pytest.raises(ScenarioError) as err:
+        parse_scenario(doc)
+    assert err.value.field_path == field_path
