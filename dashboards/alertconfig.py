@@ -147,7 +147,8 @@ def parse_config(raw: Mapping[str, Any]) -> RulesConfig:
     windows = _exact(_section(raw, "windows"), Windows, "windows")
     for value in windows.values():
         duration_seconds(str(value))
-    hold, interval = (duration_seconds(str(windows[k])) for k in ("memory_limit_hold", "memory_history_interval"))
+    hold = duration_seconds(str(windows["memory_limit_hold"]))
+    interval = duration_seconds(str(windows["memory_history_interval"]))
     if hold < 3 * interval:
         raise ConfigError(
             "alerts/config.yaml windows.memory_limit_hold must be at least three memory_history_interval "
