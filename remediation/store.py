@@ -672,7 +672,7 @@ class Inbox:
                 requeued += 1 if again else 0
             inserted = sum(by_status.values())
             tx.pending += inserted + requeued
-            if inserted:
+            if inserted or requeued:  # a re-queued row is pending again: the safety net must see it
                 self.written_upto = max(self.written_upto, max(i for i in ids if i is not None))
             return IngestResult(
                 inserted_by_status=by_status, duplicates=len(params) - inserted, ids=ids, requeued=requeued

@@ -246,6 +246,33 @@ async def test_rows_committed_but_never_handed_over_are_found_at_the_next_ticks(
         await h.service.stop()
 
 
+async def test_a_requeued_row_never_handed_over_is_found_at_the_next_ticks(tmp_path: Path) -> None:
+    # Alertmanager's re-send of an old alert puts its processed row back in the queue. If that
+    # hand-over is lost (the worker's switch from the inbox to the fast path drops ids it has read
+    # already), the two-tick safety net must still see the row, though this process inserted nothing.
+    settings = make_settings(tmp_path)
+    earlier = Inbox(settings.inbox_path)  # an earlier process committed it, then went down
+    await earlier.start()
+    await earlier.ingest(parse_notification(_body(alert(fingerprint="old")), 0.0), max_pending=100)
+    await earlier.close()
+    h = await start_harness(settings)
+    inbox = h.service.ctl.inbox
+    try:
+        await h.engine.wait_for(lambda: len(h.engine.calls) == 1)
+        await h.service.ctl.worker.wait_until(lambda: inbox.pending == 0, within_seconds=5)
+        # the re-send, committed without a hand-over (as when the switch to the fast path drops it)
+        again = parse_notification(_body(alert(fingerprint="old")), 10_000.0)
+        result = await inbox.ingest(again, max_pending=100, requeue_after_seconds=900.0)
+        assert result.requeued == 1
+        await h.engine.wait_for(lambda: len(h.engine.calls) == 2)
+        received = [(e.fingerprint, e.received_at.timestamp()) for e in h.engine.calls]
+        assert received == [("old", 0), ("old", 10_000)]
+        await h.service.ctl.worker.wait_until(lambda: inbox.pending == 0, within_seconds=5)
+    finally:
+        await h.session.close()
+        await h.service.stop()
+
+
 async def test_a_failure_on_the_fast_path_falls_back_to_the_inbox_and_keeps_order(tmp_path: Path) -> None:
     engine = FakeEngine()
     h = await start_harness(make_settings(tmp_path, worker_retry_initial_seconds=0.05), engine=engine)
