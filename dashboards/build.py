@@ -11,11 +11,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from dashboards.alertconfig import REPO_ROOT, load_config
-from dashboards.alertgen import ALERTS_DIR, render_rules
+from alerts.config import load_config
+from alerts.generate import ALERTS_DIR, render_rules
 from dashboards.boards import all_dashboards
 
-JSON_DIR = REPO_ROOT / "dashboards" / "json"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+JSON_DIR = Path(__file__).resolve().parent / "json"
 
 
 def render_dashboards() -> dict[str, str]:

@@ -2,7 +2,7 @@
 
 Helm can only read files inside the chart, so the chart carries:
 - files/rules/*.rules.yaml: the rules rendered with a token for every install-time tunable
-  (dashboards/tunables.py), which templates/prometheusrule.yaml fills from values;
+  (alerts/tunables.py), which templates/prometheusrule.yaml fills from values;
 - files/dashboards/*.json: copies of dashboards/json/;
 - the defaults of those tunables in values.yaml (between the BEGIN/END markers, copied from
   alerts/config.yaml with its comments) and their types in values.schema.json.
@@ -23,9 +23,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from dashboards.alertconfig import DEFAULT_CONFIG_PATH, Thresholds, load_config  # noqa: E402
-from dashboards.alertgen import render_rule_templates  # noqa: E402
-from dashboards.tunables import FIXED_THRESHOLDS  # noqa: E402
+from alerts.config import DEFAULT_CONFIG_PATH, Thresholds, load_config  # noqa: E402
+from alerts.generate import render_rule_templates  # noqa: E402
+from alerts.tunables import FIXED_THRESHOLDS  # noqa: E402
 
 CHART = ROOT / "helm" / "gpupulse"
 VALUES = CHART / "values.yaml"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dashboards.alertgen import render_rules
+from alerts.generate import render_rules
 from tests.alerts.ruleset import PROMTOOL, TESTS_DIR, rule_paths, unit_test_paths
 
 pytestmark = pytest.mark.skipif(shutil.which(PROMTOOL) is None, reason="promtool not installed")

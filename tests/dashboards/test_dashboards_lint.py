@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
+from alerts.rules.promql import base_metric, metric_names
 from dashboards.build import JSON_DIR, main, render_dashboards
-from dashboards.rules.promql import base_metric, metric_names
 from tests.alerts.ruleset import known_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
