@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from dashboards.alertconfig import RulesConfig
-from dashboards.rules.model import Alert, Layer, Severity, TargetKind
+from dashboards.rules.model import Alert
+from gpupulse.contract import Layer, Severity, TargetKind
 
 
 def alert(
