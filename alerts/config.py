@@ -162,7 +162,7 @@ def parse_config(raw: Mapping[str, Any]) -> RulesConfig:
     cost = _exact(_section(raw, "cost"), Cost, "cost")
     if "xids" in raw:
         raise ConfigError(
-            "alerts/config.yaml: `xids` moved to remediation/contract.py (XID_CLASSES), the one home "
+            "alerts/config.yaml: `xids` moved to gpupulse/xid.py (XID_CLASSES), the one home "
             "the rules, the fault signatures and the docs read"
         )
     for_durations = {str(k): str(v) for k, v in _section(raw, "for").items()}

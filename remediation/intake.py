@@ -47,15 +47,10 @@ def parse_rfc3339(value: object, field: str) -> datetime:
     if not isinstance(value, str) or not _RFC3339.match(value):
         raise PayloadError(field, "must be an RFC 3339 timestamp such as 2026-01-02T03:04:05Z")
     text = value if value[-1] != "z" else value[:-1] + "Z"
-    dot = text.find(".")
-    if dot != -1:
-        end = dot + 1
-        while end < len(text) and text[end].isdigit():
-            end += 1
-        if end - dot - 1 > 6:  # Go sends nanoseconds; Python keeps microseconds
-            text = text[: dot + 7] + text[end:]
     try:
-        parsed = datetime.fromisoformat(text)  # 3.11 reads "Z", "t" and " " as RFC 3339 allows
+        # 3.11 reads "Z", "t" and " " as RFC 3339 allows, and truncates Go's nanoseconds (any digits
+        # past the sixth) to the microseconds Python keeps
+        parsed = datetime.fromisoformat(text)
         utc = parsed.astimezone(UTC)
     except ValueError as e:
         raise PayloadError(field, f"not a valid timestamp ({e})") from e

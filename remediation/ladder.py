@@ -6,7 +6,7 @@ import re
 from collections.abc import Mapping
 from typing import cast
 
-from remediation.contract import TARGET_KINDS
+from gpupulse.contract import TARGET_IDENTITY, TARGET_KINDS
 from remediation.model import Rung, Target, TargetKind
 from remediation.signatures import LadderSpec
 
@@ -41,19 +41,11 @@ def next_step(
     return "page", 1
 
 
-_IDENTITY: Mapping[str, tuple[str, ...]] = {
-    "pod": ("namespace", "pod"),
-    "gpu": ("node", "uuid"),
-    "node": ("node",),
-    "exporter": ("node",),
-}
-
-
 def target_problem(target: Target, kind_known: bool) -> str:
     """Why this target cannot be acted on (empty when its identity is complete per docs/alerts.md)."""
     if not kind_known:
         return "alert has no valid target_kind label; the controller never guesses a target"
-    missing = [name for name in _IDENTITY[target.kind] if not getattr(target, name)]
+    missing = [name for name in TARGET_IDENTITY[target.kind] if not getattr(target, name)]
     if missing:
         return f"target_kind {target.kind} without {', '.join(missing)}: the target is not identified"
     return ""

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, Protocol
 
-from remediation.contract import TargetKind as TargetKind
+from gpupulse.contract import TargetKind as TargetKind
 
 AlertStatus = Literal["firing", "resolved"]
 Rung = Literal["restart", "migrate", "page"]

@@ -22,7 +22,8 @@ from typing import Any, cast
 
 import yaml
 
-from remediation.contract import FAULT_CLASSES, XID_CLASSES, XidClass, xid_class
+from gpupulse.contract import FAULT_CLASSES
+from gpupulse.xid import XID_CLASSES, XidClass, xid_class
 from remediation.model import Rung
 
 RUNG_ORDER: tuple[Rung, ...] = ("restart", "migrate", "page")
@@ -72,7 +73,7 @@ class Matcher:
     labels: Mapping[str, str] = field(default_factory=dict)
     label_regex: Mapping[str, re.Pattern[str]] = field(default_factory=dict)
     annotation_regex: Mapping[str, re.Pattern[str]] = field(default_factory=dict)
-    # an XID class of remediation/contract.py: the alert's xid is one of its codes, or it is the
+    # an XID class of gpupulse/xid.py: the alert's xid is one of its codes, or it is the
     # gpupulse alert for the class (which may aggregate xid away, as GPUFellOffBus does)
     xid_class: XidClass | None = None
 

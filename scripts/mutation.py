@@ -1,5 +1,5 @@
 """Mutation testing of chosen modules with cosmic-ray, against only the tests that import them
-(or are named after them).
+or are named after them (test_<name>.py and test_<name>_*.py).
 
 Usage: scripts/mutation MODULE [MODULE ...] [--jobs N] [--tests PATH ...] [--keep]
 
@@ -7,7 +7,9 @@ MODULE is a path (remediation/loops.py) or a dotted name (remediation.loops). Ea
 in throw-away copies of the checkout (tracked files and untracked ones git does not ignore), never in
 the working tree, so an interrupted run leaves nothing mutated behind. For each module it prints the
 mutants, killed, survived and timed out, and every survivor as file:line with the operator and the
-mutated line. Survivors listed in scripts/mutation-equivalent.txt (judged not to change behaviour,
+mutated line. Mutants inside annotations of a module with postponed evaluation (`from __future__
+import annotations`) are not run: Python never evaluates those, so they cannot change behaviour.
+Survivors listed in scripts/mutation-equivalent.txt (judged not to change behaviour,
 with the reason) are counted apart, so the score is over the mutants that change behaviour.
 """
 
@@ -41,7 +43,7 @@ class Mutant:
     operator: str
     definition: str
     source_line: str
-    outcome: str  # killed | survived | incompetent (timeout, crash) | pending
+    outcome: str  # killed | survived | incompetent (timeout, crash) | annotation (not run) | pending
 
     def key(self) -> tuple[str, str, str]:
         return (self.path, self.operator, self.source_line)
@@ -75,14 +77,70 @@ def _imported_names(path: Path) -> Iterator[str]:
 
 
 def tests_for(module: str) -> list[str]:
-    """Test files that import the module itself, plus those named after it (test_<name>.py)."""
+    """Test files that import the module itself, plus those named after it: test_<name>.py and the
+    family test_<name>_*.py (test_intake_hostile.py drives intake through the webhook, importing only
+    the harness)."""
     stem = module.rsplit(".", 1)[-1]
     found = []
     for path in sorted((ROOT / "tests").rglob("test_*.py")):
-        named = path.stem == f"test_{stem}"
+        named = path.stem == f"test_{stem}" or path.stem.startswith(f"test_{stem}_")
         if named or any(n == module or n.startswith(module + ".") for n in _imported_names(path)):
             found.append(str(path.relative_to(ROOT)))
     return found
+
+
+Span = tuple[tuple[int, int], tuple[int, int]]  # (line, column) of the start and the end
+
+
+def annotation_spans(path: Path) -> list[Span]:
+    """Where a module's annotations lie, when Python never evaluates them (PEP 563); else none.
+
+    Covers parameter and return annotations and annotated assignments (dataclass fields, which
+    dataclasses read as strings); a type alias or a cast() is an ordinary expression and is not here.
+    """
+    tree = ast.parse(path.read_text(), filename=str(path))
+    postponed = any(
+        isinstance(node, ast.ImportFrom)
+        and node.module == "__future__"
+        and any(alias.name == "annotations" for alias in node.names)
+        for node in tree.body
+    )
+    if not postponed:
+        return []
+    found: list[ast.expr] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.arg) and node.annotation is not None:
+            found.append(node.annotation)
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.returns is not None:
+            found.append(node.returns)
+        elif isinstance(node, ast.AnnAssign):
+            found.append(node.annotation)
+    return [
+        ((n.lineno, n.col_offset), (n.end_lineno or n.lineno, n.end_col_offset or n.col_offset))
+        for n in found
+    ]
+
+
+def in_spans(position: tuple[int, int], spans: Sequence[Span]) -> bool:
+    return any(start <= position < end for start, end in spans)
+
+
+def skip_annotation_mutants(session: Path, spans: Sequence[Span]) -> None:
+    """Mark the session's mutants that lie in an annotation as skipped, so exec never runs them."""
+    if not spans:
+        return
+    from cosmic_ray.work_db import WorkDB, use_db  # type: ignore[import-untyped]
+    from cosmic_ray.work_item import WorkerOutcome, WorkResult  # type: ignore[import-untyped]
+
+    with use_db(str(session), WorkDB.Mode.open) as db:
+        jobs = [
+            item.job_id
+            for item in db.pending_work_items
+            if any(in_spans(tuple(m.start_pos), spans) for m in item.mutations)
+        ]
+        if jobs:
+            result = WorkResult(output="in an annotation", worker_outcome=WorkerOutcome.SKIPPED)
+            db.set_multiple_results(jobs, result)
 
 
 def checkout_files() -> list[str]:
@@ -111,17 +169,22 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def load_equivalents() -> dict[tuple[str, str, str], str]:
-    """Lines of `path | operator | mutated source line | reason`; # starts a comment."""
+def load_equivalents(path: Path = EQUIVALENT_FILE) -> dict[tuple[str, str, str], str]:
+    """Lines of `path | operator | mutated source line | reason`; # starts a comment.
+
+    The source line may itself hold " | " (a union type, a set union); the reason may not.
+    """
     known: dict[tuple[str, str, str], str] = {}
-    if not EQUIVALENT_FILE.exists():
+    if not path.exists():
         return known
-    for raw in EQUIVALENT_FILE.read_text().splitlines():
+    for raw in path.read_text().splitlines():
         if not raw.strip() or raw.lstrip().startswith("#"):
             continue
-        parts = [p.strip() for p in raw.split(" | ")]
-        if len(parts) != 4:
-            raise SystemExit(f"mutation: bad line in {EQUIVALENT_FILE.name}: {raw!r}")
+        head = raw.split(" | ", 2)
+        parts = [*head[:2], *head[2].rsplit(" | ", 1)] if len(head) == 3 else head
+        parts = [p.strip() for p in parts]
+        if len(parts) != 4 or not all(parts):
+            raise SystemExit(f"mutation: bad line in {path.name}: {raw!r}")
         known[(parts[0], parts[1], parts[2])] = parts[3]
     return known
 
@@ -169,6 +232,7 @@ def run_cosmic_ray(rel: str, tests: Sequence[str], jobs: int, keep: bool) -> lis
         cosmic_ray = str(Path(PYTHON).parent / "cosmic-ray")
         _wait_for_ports(ports)
         subprocess.run([cosmic_ray, "init", str(config), str(session)], cwd=copies[0], check=True)
+        skip_annotation_mutants(session, annotation_spans(ROOT / rel))
         subprocess.run([cosmic_ray, "exec", str(config), str(session)], cwd=copies[0], check=True)
         dump = subprocess.run(
             [cosmic_ray, "dump", str(session)], cwd=copies[0], check=True, capture_output=True, text=True
@@ -204,7 +268,9 @@ def _mutant(record: list[dict[str, object]], source: Sequence[str]) -> Mutant:
     mutation = job["mutations"][0]  # type: ignore[index]
     line = int(mutation["start_pos"][0])
     outcome = str(result.get("test_outcome") or "pending")
-    if result.get("worker_outcome") not in (None, "normal"):
+    if result.get("worker_outcome") == "skipped":
+        outcome = "annotation"
+    elif result.get("worker_outcome") not in (None, "normal"):
         outcome = "incompetent"
     return Mutant(
         path=str(mutation["module_path"]),
@@ -221,17 +287,20 @@ def report(rel: str, mutants: Sequence[Mutant], equivalents: dict[tuple[str, str
     judged = [m for m in survived if m.key() in equivalents]
     live = [m for m in survived if m.key() not in equivalents]
     killed = sum(m.outcome == "killed" for m in mutants)
-    other = len(mutants) - killed - len(survived)
-    behavioural = len(mutants) - other - len(judged)
+    annotations = sum(m.outcome == "annotation" for m in mutants)
+    other = len(mutants) - killed - len(survived) - annotations
+    behavioural = len(mutants) - other - annotations - len(judged)
     score = killed / behavioural if behavioural else 1.0
     print(f"\n== {rel}")
     print(
-        f"mutants {len(mutants)}  killed {killed}  survived {len(survived)} "
-        f"(equivalent {len(judged)})  timed out or incompetent {other}"
+        f"mutants {len(mutants)}  in annotations (not run) {annotations}  killed {killed}  "
+        f"survived {len(survived)} (equivalent {len(judged)})  timed out or incompetent {other}"
     )
     print(f"killed of the behaviour-changing mutants: {killed}/{behavioural} = {score:.0%}")
-    for m in sorted(live, key=lambda m: m.line):
-        print(f"  survived {m.path}:{m.line} {m.operator} in {m.definition or '<module>'}: {m.source_line}")
+    stuck = [m for m in mutants if m.outcome in ("incompetent", "pending")]
+    for m in sorted([*live, *stuck], key=lambda m: m.line):
+        label = "survived" if m.outcome == "survived" else "timed out or incompetent"
+        print(f"  {label} {m.path}:{m.line} {m.operator} in {m.definition or '<module>'}: {m.source_line}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

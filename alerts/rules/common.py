@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from alerts.config import RulesConfig
-from alerts.rules.model import Alert, Layer, Severity, TargetKind
+from alerts.rules.model import Alert
+from gpupulse.contract import Layer, Severity, TargetKind
 
 
 def alert(

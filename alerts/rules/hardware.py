@@ -7,7 +7,7 @@ from alerts.rules.common import alert
 from alerts.rules.model import Group, RuleFile
 from alerts.rules.promql import num
 from alerts.rules.recording import ALLOCATION_SOLE
-from remediation.contract import XidClass, xid_class
+from gpupulse.xid import XidClass, xid_class
 
 GPU_BY = "node, uuid, gpu"
 _GPU_TEXT = "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) on node {{ $labels.node }}"
@@ -32,7 +32,7 @@ def events(metric: str, matchers: str, window: str, by: str) -> str:
 
 
 def _xid_matcher(cls: XidClass) -> str:
-    # the XID classes live in remediation/contract.py, which the fault signatures read too
+    # the XID classes live in gpupulse/xid.py, which the fault signatures read too
     return f'xid=~"{cls.regex}"'
 
 

@@ -5,13 +5,11 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import yaml
 
-Severity = Literal["critical", "warning", "info"]
-Layer = Literal["hardware", "scheduling", "serving", "observability"]
-TargetKind = Literal["pod", "gpu", "node", "exporter"]
+from gpupulse.contract import Layer, Severity, TargetKind
 
 
 def _expr(text: str) -> str:

@@ -12,6 +12,7 @@ import pytest
 from alerts.config import ConfigError, load_config
 from alerts.rules import rule_files
 from alerts.rules.promql import base_metric, metric_names
+from gpupulse.contract import ALERT_LABELS, LAYERS, SEVERITIES, TARGET_KINDS
 from tests.alerts.ruleset import ROOT, RUNBOOKS_DIR, known_metrics
 
 CONTRACT = ROOT / "docs" / "alerts.md"
@@ -36,7 +37,7 @@ def test_alert_names_are_camel_case_and_unique(alert_rules: list[dict[str, Any]]
 def test_every_alert_has_the_anatomy(alert_rules: list[dict[str, Any]]) -> None:
     for rule in alert_rules:
         assert rule.get("for"), rule["alert"]
-        assert {"severity", "layer", "fault_class", "target_kind"} <= set(rule["labels"]), rule["alert"]
+        assert set(ALERT_LABELS) <= set(rule["labels"]), rule["alert"]
         assert set(rule["annotations"]) == {"summary", "description", "runbook_url"}, rule["alert"]
         assert "{{" not in rule["annotations"]["summary"], "summaries are static (kubernetes-mixin)"
         assert "{{ $labels." in rule["annotations"]["description"], rule["alert"]
@@ -48,9 +49,9 @@ def test_label_values_are_those_of_the_contract(alert_rules: list[dict[str, Any]
     assert {"xid_app", "memory_leak", "observability"} <= fault_classes
     for rule in alert_rules:
         labels = rule["labels"]
-        assert labels["severity"] in {"critical", "warning", "info"}
-        assert labels["layer"] in {"hardware", "scheduling", "serving", "observability"}
-        assert labels["target_kind"] in {"pod", "gpu", "node", "exporter"}
+        assert labels["severity"] in SEVERITIES
+        assert labels["layer"] in LAYERS
+        assert labels["target_kind"] in TARGET_KINDS
         assert labels["fault_class"] in fault_classes, f"{rule['alert']}: {labels['fault_class']}"
 
 

@@ -26,6 +26,12 @@ def test_tests_for_a_module_are_its_importers_and_its_namesake() -> None:
     tests = script.tests_for("remediation.loops")
     assert "tests/remediation/test_loops.py" in tests
     assert all(path.startswith("tests/") and "/test_" in path for path in tests)
+    # The family named after a module counts even when it reaches the module through a harness.
+    intake = script.tests_for("remediation.intake")
+    assert {"tests/remediation/test_intake_hostile.py", "tests/remediation/test_intake_fields.py"} <= set(
+        intake
+    )
+    assert "tests/remediation/test_auth.py" not in intake
     # A module no test names or imports gets none (the tool then says so instead of running nothing).
     assert script.tests_for("remediation.__main__") == []
 
@@ -36,6 +42,55 @@ def test_module_names_resolve_as_paths_or_dotted_names() -> None:
     assert script.module_path("remediation/safety.py") == "remediation/safety.py"
     with pytest.raises(SystemExit, match="no module"):
         script.module_path("remediation.nope")
+
+
+def test_only_annotations_python_never_evaluates_are_left_unmutated(tmp_path: Path) -> None:
+    script = _script()
+    source = (
+        "from __future__ import annotations\n"  # 1
+        "Alias = int | None\n"  # 2: evaluated at import
+        "def f(a: int | None = 1 | 2) -> str | None:\n"  # 3
+        "    b: int | None = a | 4\n"  # 4
+        "    return cast(str | None, b)\n"  # 5
+    )
+    module = tmp_path / "m.py"
+    module.write_text(source)
+    spans = script.annotation_spans(module)
+    lines = source.splitlines()
+
+    def bar(line: int, nth: int) -> tuple[int, int]:
+        col = -1
+        for _ in range(nth):
+            col = lines[line - 1].index("|", col + 1)
+        return (line, col)
+
+    inside = [bar(3, 1), bar(3, 3), bar(4, 1)]  # a: int | None, -> str | None, b: int | None
+    outside = [bar(2, 1), bar(3, 2), bar(4, 2), bar(5, 1)]  # alias, default, value, cast()
+    assert [script.in_spans(p, spans) for p in inside] == [True] * 3
+    assert [script.in_spans(p, spans) for p in outside] == [False] * 4
+    # without postponed evaluation annotations are evaluated: everything is mutated
+    module.write_text(source.split("\n", 1)[1])
+    assert script.annotation_spans(module) == []
+
+
+def test_equivalent_lines_may_hold_a_bar_in_the_source_line(tmp_path: Path) -> None:
+    script = _script()
+    listed = tmp_path / "equivalent.txt"
+    listed.write_text(
+        "# comment\n\n"
+        "remediation/safety.py | core/ReplaceBinaryOperator_BitOr_Add | x: Mapping[str, str] | None = None, "
+        "| annotations are never evaluated\n"
+    )
+    assert script.load_equivalents(listed) == {
+        (
+            "remediation/safety.py",
+            "core/ReplaceBinaryOperator_BitOr_Add",
+            "x: Mapping[str, str] | None = None,",
+        ): "annotations are never evaluated"
+    }
+    listed.write_text("remediation/safety.py | core/AddNot | if x:\n")  # no reason
+    with pytest.raises(SystemExit, match="bad line"):
+        script.load_equivalents(listed)
 
 
 def test_every_judged_equivalent_mutant_still_names_a_source_line() -> None:

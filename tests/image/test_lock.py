@@ -75,3 +75,13 @@ def test_the_image_build_needs_no_registry_and_no_network() -> None:
     assert pip and all("--no-index" in line for line in pip)
     script = (ROOT / "scripts" / "build-image").read_text()
     assert "--pull=never" in script and "--require-hashes" in script
+
+
+def test_the_image_is_rebuilt_when_any_packaged_directory_changes() -> None:
+    # scripts/build-image keys the image on the files it lists; a package missing there would ship
+    # stale code from a reused image.
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    packaged = {p.rstrip("*") for p in pyproject["tool"]["setuptools"]["packages"]["find"]["include"]}
+    script = (ROOT / "scripts" / "build-image").read_text()
+    (listed,) = re.findall(r"source_key=\$\( \(find ([^\\]*)\\", script)
+    assert packaged <= set(listed.split()), packaged - set(listed.split())

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from remediation.contract import FAULT_CLASSES, TARGET_KINDS, XID_CLASSES
+from gpupulse.contract import FAULT_CLASSES, TARGET_KINDS
+from gpupulse.xid import XID_CLASSES
 from remediation.ladder import target_from_labels, target_problem
 from remediation.signatures import KNOWN_FAULT_CLASSES, Signature, SignatureLibrary, load_library
 

@@ -34,6 +34,7 @@ class FakePrometheus:
         self.value = "0"
         self.status = 200
         self.data: Any = None  # when set, the whole `data` object of the answer
+        self.body: Any = None  # when set, the whole answer (with self.status), however odd
         self.port = 0
         self._runner: web.AppRunner | None = None
 
@@ -57,6 +58,8 @@ class FakePrometheus:
 
     async def _query(self, request: web.Request) -> web.Response:
         self.queries.append(request.query["query"])
+        if self.body is not None:
+            return web.json_response(self.body, status=self.status)
         if self.status != 200:
             return web.json_response({"status": "error", "error": "bad"}, status=self.status)
         data = self.data or {"resultType": "vector", "result": [{"metric": {}, "value": [1.0, self.value]}]}
@@ -129,6 +132,7 @@ async def test_promql_never_healthy_escalates_after_window(tmp_path: Path, prom:
         ({"resultType": "vector", "result": []}, False),  # nothing found must never count as healthy
         ({"resultType": "scalar", "result": [1.0, "1"]}, True),
         ({"resultType": "scalar", "result": [1.0, "0"]}, False),
+        ({"resultType": "scalar", "result": [1.0, "-1"]}, True),  # nonzero is healthy, as PromQL's bool
         ({"resultType": "vector", "result": [{"metric": {}, "value": [1.0, "NaN"]}]}, False),
         (
             {
@@ -141,7 +145,7 @@ async def test_promql_never_healthy_escalates_after_window(tmp_path: Path, prom:
             False,  # every series must hold
         ),
     ],
-    ids=["empty", "scalar-1", "scalar-0", "nan", "one-of-two"],
+    ids=["empty", "scalar-1", "scalar-0", "scalar-negative", "nan", "one-of-two"],
 )
 async def test_the_verdict_of_each_result_shape(prom: FakePrometheus, data: Any, healthy: bool) -> None:
     prom.data = data
@@ -149,13 +153,42 @@ async def test_the_verdict_of_each_result_shape(prom: FakePrometheus, data: Any,
 
 
 @pytest.mark.parametrize(
-    "data",
-    [{"resultType": "matrix", "result": []}, {"resultType": "vector", "result": [{"metric": {}}]}, "x"],
-    ids=["range", "no-value", "not-an-object"],
+    ("data", "why"),
+    [
+        ({"resultType": "matrix", "result": []}, "must give a vector or a scalar, not 'matrix'"),
+        ({"resultType": "matrix", "result": [{"values": []}, {"values": []}]}, "not 'matrix'"),
+        ({"resultType": "string", "result": [1.0, "1"]}, "not 'string'"),
+        ({"resultType": "vector", "result": [{"metric": {}}]}, "malformed query result"),
+        ({"resultType": "vector", "result": [{"metric": {}, "value": [1, "abc"]}]}, "non-numeric sample"),
+        ("x", "malformed query result: no data object"),
+    ],
+    ids=["range", "range-two-series", "string", "no-value", "not-a-number", "not-an-object"],
 )
-async def test_results_that_say_nothing_are_errors_not_verdicts(prom: FakePrometheus, data: Any) -> None:
+async def test_results_that_say_nothing_are_errors_not_verdicts(
+    prom: FakePrometheus, data: Any, why: str
+) -> None:
     prom.data = data
-    with pytest.raises(VerifyError):
+    with pytest.raises(VerifyError, match=why):
+        await PromQLVerifier(prom.url).healthy("q")
+
+
+_HEALTHY_DATA = {"resultType": "scalar", "result": [1.0, "1"]}
+
+
+@pytest.mark.parametrize(
+    ("status", "body"),
+    [
+        (200, {"status": "error", "errorType": "execution", "error": "x", "data": _HEALTHY_DATA}),
+        (503, {"status": "success", "data": _HEALTHY_DATA}),  # e.g. a proxy in front of Prometheus
+        (200, {"data": _HEALTHY_DATA}),  # no status at all
+        (200, {"status": "unknown", "data": _HEALTHY_DATA}),
+        (200, ["not", "an", "object"]),
+    ],
+    ids=["status-error", "http-503", "no-status", "odd-status", "array-body"],
+)
+async def test_only_a_successful_answer_gives_a_verdict(prom: FakePrometheus, status: int, body: Any) -> None:
+    prom.status, prom.body = status, body
+    with pytest.raises(VerifyError, match="prometheus answered"):
         await PromQLVerifier(prom.url).healthy("q")
 
 

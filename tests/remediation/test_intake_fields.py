@@ -93,3 +93,40 @@ def test_go_zero_time_means_no_end_and_is_no_start() -> None:
     assert _parse(endsAt="0001-01-01T00:00:00Z").ends_at is None
     assert _parse(endsAt="0001-01-01T00:00:00.000000000Z").ends_at is None
     assert _refused(startsAt="0001-01-01T00:00:00Z").field == "alerts[0].startsAt"
+
+
+@pytest.mark.parametrize(
+    ("fields", "where"),
+    [
+        ({"labels": {**alert()["labels"], "summary": "gpu\ud800"}}, "alerts[0].labels"),
+        ({"labels": {**alert()["labels"], "\udfff": "x"}}, "alerts[0].labels"),
+        ({"annotations": {"summary": "\ud800"}}, "alerts[0].annotations"),
+        ({"generatorURL": "http://p/\ud800"}, "alerts[0].generatorURL"),
+    ],
+    ids=["label-value", "label-name", "annotation", "generator-url"],
+)
+def test_a_lone_surrogate_in_any_string_is_refused_naming_its_field(
+    fields: dict[str, Any], where: str
+) -> None:
+    # JSON may escape one ("\ud800"); SQLite text must be UTF-8, so it never reaches the inbox
+    err = _refused(**fields)
+    assert (err.field, err.message) == (where, "contains an invalid Unicode code point")
+
+
+def test_escaped_characters_that_are_real_code_points_are_accepted() -> None:
+    record = _parse(annotations={"summary": "caf\u00e9 \U0001f525"})  # json.dumps escapes both
+    assert record.annotations == {"summary": "caf\u00e9 \U0001f525"}
+
+
+def test_a_wrongly_typed_field_says_whether_it_was_required() -> None:
+    assert _refused(generatorURL=7).message == "must be a string"
+    with pytest.raises(PayloadError) as raised:
+        parse_notification(json.dumps(notification([alert()], receiver=7)).encode(), 1.0)
+    assert (raised.value.field, raised.value.message) == ("receiver", "is required and must be a string")
+
+
+@pytest.mark.parametrize("status", ["suppressed", "unprocessed", "active", "Resolved", "", None])
+def test_only_firing_and_resolved_are_alert_states(status: str | None) -> None:
+    # Alertmanager's API speaks of active/suppressed/unprocessed; a webhook alert is firing or resolved
+    err = _refused(status=status)
+    assert (err.field, err.message) == ("alerts[0].status", 'must be "firing" or "resolved"')

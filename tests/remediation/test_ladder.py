@@ -21,6 +21,23 @@ def test_a_rung_with_attempts_left_is_tried_again_before_the_next() -> None:
     assert next_step(FULL, "migrate", 1) == ("page", 1)
 
 
+def test_every_attempt_is_counted_up_to_the_last() -> None:
+    three = LadderSpec(rungs=("restart", "migrate", "page"), attempts={"restart": 3, "migrate": 2})
+    assert [next_step(three, "restart", a) for a in (1, 2, 3)] == [
+        ("restart", 2),
+        ("restart", 3),
+        ("migrate", 1),
+    ]
+    assert [next_step(three, "migrate", a) for a in (1, 2)] == [("migrate", 2), ("page", 1)]
+
+
+def test_an_incident_past_its_attempts_moves_on_when_the_signature_allows_fewer() -> None:
+    # an incident at attempt 3 when a reloaded signature allows 2: never retried again and again
+    fewer = LadderSpec(rungs=("restart", "migrate", "page"), attempts={"restart": 2})
+    assert next_step(fewer, "restart", 3) == ("migrate", 1)
+    assert next_step(fewer, "migrate", 2) == ("page", 1)
+
+
 def test_a_blocked_rung_is_not_retried_even_with_attempts_left() -> None:
     assert next_step(FULL, "restart", 1, frozenset({"restart"})) == ("migrate", 1)
 
@@ -66,6 +83,15 @@ def test_each_kind_keeps_exactly_its_identity_labels() -> None:
     assert target_from_labels({**labels, "target_kind": "pod"})[0] == Target("pod", "n", "ns", "p", "GPU-1")
     assert target_from_labels({**labels, "target_kind": "gpu"})[0] == Target("gpu", "n", "", "", "GPU-1")
     assert target_from_labels({**labels, "target_kind": "node"})[0] == Target("node", "n")
+
+
+def test_the_identity_of_each_kind_names_exactly_what_identifies_it() -> None:
+    pod_a, pod_b = Target("pod", "n1", "llm", "vllm-0"), Target("pod", "n1", "llm", "vllm-1")
+    assert [incident_identity(t) for t in (pod_a, pod_b)] == ["pod:llm/vllm-0", "pod:llm/vllm-1"]
+    assert incident_identity(Target("gpu", "n1", uuid="GPU-1")) == "gpu:n1/GPU-1"
+    assert incident_identity(Target("node", "n1")) == "node:n1"
+    assert incident_identity(Target("exporter", "10.0.0.7:9400")) == "exporter:10.0.0.7:9400"
+    assert loop_identity(Target("exporter", "n1")) == "exporter:n1"
 
 
 def test_gpus_on_one_node_are_distinct_targets() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -10,6 +10,8 @@ import pytest
 
 from remediation.engine_config import EngineSettings, LoopSettings
 from remediation.ladder import loop_identity, target_from_labels, workload_name
+from remediation.ledger import Ledger, connect
+from remediation.loops import LoopDetector
 from remediation.signatures import load_library, parse_document
 from tests.remediation.test_engine_support import LEAK, Rig, events, pod
 
@@ -159,3 +161,53 @@ async def test_flapping_starts_one_transition_past_the_limit(tmp_path: Path) -> 
         assert r.only_incident()["state"] == "paged"
     finally:
         await r.engine.aclose()
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Iterator[Ledger]:
+    conn = connect(tmp_path / "ledger.db")
+    yield Ledger(conn)
+    conn.close()
+
+
+def _action(ledger: Ledger, rung: str, at: float, loop_key: str = "pod:llm/vllm") -> None:
+    with ledger.transaction():
+        ledger.add_entry(1, at, "action", "success", rung, rung=rung, loop_key=loop_key)
+
+
+def test_restart_loop_holds_when_restarts_already_exceed_the_limit(ledger: Ledger) -> None:
+    # a lowered limit (or a second controller's restarts) leaves more restarts than allowed: still a loop
+    d = LoopDetector(ledger, LoopSettings(max_restarts=2, restart_window_seconds=3600))
+    now = 10_000.0
+    for at in (now - 30, now - 20):
+        _action(d.ledger, "restart", at)
+    assert d.restart_loop("pod:llm/vllm", now).kind == "restart_loop"
+    _action(d.ledger, "restart", now - 10)
+    verdict = d.restart_loop("pod:llm/vllm", now)
+    assert verdict.kind == "restart_loop" and "restarted 3 times" in verdict.detail
+    assert not d.restart_loop("pod:llm/other", now)
+
+
+@pytest.mark.parametrize(("age", "recurs"), [(0.0, True), (3600.0, True), (3600.001, False)])
+def test_recurrence_counts_only_migrations_within_the_window(
+    ledger: Ledger, age: float, recurs: bool
+) -> None:
+    d = LoopDetector(ledger, LoopSettings(migration_recurrence_window_seconds=3600))
+    now = 100_000.0
+    _action(d.ledger, "migrate", now - age)
+    _action(d.ledger, "restart", now)  # a restart is no migration
+    assert bool(d.recurrence_after_migration("pod:llm/vllm", now)) is recurs
+    assert not d.recurrence_after_migration("pod:llm/other", now)
+
+
+@pytest.mark.parametrize(("age", "flapping"), [(600.0, True), (600.001, False)])
+def test_flapping_counts_only_transitions_within_the_window(
+    ledger: Ledger, age: float, flapping: bool
+) -> None:
+    d = LoopDetector(ledger, LoopSettings(flap_max_transitions=2, flap_window_seconds=600))
+    now = 100_000.0
+    with d.ledger.transaction():
+        d.ledger.add_transition("k", "firing", now - age)  # the oldest: in or out at the edge
+        d.ledger.add_transition("k", "resolved", now - 5)
+        d.ledger.add_transition("k", "firing", now)
+    assert bool(d.flapping("k", now)) is flapping

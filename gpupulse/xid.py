@@ -1,37 +1,13 @@
-"""The contract between alerts and the controller, written once: XID classes, fault classes, target kinds.
+"""XID classes as data: which XID codes NVIDIA resolves the same way, and the alert that reports them.
 
 The alert rules (dashboards/rules/hardware.py), the fault signatures (`match: {xid_class: ...}`), the
-docs (a test compares them) and the tests all read this module. It is data only and imports nothing of
-the controller, so the rule generator can read it without pulling the controller in.
+docs (a test compares them) and the tests all read this module.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
-
-TargetKind = Literal["pod", "gpu", "node", "exporter"]
-TARGET_KINDS: tuple[TargetKind, ...] = ("pod", "gpu", "node", "exporter")
-
-# The fault_class values an alert may carry (the table of docs/alerts.md; a test keeps them in step).
-FAULT_CLASSES: tuple[str, ...] = (
-    "xid_app",
-    "xid_reset",
-    "gpu_lost",
-    "gpu_hardware",
-    "thermal",
-    "memory_leak",
-    "memory_pressure",
-    "idle_allocated",
-    "serving_latency",
-    "kv_cache",
-    "host_starvation",
-    "page_cache_eviction",
-    "model_artifact",
-    "crash_loop",
-    "observability",
-)
 
 
 @dataclass(frozen=True)
@@ -41,7 +17,7 @@ class XidClass:
     name: str
     bucket: str  # NVIDIA's resolution bucket(s)
     codes: tuple[int, ...]
-    fault_class: str
+    fault_class: str  # one of gpupulse.contract.FAULT_CLASSES
     # the gpupulse alert that reports this class; it may aggregate the `xid` label away
     alertname: str
 
