@@ -76,15 +76,16 @@ def values_block() -> str:
     return "\n".join(out) + "\n"
 
 
-class MarkersMissing(Exception):
-    """values.yaml lost the BEGIN/END lines around its generated block."""
+class ChartFileError(Exception):
+    """values.yaml or values.schema.json, written by hand around their generated parts, cannot hold
+    them: the BEGIN/END lines are gone, or the schema is not JSON with a prometheusRule object."""
 
 
 def values_text(current: str) -> str:
     """values.yaml (its text now) with its generated block replaced."""
     pattern = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END) + r"\n", re.DOTALL)
     if not pattern.search(current):
-        raise MarkersMissing(f"{VALUES}: the BEGIN/END markers of the generated block are missing")
+        raise ChartFileError(f"{VALUES}: the BEGIN/END markers of the generated block are missing")
     return pattern.sub(lambda _: values_block(), current)
 
 
@@ -111,8 +112,15 @@ def _schema_sections() -> dict[str, Any]:
 def schema_text(current: str) -> str:
     """values.schema.json (its text now) with prometheusRule.{thresholds,windows,for,cost,disabled}
     from the config."""
-    schema = json.loads(current)
-    rule = schema["properties"]["prometheusRule"]["properties"]
+    try:
+        schema = json.loads(current)
+        rule = schema["properties"]["prometheusRule"]["properties"]
+    except json.JSONDecodeError as e:
+        raise ChartFileError(f"{SCHEMA}: not JSON ({e})") from None
+    except (KeyError, TypeError):
+        raise ChartFileError(f"{SCHEMA}: no properties.prometheusRule.properties object") from None
+    if not isinstance(rule, dict):
+        raise ChartFileError(f"{SCHEMA}: properties.prometheusRule.properties is not an object")
     for key, properties in _schema_sections().items():
         rule[key] = {
             "type": "object",

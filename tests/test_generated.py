@@ -147,7 +147,10 @@ def test_values_without_their_markers_is_an_error_not_a_traceback(
     assert {p: p.read_bytes() for p in tree.rglob("*") if p.is_file()} == before
 
 
-@pytest.mark.parametrize("content", [None, "{not json"])
+@pytest.mark.parametrize(
+    "content",
+    [None, "{not json", "[]", '{"properties": {}}', '{"properties": {"prometheusRule": {"properties": 1}}}'],
+)
 def test_a_missing_or_corrupt_schema_is_an_error(
     tree: Path, capsys: pytest.CaptureFixture[str], content: str | None
 ) -> None:
