@@ -59,7 +59,7 @@ def write_rules(out_dir: Path, rendered: Mapping[str, str]) -> list[Path]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point."""
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m alerts.generate", description=__doc__)
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG_PATH)
     parser.add_argument("--overrides", type=Path, help="YAML deep-merged over the config (test profiles)")
     # No default: the committed copy is scripts/generate's, written with the chart's and the docs'.
