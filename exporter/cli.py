@@ -30,7 +30,6 @@ from exporter.collectors.xid import XidCounter
 from exporter.config import (
     DEFAULT_PORT,
     ExporterSettings,
-    SystemClock,
     duration_seconds,
     exporter_version,
     parse_listen_address,
@@ -40,6 +39,7 @@ from exporter.nvml import Nvml, NvmlInitError, XidWatcher
 from exporter.sampler import Sampler, SnapshotHook
 from exporter.server import make_app, make_site
 from exporter.snapshot import Snapshot
+from gpupulse.clock import SystemClock
 
 log = logging.getLogger("exporter")
 

@@ -1,39 +1,13 @@
-"""Exporter settings (one place for defaults, units in names) and the clock the exporter reads."""
+"""Exporter settings: one place for defaults, units in names."""
 
 from __future__ import annotations
 
 import argparse
 import importlib.metadata
 import re
-import time
 from dataclasses import dataclass
-from typing import Protocol
 
 DEFAULT_PORT = 9842  # free of dcgm-exporter 9400, nvidia_gpu_exporter 9835, mindprince 9445
-
-
-class Clock(Protocol):
-    """Wall time for timestamps and monotonic time for intervals and deadlines."""
-
-    def time(self) -> float:
-        """Unix seconds."""
-        ...
-
-    def monotonic(self) -> float:
-        """Seconds from an arbitrary origin that never goes backwards."""
-        ...
-
-
-class SystemClock:
-    """The real clock."""
-
-    def time(self) -> float:
-        """Unix seconds."""
-        return time.time()
-
-    def monotonic(self) -> float:
-        """time.monotonic()."""
-        return time.monotonic()
 
 
 @dataclass(frozen=True)

@@ -29,8 +29,9 @@ from typing import TYPE_CHECKING, Any, cast
 
 import yaml
 
+from gpupulse.clock import SystemClock
+
 from .auth import load_token
-from .clock import SystemClock
 from .config import DEFAULT_LISTEN_HOST, DEFAULT_LISTEN_PORT, ConfigError, KubeSettings, Settings
 from .engine_config import EngineSettings
 from .metrics import RemediationMetrics

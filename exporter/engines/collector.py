@@ -31,8 +31,9 @@ from exporter.engines.kube_pods import KubePodSource
 from exporter.engines.reading import MIXED, ModelReading
 from exporter.engines.render import Budget, EndpointView, Families
 from exporter.engines.scrape import ScrapeError, fetch_page
-from exporter.engines.settings import Clock, EngineSettings, KubeSettings, SystemClock
+from exporter.engines.settings import EngineSettings, KubeSettings
 from exporter.engines.targets import AUTO, StaticSource, Target
+from gpupulse.clock import Clock, SystemClock
 
 log = logging.getLogger(__name__)
 

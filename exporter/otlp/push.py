@@ -17,11 +17,11 @@ from opentelemetry.sdk.metrics.export import MetricExportResult
 from opentelemetry.sdk.resources import Resource
 from prometheus_client.core import Metric
 
-from exporter.attribution.clock import Clock, SystemClock
 from exporter.catalog import ALL_METRICS
 from exporter.config import duration_seconds, exporter_version
 from exporter.metricspec import MetricSpec
 from exporter.otlp.convert import UCUM, to_metrics_data
+from gpupulse.clock import Clock, SystemClock
 
 log = logging.getLogger(__name__)
 

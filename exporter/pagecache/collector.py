@@ -12,7 +12,6 @@ from typing import Any
 
 from prometheus_client.core import Metric
 
-from exporter.attribution.clock import Clock, SystemClock
 from exporter.attribution.families import add_value, new_family
 from exporter.attribution.flags import add_procfs_argument, collector_enabled, csv_list
 from exporter.attribution.procfs import DEFAULT_PROCFS, Procfs
@@ -22,6 +21,7 @@ from exporter.config import duration_seconds
 from exporter.pagecache import specs
 from exporter.pagecache.discovery import ModelKey, PathSpec, configured_files, mapped_files
 from exporter.pagecache.sampler import BudgetSettings, ModelResidency, ResidencySampler, RoundStats
+from gpupulse.clock import Clock, SystemClock
 
 NAME = "pagecache"
 log = logging.getLogger(__name__)
