@@ -28,8 +28,8 @@ from exporter.attribution.procfs import DEFAULT_PROCFS, ProcessInfo, Procfs
 from exporter.attribution.resolve import PodResolver, ProcessDevices
 from exporter.collectors.base import GpuProcess, NodeState, PodRef
 from exporter.collectors.blocking import ItemReader
-from exporter.config import duration_seconds
 from gpupulse.clock import Clock, SystemClock
+from gpupulse.durations import duration_flag
 
 NAME = "attribution"
 AUTO = "auto"
@@ -252,7 +252,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--attribution.interval",
         dest="attribution_interval",
-        type=duration_seconds,
+        type=duration_flag,
         default=d.interval_seconds,
         help="seconds between attribution rounds (default: %(default)s)",
     )
@@ -266,21 +266,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--attribution.kubelet-refresh-interval",
         dest="attribution_kubelet_refresh_interval",
-        type=duration_seconds,
+        type=duration_flag,
         default=d.kubelet_refresh_interval_seconds,
         help="seconds between pod-resources List calls, in the background (default: %(default)s)",
     )
     group.add_argument(
         "--attribution.kubelet-timeout",
         dest="attribution_kubelet_timeout",
-        type=duration_seconds,
+        type=duration_flag,
         default=d.kubelet_timeout_seconds,
         help="List call timeout in seconds (default: %(default)s)",
     )
     group.add_argument(
         "--attribution.kubelet-max-stale",
         dest="attribution_kubelet_max_stale",
-        type=duration_seconds,
+        type=duration_flag,
         default=d.kubelet_max_stale_seconds,
         help="seconds the last good pod-resources answer is kept while the kubelet fails "
         "(default: %(default)s)",
