@@ -16,7 +16,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from gpupulse.durations import (
@@ -122,7 +122,10 @@ def test_the_schema_pattern_and_the_parser_agree(text: str) -> None:
         parse_duration(text)
         parses = True
     except DurationError as e:
-        parses = "out of range" in str(e)  # valid shape, too large: the pattern cannot know
+        # too large: the pattern cannot count, and like Prometheus the parser stops at the first
+        # part that overflows, before it reads the rest
+        assume("out of range" not in str(e))
+        parses = False
     assert bool(re.fullmatch(DURATION_PATTERN, text)) == parses
 
 
