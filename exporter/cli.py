@@ -33,13 +33,13 @@ from exporter.config import (
     exporter_version,
     parse_listen_address,
 )
-from exporter.logging import FORMATS, LEVELS, setup_logging
 from exporter.nvml import Nvml, NvmlInitError, XidWatcher
 from exporter.sampler import Sampler, SnapshotHook
 from exporter.server import make_app, make_site
 from exporter.snapshot import Snapshot
 from gpupulse.clock import SystemClock
 from gpupulse.durations import duration_flag
+from gpupulse.logs import FORMATS, LEVELS, setup_logging
 
 log = logging.getLogger("exporter")
 

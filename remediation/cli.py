@@ -13,7 +13,6 @@ import contextlib
 import dataclasses
 import importlib
 import inspect
-import json
 import logging
 import os
 import shlex
@@ -30,6 +29,7 @@ import yaml
 
 from gpupulse.clock import SystemClock
 from gpupulse.durations import format_duration, parse_flag_duration
+from gpupulse.logs import FORMATS, LEVELS, setup_logging
 
 from .auth import load_token
 from .config import DEFAULT_LISTEN_HOST, DEFAULT_LISTEN_PORT, ConfigError, KubeSettings, Settings
@@ -312,8 +312,8 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "",
         "YAML mapping of Kubernetes backend settings (eviction deadline, PDB policy, ...).",
     ),
-    Flag("log.format", str, "logfmt", "Log format.", choices=("logfmt", "json")),
-    Flag("log.level", str.lower, "info", "Log level.", choices=("debug", "info", "warning", "error")),
+    Flag("log.format", str, "logfmt", "Log format.", choices=FORMATS),
+    Flag("log.level", str.lower, "info", "Log level.", choices=LEVELS),
 )
 
 
@@ -493,43 +493,6 @@ def kube_settings_from_values(v: Mapping[str, Any], environ: Mapping[str, str]) 
         retry_period_seconds=v["kube_retry_period"],
         backend_config_file=_path_or_none(v["kube_backend_config"]),
     )
-
-
-class LogfmtFormatter(logging.Formatter):
-    """ts=... level=... logger=... msg="..." (the Prometheus ecosystem's default log shape)."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        msg = record.getMessage()
-        if record.exc_info:
-            msg += "\n" + self.formatException(record.exc_info)
-        ts = self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}Z"
-        return f"ts={ts} level={record.levelname.lower()} logger={record.name} msg={json.dumps(msg)}"
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        doc = {
-            "ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}Z",
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        if record.exc_info:
-            doc["exc"] = self.formatException(record.exc_info)
-        return json.dumps(doc)
-
-
-def configure_logging(fmt: str, level: str) -> None:
-    """Log to stderr in the chosen format, UTC timestamps."""
-    handler = logging.StreamHandler(sys.stderr)
-    formatter: logging.Formatter = JsonFormatter() if fmt == "json" else LogfmtFormatter()
-    formatter.converter = time.gmtime
-    handler.setFormatter(formatter)
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
 
 
 async def build_default_engine(settings: Settings, metrics: RemediationMetrics) -> Engine:
@@ -806,7 +769,7 @@ def run_serve(ns: argparse.Namespace, environ: Mapping[str, str] | None = None) 
     except ConfigError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
-    configure_logging(settings.log_format, settings.log_level)
+    setup_logging(settings.log_format, settings.log_level)
     if settings.insecure_no_auth and not settings.auth_token:
         log.warning(
             "authentication is OFF (--insecure-no-auth): anyone who can reach the port can post alerts"
