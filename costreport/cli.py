@@ -13,11 +13,10 @@ import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from gpupulse.durations import parse_flag_duration
-
 from costreport.prom import PrometheusClient, PrometheusUnavailable
 from costreport.render import FORMATS, render
 from costreport.usage import DEFAULT_IDLE_SM_ACTIVITY_RATIO, NoData, build_report
+from gpupulse.durations import parse_flag_duration
 
 EXIT_USAGE = 2
 EXIT_PROMETHEUS = 3
