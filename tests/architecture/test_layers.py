@@ -26,6 +26,7 @@ EXPECTED_CONTRACTS = {
     "services-independent",
     "services-below-rules",
     "dashboards-on-kernel",
+    "report-on-kernel",
 }
 # (contract id, module planted in the copy, the forbidden import it holds)
 PLANTED = [
@@ -36,6 +37,8 @@ PLANTED = [
     ("services-below-rules", "remediation/_planted.py", "import dashboards.grafana"),
     ("services-below-rules", "exporter/_planted.py", "import demo.cli"),
     ("dashboards-on-kernel", "dashboards/_planted.py", "import remediation.metrics"),
+    ("report-on-kernel", "costreport/_planted.py", "import exporter.config"),
+    ("kernel", "gpupulse/_planted.py", "import costreport.usage"),
 ]
 
 
