@@ -27,6 +27,7 @@ EXPECTED_CONTRACTS = {
     "services-below-rules",
     "dashboards-on-kernel",
     "alerts-on-kernel",
+    "report-on-kernel",
 }
 # (contract id, module planted in the copy, the forbidden import it holds)
 PLANTED = [
@@ -39,6 +40,8 @@ PLANTED = [
     ("dashboards-on-kernel", "dashboards/_planted.py", "import remediation.metrics"),
     ("alerts-on-kernel", "alerts/_planted.py", "import dashboards.grafana"),
     ("alerts-on-kernel", "alerts/rules/_planted.py", "from exporter import catalog"),
+    ("report-on-kernel", "costreport/_planted.py", "import exporter.config"),
+    ("kernel", "gpupulse/_planted.py", "import costreport.usage"),
 ]
 
 
