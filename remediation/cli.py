@@ -33,9 +33,9 @@ from .auth import load_token
 from .clock import SystemClock
 from .config import DEFAULT_LISTEN_HOST, DEFAULT_LISTEN_PORT, ConfigError, KubeSettings, Settings
 from .engine_config import EngineSettings
+from .inbox import StoreError
 from .metrics import RemediationMetrics
 from .model import AlertEvent, Engine
-from .store import StoreError
 
 if TYPE_CHECKING:
     from .backends.kubernetes import KubernetesBackendSettings

@@ -14,8 +14,8 @@ from typing import Any, cast
 
 import orjson
 
+from .inbox import InboxRecord, canonical_json
 from .model import AlertStatus
-from .store import InboxRecord, canonical_json
 
 SUPPORTED_VERSION = "4"
 MAX_FINGERPRINT_CHARS = 128

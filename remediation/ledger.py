@@ -1,7 +1,7 @@
 """The engine's durable state in SQLite: incidents, their ledger (intent before action, outcome after),
 handled dedup keys, alert transitions, detected loops and the operator switches (breaker, pause).
 
-Tables are created with CREATE TABLE IF NOT EXISTS on a connection from `remediation.store.open_db`
+Tables are created with CREATE TABLE IF NOT EXISTS on a connection from `remediation.inbox.open_db`
 (autocommit mode: every write goes through `Ledger.transaction()`, one BEGIN IMMEDIATE ... COMMIT).
 """
 
@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from remediation.store import StoreCorrupt, StoreError, check_integrity, is_corruption, open_db
+from remediation.inbox import StoreCorrupt, StoreError, check_integrity, is_corruption, open_db
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS rem_incidents (

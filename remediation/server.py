@@ -28,11 +28,11 @@ from .httpguard import (
     head_deadline_middleware,
     read_body,
 )
+from .inbox import Inbox, QueueFull, StoreError
 from .intake import PayloadError, parse_notification
 from .ledger import pair_inbox
 from .metrics import RemediationMetrics
 from .model import Engine
-from .store import Inbox, QueueFull, StoreError
 from .worker import Worker, WorkerSettings
 
 log = logging.getLogger(__name__)

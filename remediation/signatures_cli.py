@@ -18,6 +18,7 @@ from typing import Any, TextIO
 
 import yaml
 
+from remediation.config import DB_FILENAME
 from remediation.ladder import incident_identity, target_from_labels, target_problem
 from remediation.signatures import (
     KNOWN_FAULT_CLASSES,
@@ -31,7 +32,6 @@ from remediation.signatures import (
 
 ENV_SIGNATURES = "GPUPULSE_REMEDIATION_SIGNATURES"
 ENV_STORAGE = "GPUPULSE_REMEDIATION_STORAGE_PATH"
-DB_FILENAME = "gpupulse.db"
 LADDERS: Mapping[str, list[str]] = {
     "restart": ["restart", "migrate", "page"],
     "migrate": ["migrate", "page"],

@@ -18,9 +18,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .clock import Clock, SystemClock
+from .inbox import Inbox, StoreError
 from .metrics import RemediationMetrics
 from .model import AlertEvent, Engine
-from .store import Inbox, StoreError
 
 log = logging.getLogger(__name__)
 

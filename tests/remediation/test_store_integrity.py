@@ -17,9 +17,9 @@ import pytest
 
 from remediation.engine import build_engine
 from remediation.engine_config import EngineSettings
+from remediation.inbox import Inbox, StoreCorrupt, StoreError, is_corruption
 from remediation.intake import parse_notification
 from remediation.metrics import RemediationMetrics
-from remediation.store import Inbox, StoreCorrupt, StoreError, is_corruption
 from tests.fakes.clock import FakeClock
 from tests.fakes.intake import (
     FakeEngine,

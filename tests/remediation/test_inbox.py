@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from remediation.inbox import Inbox, StoreError, canonical_json
 from remediation.intake import PayloadError, decode_json, parse_notification, parse_rfc3339
-from remediation.store import Inbox, StoreError, canonical_json
 from tests.fakes.intake import alert, notification
 
 
