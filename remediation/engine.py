@@ -11,9 +11,7 @@ verified, never acted on again.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -51,6 +49,7 @@ from remediation.model import (
     Target,
     TemporaryError,
 )
+from remediation.records import Incident
 from remediation.safety import BREAKER, PAUSE, SafetyGate, in_scope
 from remediation.signatures import Signature, SignatureLibrary, load_library, unknown_signature
 from remediation.tracing import AttrValue, IncidentTracer, make_provider
@@ -103,10 +102,6 @@ class _CheckPromQL:
 
 
 _Effect = _Act | _SendPage | _SendGroupPage | _CheckPromQL
-
-
-def _json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True)
 
 
 class RemediationEngine:
@@ -201,14 +196,14 @@ class RemediationEngine:
         """Incidents, newest first; state filters one state ("active": all open ones), signature one
         signature (the link a summary page carries)."""
         rows = self._ro.list_incidents(state, max(1, min(limit, 10_000)), signature)
-        return [self._incident_dict(r) for r in rows]
+        return [r.to_dict() for r in rows]
 
     def get_incident(self, incident_id: int) -> Mapping[str, Any] | None:
         """One incident with its full ledger history."""
         row = self._ro.incident(incident_id)
         if row is None:
             return None
-        out = self._incident_dict(row)
+        out = row.to_dict()
         out["history"] = self._ro.history(incident_id)
         return out
 
@@ -230,7 +225,7 @@ class RemediationEngine:
             # of the incidents that needed someone to act, the share the ladder fixed on its own
             "automated_ratio": (automated / acted) if acted else None,
             "by_signature": self._ro.resolution_by_signature(),
-            "loops_detected": len(self._ro.loops(limit=1_000_000)),
+            "loops_detected": self._ro.count_loops(),
             # alerts recorded and never acted on (out_of_order, expired, too_old)
             "stale_alerts": self._ro.stale_counts(),
             "breaker": breaker or {"open": False},
@@ -306,41 +301,17 @@ class RemediationEngine:
     def _later(self, fn: Callable[[], None]) -> None:
         self._post.append(fn)
 
-    def _sig(self, row: sqlite3.Row) -> Signature:
-        sig = self.library.get(row["signature"])
-        return sig if sig is not None else unknown_signature(row["fault_class"])
+    def _sig(self, inc: Incident) -> Signature:
+        sig = self.library.get(inc.signature)
+        return sig if sig is not None else unknown_signature(inc.fault_class)
 
-    @staticmethod
-    def _target(row: sqlite3.Row) -> Target:
-        return Target(
-            kind=row["target_kind"],
-            node=row["target_node"],
-            namespace=row["target_namespace"],
-            pod=row["target_pod"],
-            uuid=row["target_uuid"],
-        )
-
-    def _incident_dict(self, row: sqlite3.Row) -> dict[str, Any]:
-        out = {k: row[k] for k in row.keys()}
-        out["labels"] = json.loads(row["labels"])
-        out["annotations"] = json.loads(row["annotations"])
-        out["firing_fps"] = json.loads(row["firing_fps"])
-        out["target"] = {
-            "kind": row["target_kind"],
-            "node": row["target_node"],
-            "namespace": row["target_namespace"],
-            "pod": row["target_pod"],
-            "uuid": row["target_uuid"],
-        }
-        return out
-
-    def _entry(self, inc: sqlite3.Row, kind: str, status: str, summary: str, **kw: Any) -> int:
-        return self._db.add_entry(int(inc["id"]), self.clock.now(), kind, status, summary, **kw)
+    def _entry(self, inc: Incident, kind: str, status: str, summary: str, **kw: Any) -> int:
+        return self._db.add_entry(inc.id, self.clock.now(), kind, status, summary, **kw)
 
     def _set(self, incident_id: int, **fields: Any) -> None:
         self._db.update_incident(incident_id, updated_at=self.clock.now(), **fields)
 
-    def _row(self, incident_id: int) -> sqlite3.Row:
+    def _row(self, incident_id: int) -> Incident:
         row = self._db.incident(incident_id)
         assert row is not None, incident_id
         return row
@@ -352,28 +323,28 @@ class RemediationEngine:
         now = self.clock.now()
         with self._db.transaction():
             for e in self._db.started_actions():
-                inc = self._row(int(e["incident_id"]))
-                if e["rung"] == "page":
+                inc = self._row(e.incident_id)
+                if e.rung == "page":
                     self._db.finish_entry(
-                        int(e["id"]), "interrupted", now, "controller restarted while paging; re-sent", {}
+                        e.id, "interrupted", now, "controller restarted while paging; re-sent", {}
                     )
-                    if inc["state"] == "paged" and inc["page_group"] == "":
-                        self._set(int(inc["id"]), page_pending=1, page_next_at=0.0)
+                    if inc.state == "paged" and inc.page_group == "":
+                        self._set(inc.id, page_pending=1, page_next_at=0.0)
                     continue
                 self._db.finish_entry(
-                    int(e["id"]),
+                    e.id,
                     "interrupted",
                     now,
-                    f"controller restarted before the {e['rung']} outcome was recorded; "
+                    f"controller restarted before the {e.rung} outcome was recorded; "
                     "not repeated, verifying instead",
                     {},
                 )
-                if inc["state"] != "acting":
+                if inc.state != "acting":
                     continue
-                self._entry(inc, "event", "recovered", f"resuming: verifying the interrupted {e['rung']}")
+                self._entry(inc, "event", "recovered", f"resuming: verifying the interrupted {e.rung}")
                 # as if it succeeded: verified (or a human paged) like any action, never repeated;
                 # effects go out with the first tick, when there is an event loop
-                self._deferred += self._after_success(int(inc["id"]), str(e["rung"]), now)
+                self._deferred += self._after_success(inc.id, e.rung, now)
             self._hold_after_gap(now)
             self._post = []
         self.metrics.incidents_open.set(self._db.count_open())
@@ -398,7 +369,7 @@ class RemediationEngine:
                 f"the controller did not watch for {gap:.0f} s (restart, failover or stall): what it knew "
                 "may be stale, so nothing acts until a fresh notification confirms the alert",
             )
-            self._set(int(inc["id"]), held=_HELD)
+            self._set(inc.id, held=_HELD)
         if held:
             log.warning(
                 "not watched for %.0f s: %d open incidents wait for fresh notifications", gap, len(held)
@@ -411,16 +382,12 @@ class RemediationEngine:
         state = self._db.alert_state(event.fingerprint)
         starts = event.starts_at.timestamp()
         if state is not None:
-            if float(state["starts"]) > starts:
+            if state.starts > starts:
                 return "out_of_order", (
                     f"an older episode (startsAt {event.starts_at.isoformat()}) of an alert whose latest "
-                    f"{state['status']} notification started later"
+                    f"{state.status} notification started later"
                 )
-            if (
-                float(state["starts"]) == starts
-                and state["status"] == "resolved"
-                and event.status == "firing"
-            ):
+            if state.starts == starts and state.status == "resolved" and event.status == "firing":
                 return "out_of_order", "the firing notification arrived after its own resolution"
         if event.status != "firing":
             return "", ""  # a resolution never acts; however old, it is still true
@@ -444,31 +411,27 @@ class RemediationEngine:
     def _renew_evidence(self, incident_id: int | None, event: AlertEvent, now: float) -> list[_Effect]:
         """A fresh re-delivery of a firing alert already handled: the incident's evidence is current."""
         inc = self._db.incident(incident_id) if incident_id is not None else None
-        if (
-            inc is not None
-            and inc["state"] in OPEN_STATES
-            and event.fingerprint in json.loads(inc["firing_fps"])
-        ):
+        if inc is not None and inc.state in OPEN_STATES and event.fingerprint in inc.firing_fps:
             self._renew(inc, event, now)
         return []
 
-    def _renew(self, inc: sqlite3.Row, event: AlertEvent, now: float) -> None:
+    def _renew(self, inc: Incident, event: AlertEvent, now: float) -> None:
         fields: dict[str, Any] = {"evidence_at": event.received_at.timestamp()}
-        if inc["held"]:
+        if inc.held:
             self._entry(inc, "event", "evidence_renewed", "a fresh notification confirms the alert")
             fields["held"] = 0
-            if inc["held"] == _HELD_DUE:
+            if inc.held == _HELD_DUE:
                 fields["next_at"] = now  # the step that came due while held runs at the next tick
-        self._set(int(inc["id"]), **fields)
+        self._set(inc.id, **fields)
 
     def _on_event(self, event: AlertEvent, node_labels: Mapping[str, str] | None = None) -> list[_Effect]:
         db = self._db
         now = self.clock.now()
         fresh = now - event.received_at.timestamp() <= self.settings.max_event_age_seconds
         seen = db.handled(event.dedup_key)
-        if seen is not None and not (seen["stale"] and fresh):
+        if seen is not None and not (seen.stale and fresh):
             if event.status == "firing" and fresh:
-                return self._renew_evidence(seen["incident_id"], event, now)
+                return self._renew_evidence(seen.incident_id, event, now)
             return []
         reason, detail = self._staleness(event, now, fresh)
         if reason and reason != "too_old":
@@ -495,10 +458,10 @@ class RemediationEngine:
             if inc is None:
                 incident_id, effects = self._open(event, sig, target, kind_known, key, now, node_labels)
             else:
-                incident_id = int(inc["id"])
+                incident_id = inc.id
                 effects = self._firing_again(inc, event, now)
         elif inc is not None:
-            incident_id = int(inc["id"])
+            incident_id = inc.id
             effects = self._resolved(inc, event, now)
         db.mark_handled(event.dedup_key, incident_id, now)
         return effects
@@ -521,18 +484,14 @@ class RemediationEngine:
                 "signature": sig.name,
                 "fault_class": sig.fault_class,
                 "alertname": alertname,
-                "target_kind": target.kind,
-                "target_node": target.node,
-                "target_namespace": target.namespace,
-                "target_pod": target.pod,
-                "target_uuid": target.uuid,
+                "target": target,
                 "loop_key": loop_identity(target),
                 "state": "open",
-                "firing_fps": _json([event.fingerprint]),
+                "firing_fps": [event.fingerprint],
                 "opened_at": now,
                 "updated_at": now,
-                "labels": _json(labels),
-                "annotations": _json(dict(event.annotations)),
+                "labels": labels,
+                "annotations": dict(event.annotations),
                 "evidence_at": event.received_at.timestamp(),
             }
         )
@@ -595,37 +554,37 @@ class RemediationEngine:
         rung, attempt = first_step(sig.ladder)
         return incident_id, effects + self._start(incident_id, rung, attempt, now)
 
-    def _firing_again(self, inc: sqlite3.Row, event: AlertEvent, now: float) -> list[_Effect]:
-        incident_id = int(inc["id"])
-        fps = set(json.loads(inc["firing_fps"])) | {event.fingerprint}
-        self._set(incident_id, firing_fps=_json(sorted(fps)), evidence_at=event.received_at.timestamp())
-        if inc["held"]:
+    def _firing_again(self, inc: Incident, event: AlertEvent, now: float) -> list[_Effect]:
+        incident_id = inc.id
+        fps = set(inc.firing_fps) | {event.fingerprint}
+        self._set(incident_id, firing_fps=fps, evidence_at=event.received_at.timestamp())
+        if inc.held:
             self._entry(
                 inc, "event", "evidence_renewed", "a fresh notification confirms the alert; continuing"
             )
-            self._set(incident_id, held=0, **({"next_at": now} if inc["held"] == _HELD_DUE else {}))
-        state = inc["state"]
+            self._set(incident_id, held=0, **({"next_at": now} if inc.held == _HELD_DUE else {}))
+        state = inc.state
         if state != "paged":
-            flap = self._loops.flapping(inc["key"], now)
+            flap = self._loops.flapping(inc.key, now)
             if flap:
                 self._conclude_rung(inc, "failed", flap.detail)
                 return self._loop_page(incident_id, flap, now)
         if state == "cooldown":
-            self._entry(inc, "event", "recurred", f"fault recurred within the cooldown after {inc['rung']}")
-            blocked: frozenset[Rung] = frozenset({"migrate"}) if inc["rung"] == "migrate" else frozenset()
-            return self._escalate(incident_id, now, f"{inc['rung']} did not hold (recurred)", blocked)
-        if state in ("verifying", "acting") and inc["resolved_at"] is not None:
+            self._entry(inc, "event", "recurred", f"fault recurred within the cooldown after {inc.rung}")
+            blocked: frozenset[Rung] = frozenset({"migrate"}) if inc.rung == "migrate" else frozenset()
+            return self._escalate(incident_id, now, f"{inc.rung} did not hold (recurred)", blocked)
+        if state in ("verifying", "acting") and inc.resolved_at is not None:
             self._entry(inc, "event", "firing", "alert fired again before verification completed")
             self._set(incident_id, resolved_at=None)
         return []
 
-    def _resolved(self, inc: sqlite3.Row, event: AlertEvent, now: float) -> list[_Effect]:
-        incident_id = int(inc["id"])
-        fps = set(json.loads(inc["firing_fps"])) - {event.fingerprint}
-        self._set(incident_id, firing_fps=_json(sorted(fps)))
+    def _resolved(self, inc: Incident, event: AlertEvent, now: float) -> list[_Effect]:
+        incident_id = inc.id
+        fps = set(inc.firing_fps) - {event.fingerprint}
+        self._set(incident_id, firing_fps=fps)
         if fps:
             return []
-        state = inc["state"]
+        state = inc.state
         self._entry(inc, "event", "resolved", "alert resolved")
         if state in ("open", "retry_wait"):
             return self._close(incident_id, "self_resolved", now)
@@ -651,22 +610,22 @@ class RemediationEngine:
     ) -> list[_Effect]:
         inc = self._row(incident_id)
         sig = self._sig(inc)
-        target = self._target(inc)
+        target = inc.target
         if not retry:
             self._set(
                 incident_id, rung=rung, attempt=attempt, rung_started_at=now, temp_retries=0, next_at=None
             )
             inc = self._row(incident_id)
         if rung == "page":
-            if inc["reason"]:
-                why = inc["reason"]
+            if inc.reason:
+                why = inc.reason
             elif sig.ladder.rungs == ("page",):
                 why = f"no automated fix for this fault: {sig.reason}"
             else:
                 why = "the ladder has no automated rung left"
             return self._page(incident_id, now, why)
         if rung == "restart":
-            loop = self._loops.restart_loop(inc["loop_key"], now)
+            loop = self._loops.restart_loop(inc.loop_key, now)
             if loop:
                 self._record_loop(inc, loop, now)
                 self._later(self.metrics.loops.inc)
@@ -682,7 +641,7 @@ class RemediationEngine:
             "rung": rung,
             "attempt": attempt,
             "target_kind": target.kind,
-            "loop_key": inc["loop_key"],
+            "loop_key": inc.loop_key,
             "node": target.node,
         }
         if self.settings.dry_run:
@@ -713,7 +672,7 @@ class RemediationEngine:
             self._later(lambda: self.metrics.breaker_open.set(1))
             log.error("remediation breaker opened: %s", check.exceeded)
             return self._join_group(incident_id, now)
-        reason = f"{inc['alertname']} ({sig.fault_class}, signature {sig.name}); attempt {attempt}"
+        reason = f"{inc.alertname} ({sig.fault_class}, signature {sig.name}); attempt {attempt}"
         entry_id = self._entry(inc, "action", "started", f"{rung} {target.key}", **common)
         self._set(incident_id, state="acting", next_at=None, resolved_at=None)
         return [_Act(entry_id, incident_id, rung, target, reason)]
@@ -724,7 +683,7 @@ class RemediationEngine:
         inc = self._row(incident_id)
         sig = self._sig(inc)
         self._conclude_rung(inc, "failed", why)
-        rung, attempt = next_step(sig.ladder, inc["rung"], int(inc["attempt"]), blocked)
+        rung, attempt = next_step(sig.ladder, inc.rung, inc.attempt, blocked)
         self._entry(inc, "event", "escalated", f"{why}; next: {rung} (attempt {attempt})")
         self._set(incident_id, reason=why)
         return self._start(incident_id, rung, attempt, now, blocked)
@@ -739,7 +698,7 @@ class RemediationEngine:
         if rung == "migrate" and ladder.human_after_migrate:
             self._conclude_rung(inc, "success", "work moved away; a human must finish")
             why = (
-                f"the work was moved off {incident_identity(self._target(inc))}, which still needs a "
+                f"the work was moved off {incident_identity(inc.target)}, which still needs a "
                 f"human: {ladder.human_after_migrate}"
             )
             self._set(incident_id, rung="page", attempt=1, rung_started_at=now, page_sticky=1)
@@ -750,7 +709,7 @@ class RemediationEngine:
                 return self._verified_or_check(incident_id, now)
             self._enter_cooldown(incident_id, now, by_resolution=False)
             return []
-        if not json.loads(inc["firing_fps"]):
+        if not inc.firing_fps:
             return self._verified_or_check(incident_id, now)
         return []
 
@@ -760,7 +719,7 @@ class RemediationEngine:
         self._set(incident_id, resolved_at=now)
         if sig.verify_promql and self.verifier is not None:
             self._promql_last[incident_id] = now
-            return [_CheckPromQL(incident_id, render_query(sig.verify_promql, json.loads(inc["labels"])))]
+            return [_CheckPromQL(incident_id, render_query(sig.verify_promql, inc.labels))]
         self._enter_cooldown(incident_id, now)
         return []
 
@@ -769,10 +728,10 @@ class RemediationEngine:
         sig = self._sig(inc)
         cooldown = sig.ladder.cooldown_seconds
         if by_resolution:
-            text = f"resolved after {inc['rung']}; watching {cooldown:.0f} s for recurrence"
+            text = f"resolved after {inc.rung}; watching {cooldown:.0f} s for recurrence"
         else:
             text = (
-                f"{inc['rung']} done; this alert resolving would prove nothing, so it holds only if the "
+                f"{inc.rung} done; this alert resolving would prove nothing, so it holds only if the "
                 f"alert neither recurs nor still fires within {cooldown:.0f} s"
             )
         self._entry(inc, "event", "verified" if by_resolution else "watching", text)
@@ -802,7 +761,7 @@ class RemediationEngine:
             incident_id,
             state="paged",
             rung="page",
-            rung_started_at=inc["rung_started_at"] if inc["rung"] == "page" else now,
+            rung_started_at=inc.rung_started_at if inc.rung == "page" else now,
             reason=reason,
             paged=1,
             next_at=now + self.settings.paged_incident_max_age_seconds,
@@ -835,26 +794,26 @@ class RemediationEngine:
         )
         return _SendPage(incident_id, entry_id, self._build_page(self._row(incident_id), resolved))
 
-    def _build_page(self, inc: sqlite3.Row, resolved: bool) -> Page:
+    def _build_page(self, inc: Incident, resolved: bool) -> Page:
         sig = self._sig(inc)
-        labels = json.loads(inc["labels"])
-        annotations = json.loads(inc["annotations"])
-        target = self._target(inc)
+        labels = inc.labels
+        annotations = inc.annotations
+        target = inc.target
         runbook = (
             annotations.get("runbook_url")
             or sig.runbook_url
             or f"{self.settings.runbook_base_url.rstrip('/')}/{sig.fault_class}.md"
         )
-        summary = annotations.get("summary") or inc["alertname"] or sig.fault_class
+        summary = annotations.get("summary") or inc.alertname or sig.fault_class
         return Page(
-            dedup_key=f"gpupulse-incident-{inc['id']}",
-            summary=f"{summary} on {incident_identity(target)}: {inc['reason'] or sig.reason}",
+            dedup_key=f"gpupulse-incident-{inc.id}",
+            summary=f"{summary} on {incident_identity(target)}: {inc.reason or sig.reason}",
             severity=sig.page_severity or labels.get("severity", "") or "critical",
             fault_class=sig.fault_class,
             signature=sig.name,
             runbook_url=runbook,
             target=target,
-            history=self._db.history(int(inc["id"])),
+            history=self._db.history(inc.id),
             resolved=resolved,
         )
 
@@ -883,7 +842,7 @@ class RemediationEngine:
     def _join_summary(self, incident_id: int, now: float, reason: str, spent: str) -> list[_Effect]:
         """Over the page budget: the incident joins its signature's summary page of this storm."""
         inc = self._row(incident_id)
-        signature = str(inc["signature"])
+        signature = inc.signature
         window = self.settings.budgets.page_window_seconds
         current = [
             st
@@ -903,7 +862,7 @@ class RemediationEngine:
             incident_id,
             state="paged",
             rung="page",
-            rung_started_at=inc["rung_started_at"] if inc["rung"] == "page" else now,
+            rung_started_at=inc.rung_started_at if inc.rung == "page" else now,
             paged=1,
             page_group=group,
             group_sent=0,
@@ -932,19 +891,19 @@ class RemediationEngine:
             if not unsent:
                 continue
             for inc in unsent:
-                self._set(int(inc["id"]), group_sent=1)
+                self._set(inc.id, group_sent=1)
                 self._entry(inc, "event", "group_page", f"included in summary page {group}")
             self._db.set_state(key, {**state, "last_page_at": now})
             members = self._db.group_members(group, unsent_only=False)
             page = self._summary_page(state, members, False)
-            out.append(_SendGroupPage(group, page, tuple(int(m["id"]) for m in unsent), key))
+            out.append(_SendGroupPage(group, page, tuple(m.id for m in unsent), key))
         return out
 
-    def _summary_page(self, state: Mapping[str, Any], members: Sequence[sqlite3.Row], resolved: bool) -> Page:
+    def _summary_page(self, state: Mapping[str, Any], members: Sequence[Incident], resolved: bool) -> Page:
         signature = str(state["signature"])
         sig = self.library.get(signature) or unknown_signature("")
         b = self.settings.budgets
-        targets = [incident_identity(self._target(m)) for m in members]
+        targets = [incident_identity(m.target) for m in members]
         first = ", ".join(targets[:_SUMMARY_TARGETS])
         more = f" and {len(targets) - _SUMMARY_TARGETS} more" if len(targets) > _SUMMARY_TARGETS else ""
         query = urlencode({"signature": signature, "state": "active"})
@@ -957,12 +916,12 @@ class RemediationEngine:
         )
         history = [
             {
-                "incident_id": int(m["id"]),
-                "target": incident_identity(self._target(m)),
-                "alertname": m["alertname"],
-                "state": m["state"],
-                "opened_at": m["opened_at"],
-                "reason": m["reason"],
+                "incident_id": m.id,
+                "target": incident_identity(m.target),
+                "alertname": m.alertname,
+                "state": m.state,
+                "opened_at": m.opened_at,
+                "reason": m.reason,
             }
             for m in members[:_SUMMARY_TARGETS]
         ]
@@ -974,7 +933,7 @@ class RemediationEngine:
             signature=signature,
             runbook_url=sig.runbook_url
             or f"{self.settings.runbook_base_url.rstrip('/')}/{sig.fault_class}.md",
-            target=self._target(members[0]) if members else Target(kind="node"),
+            target=members[0].target if members else Target(kind="node"),
             history=history,
             resolved=resolved,
         )
@@ -987,14 +946,14 @@ class RemediationEngine:
         self._set(incident_id, rung="page", attempt=1, rung_started_at=now)
         return self._page(incident_id, now, verdict.detail)
 
-    def _record_loop(self, inc: sqlite3.Row, verdict: LoopVerdict, now: float) -> None:
-        self._db.add_loop(inc["loop_key"], verdict.kind, int(inc["id"]), now, {"detail": verdict.detail})
+    def _record_loop(self, inc: Incident, verdict: LoopVerdict, now: float) -> None:
+        self._db.add_loop(inc.loop_key, verdict.kind, inc.id, now, {"detail": verdict.detail})
         self._entry(inc, "event", verdict.kind, verdict.detail)
 
     def _close(self, incident_id: int, resolution: str, now: float, state: str = "closed") -> list[_Effect]:
         inc = self._row(incident_id)
         outcome = "success" if resolution == "automated" else resolution
-        if inc["rung"] and inc["rung"] != "page":
+        if inc.rung and inc.rung != "page":
             self._conclude_rung(inc, outcome, resolution)
         self._set(
             incident_id,
@@ -1009,27 +968,27 @@ class RemediationEngine:
         attrs: dict[str, AttrValue] = {"gpupulse.resolution": resolution}
         self._later(lambda: self.tracer.close_incident(incident_id, now, attrs))
         self._promql_last.pop(incident_id, None)
-        if inc["page_sticky"]:
+        if inc.page_sticky:
             # the page says a human must still reset, reboot or replace: the alert resolving does not
             # mean that happened, so the page stays open until a human closes it in the pager
             self._entry(inc, "event", "page_left_open", "the page stays open: a human must finish the repair")
             return []
-        if inc["paged"] and not inc["page_group"] and not self.settings.dry_run:
+        if inc.paged and not inc.page_group and not self.settings.dry_run:
             return [self._page_effect(incident_id, resolved=True)]
         return []
 
-    def _conclude_rung(self, inc: sqlite3.Row, outcome: str, detail: str) -> None:
-        if not inc["rung"] or inc["rung_started_at"] is None:
+    def _conclude_rung(self, inc: Incident, outcome: str, detail: str) -> None:
+        if not inc.rung or inc.rung_started_at is None:
             return
-        start = float(inc["rung_started_at"])
+        start = inc.rung_started_at
         end = self.clock.now()
         attrs: dict[str, AttrValue] = {
-            "gpupulse.rung": inc["rung"],
-            "gpupulse.attempt": int(inc["attempt"]),
+            "gpupulse.rung": inc.rung,
+            "gpupulse.attempt": inc.attempt,
             "gpupulse.outcome": outcome,
             "gpupulse.detail": detail[:500],
         }
-        trace_id, span_id, name = inc["trace_id"], inc["span_id"], f"rung {inc['rung']}"
+        trace_id, span_id, name = inc.trace_id, inc.span_id, f"rung {inc.rung}"
         self._later(lambda: self.tracer.rung(trace_id, span_id, name, start, end, attrs))
 
     # ------------------------------------------------------------------ timers
@@ -1038,14 +997,14 @@ class RemediationEngine:
         now = self.clock.now()
         effects, self._deferred = self._deferred, []
         for inc in self._db.due_incidents(now):
-            incident_id = int(inc["id"])
-            state = inc["state"]
+            incident_id = inc.id
+            state = inc.state
             sig = self._sig(inc)
-            if inc["held"] and state != "paged":
+            if inc.held and state != "paged":
                 effects += self._held_due(inc, now)
                 continue
             if state == "open":
-                if json.loads(inc["firing_fps"]):
+                if inc.firing_fps:
                     self._entry(inc, "event", "persistent", "still firing; starting the ladder")
                     rung, attempt = first_step(sig.ladder)
                     effects += self._start(incident_id, rung, attempt, now)
@@ -1053,21 +1012,21 @@ class RemediationEngine:
                     effects += self._close(incident_id, "self_resolved", now)
             elif state == "verifying":
                 window = sig.ladder.verify_window_seconds
-                why = f"{inc['rung']} not verified within {window:.0f} s"
+                why = f"{inc.rung} not verified within {window:.0f} s"
                 effects += self._escalate(incident_id, now, why)
             elif state == "cooldown":
-                if json.loads(inc["firing_fps"]):  # only where a resolution could not verify the rung
+                if inc.firing_fps:  # only where a resolution could not verify the rung
                     effects += self._still_firing(inc, now)
                 else:
                     effects += self._close(incident_id, "automated", now)
             elif state == "retry_wait":
-                self._entry(inc, "event", "retry", f"retrying {inc['rung']} after a temporary failure")
-                effects += self._start(incident_id, inc["rung"], int(inc["attempt"]), now, retry=True)
+                self._entry(inc, "event", "retry", f"retrying {inc.rung} after a temporary failure")
+                effects += self._start(incident_id, cast(Rung, inc.rung), inc.attempt, now, retry=True)
             elif state == "paged":
                 effects += self._close(incident_id, "unresolved", now)
         for inc in self._db.pending_pages(now):
-            self._set(int(inc["id"]), page_next_at=now + _PAGE_INFLIGHT_SECONDS)
-            effects.append(self._page_effect(int(inc["id"]), resolved=False))
+            self._set(inc.id, page_next_at=now + _PAGE_INFLIGHT_SECONDS)
+            effects.append(self._page_effect(inc.id, resolved=False))
         effects += self._flush_group(now)
         effects += self._flush_summaries(now)
         effects += self._promql_rechecks(now)
@@ -1075,29 +1034,29 @@ class RemediationEngine:
         self._db.prune(now - horizon, now - self.settings.handled_keys_retention_seconds)
         return effects
 
-    def _still_firing(self, inc: sqlite3.Row, now: float) -> list[_Effect]:
+    def _still_firing(self, inc: Incident, now: float) -> list[_Effect]:
         """The cooldown of an unverifiable rung ended with the alert still firing: it did not hold."""
         cooldown = self._sig(inc).ladder.cooldown_seconds
-        why = f"{inc['rung']} did not hold: the alert still fires after the {cooldown:.0f} s cooldown"
+        why = f"{inc.rung} did not hold: the alert still fires after the {cooldown:.0f} s cooldown"
         # as with a recurrence: after a migrate, only a human is left
-        blocked: frozenset[Rung] = frozenset({"migrate"}) if inc["rung"] == "migrate" else frozenset()
-        return self._escalate(int(inc["id"]), now, why, blocked)
+        blocked: frozenset[Rung] = frozenset({"migrate"}) if inc.rung == "migrate" else frozenset()
+        return self._escalate(inc.id, now, why, blocked)
 
-    def _held_due(self, inc: sqlite3.Row, now: float) -> list[_Effect]:
+    def _held_due(self, inc: Incident, now: float) -> list[_Effect]:
         """A held incident's next step came due: it waits for a fresh notification, then gives up."""
-        incident_id = int(inc["id"])
-        if inc["held"] == _HELD_DUE:
+        incident_id = inc.id
+        if inc.held == _HELD_DUE:
             why = "no fresh notification confirmed the alert after the controller's gap"
             self._set(incident_id, reason=why)
             return self._close(incident_id, "unresolved", now)
-        if inc["state"] == "cooldown" and not json.loads(inc["firing_fps"]):
+        if inc.state == "cooldown" and not inc.firing_fps:
             self._set(incident_id, held=0)  # closing on a quiet cooldown acts on nothing
             return self._close(incident_id, "automated", now)
         self._entry(
             inc,
             "event",
             "held",
-            f"{inc['state']} step due, not taken on evidence from before the gap; waiting up to "
+            f"{inc.state} step due, not taken on evidence from before the gap; waiting up to "
             f"{self.settings.paged_incident_max_age_seconds:.0f} s for a fresh notification",
         )
         self._set(incident_id, held=_HELD_DUE, next_at=now + self.settings.paged_incident_max_age_seconds)
@@ -1116,19 +1075,19 @@ class RemediationEngine:
             return []
         members = self._db.group_members(group, unsent_only=False)
         for inc in unsent:
-            self._set(int(inc["id"]), group_sent=1)
+            self._set(inc.id, group_sent=1)
             self._entry(inc, "event", "group_page", f"included in grouped page {group}")
         self._db.set_state(BREAKER, {**breaker, "last_group_page_at": now})
         history = [
             {
-                "incident_id": int(m["id"]),
-                "signature": m["signature"],
-                "fault_class": m["fault_class"],
-                "alertname": m["alertname"],
-                "target": incident_identity(self._target(m)),
-                "opened_at": m["opened_at"],
+                "incident_id": m.id,
+                "signature": m.signature,
+                "fault_class": m.fault_class,
+                "alertname": m.alertname,
+                "target": incident_identity(m.target),
+                "opened_at": m.opened_at,
                 # a member drained before the breaker opened says what a human must still do
-                "reason": m["reason"],
+                "reason": m.reason,
             }
             for m in members
         ]
@@ -1145,25 +1104,23 @@ class RemediationEngine:
             target=Target(kind="node"),
             history=history,
         )
-        return [_SendGroupPage(group, page, tuple(int(m["id"]) for m in unsent))]
+        return [_SendGroupPage(group, page, tuple(m.id for m in unsent))]
 
     def _promql_rechecks(self, now: float) -> list[_Effect]:
         if self.verifier is None:
             return []
         out: list[_Effect] = []
         for inc in self._db.list_incidents("verifying", 10_000):
-            if inc["resolved_at"] is None:
+            if inc.resolved_at is None:
                 continue
             sig = self._sig(inc)
             if not sig.verify_promql:
-                self._enter_cooldown(int(inc["id"]), now)
+                self._enter_cooldown(inc.id, now)
                 continue
-            last = self._promql_last.get(int(inc["id"]), 0.0)
+            last = self._promql_last.get(inc.id, 0.0)
             if now - last >= self.settings.promql_recheck_seconds:
-                self._promql_last[int(inc["id"])] = now
-                out.append(
-                    _CheckPromQL(int(inc["id"]), render_query(sig.verify_promql, json.loads(inc["labels"])))
-                )
+                self._promql_last[inc.id] = now
+                out.append(_CheckPromQL(inc.id, render_query(sig.verify_promql, inc.labels)))
         return out
 
     # ------------------------------------------------------------------ effects
@@ -1201,26 +1158,26 @@ class RemediationEngine:
     ) -> list[_Effect]:
         now = self.clock.now()
         entry = self._db.entry(eff.entry_id)
-        if entry is None or entry["status"] != "started":
+        if entry is None or entry.status != "started":
             return []
         self._db.finish_entry(eff.entry_id, outcome, now, summary, details)
         metric_outcome = "success" if outcome == "success" else "failed"
         self._later(lambda: self.metrics.actions.labels(rung=eff.rung, outcome=metric_outcome).inc())
         inc = self._row(eff.incident_id)
-        if inc["state"] != "acting":
+        if inc.state != "acting":
             return []
         if outcome == "success":
             return self._after_success(eff.incident_id, eff.rung, now)
-        if outcome == "temporary" and int(inc["temp_retries"]) < self.settings.max_temporary_retries:
+        if outcome == "temporary" and inc.temp_retries < self.settings.max_temporary_retries:
             self._set(
                 eff.incident_id,
                 state="retry_wait",
-                temp_retries=int(inc["temp_retries"]) + 1,
+                temp_retries=inc.temp_retries + 1,
                 next_at=now + max(0.0, delay),
             )
             return []
         rung = eff.rung
-        if not json.loads(inc["firing_fps"]):
+        if not inc.firing_fps:
             # the alert resolved while the failed action ran: nothing left to fix
             return self._close(eff.incident_id, "self_resolved", now)
         why = f"{rung} failed: {summary}"
@@ -1242,7 +1199,7 @@ class RemediationEngine:
     def _on_page_done(self, eff: _SendPage, error: str) -> list[_Effect]:
         now = self.clock.now()
         entry = self._db.entry(eff.entry_id)
-        if entry is None or entry["status"] != "started":
+        if entry is None or entry.status != "started":
             return []
         inc = self._row(eff.incident_id)
         status = "failed" if error else "success"
@@ -1255,7 +1212,7 @@ class RemediationEngine:
             self._set(eff.incident_id, page_next_at=now + self.settings.page_retry_seconds)
             return []
         self._set(eff.incident_id, page_pending=0)
-        if inc["state"] == "paged":
+        if inc.state == "paged":
             self._conclude_rung(self._row(eff.incident_id), "success", f"paged via {self.pager.name}")
         return []
 
@@ -1308,7 +1265,7 @@ class RemediationEngine:
     def _on_promql(self, eff: _CheckPromQL, healthy: bool, detail: str) -> list[_Effect]:
         now = self.clock.now()
         inc = self._row(eff.incident_id)
-        if inc["state"] != "verifying" or inc["resolved_at"] is None:
+        if inc.state != "verifying" or inc.resolved_at is None:
             return []
         self._entry(inc, "event", "promql", f"{eff.query}: {detail}")
         if healthy:
