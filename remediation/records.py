@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, cast
 
+import orjson
+
 from remediation.model import Target, TargetKind
 
 # the incident columns stored as JSON text, and how each reads back
@@ -46,7 +48,7 @@ def encode_incident_fields(values: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Incident:
     """One incident as stored in rem_incidents (columns in schema order; JSON columns decoded)."""
 
@@ -84,26 +86,50 @@ class Incident:
     page_sticky: bool
 
     @classmethod
-    def from_row(cls, row: sqlite3.Row) -> Incident:
-        values: dict[str, Any] = {}
-        for f in fields(cls):
-            if f.name == "target":
-                values["target"] = Target(
-                    kind=cast(TargetKind, row["target_kind"]),
-                    node=row["target_node"],
-                    namespace=row["target_namespace"],
-                    pod=row["target_pod"],
-                    uuid=row["target_uuid"],
-                )
-            elif f.name == "firing_fps":
-                values[f.name] = tuple(json.loads(row[f.name]))
-            elif f.name in _JSON_COLUMNS:
-                values[f.name] = json.loads(row[f.name])
-            elif f.name in ("page_pending", "paged", "group_sent", "page_sticky"):
-                values[f.name] = bool(row[f.name])
-            else:
-                values[f.name] = row[f.name]
-        return cls(**values)
+    def from_row(cls, sql_row: sqlite3.Row) -> Incident:
+        # spelled out, not looped over fields(), and read from a dict: sqlite3.Row looks names up one
+        # by one, and the engine reads many rows per decision
+        row = dict(zip(sql_row.keys(), sql_row, strict=True))
+        return cls(
+            id=row["id"],
+            key=row["key"],
+            signature=row["signature"],
+            fault_class=row["fault_class"],
+            alertname=row["alertname"],
+            target=Target(
+                kind=cast(TargetKind, row["target_kind"]),
+                node=row["target_node"],
+                namespace=row["target_namespace"],
+                pod=row["target_pod"],
+                uuid=row["target_uuid"],
+            ),
+            loop_key=row["loop_key"],
+            state=row["state"],
+            rung=row["rung"],
+            attempt=row["attempt"],
+            rung_started_at=row["rung_started_at"],
+            temp_retries=row["temp_retries"],
+            next_at=row["next_at"],
+            firing_fps=tuple(orjson.loads(row["firing_fps"])),
+            resolved_at=row["resolved_at"],
+            opened_at=row["opened_at"],
+            updated_at=row["updated_at"],
+            closed_at=row["closed_at"],
+            resolution=row["resolution"],
+            reason=row["reason"],
+            labels=orjson.loads(row["labels"]),
+            annotations=orjson.loads(row["annotations"]),
+            page_pending=bool(row["page_pending"]),
+            page_next_at=row["page_next_at"],
+            paged=bool(row["paged"]),
+            page_group=row["page_group"],
+            group_sent=bool(row["group_sent"]),
+            trace_id=row["trace_id"],
+            span_id=row["span_id"],
+            evidence_at=row["evidence_at"],
+            held=row["held"],
+            page_sticky=bool(row["page_sticky"]),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """The operator API's view: every column by its stored name, JSON decoded, plus `target`."""
