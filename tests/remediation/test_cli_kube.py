@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from bench.proofs.harness import TOKEN, FakeKube, Serve, alert, notification, post, wait_until
-from remediation.cli import LeadershipLost, build_parser, serve_kubernetes, settings_from_flags
+from remediation.cli import build_parser, settings_from_flags
 from remediation.config import ConfigError, Settings
+from remediation.kube.serve import LeadershipLost, serve_kubernetes
 from tests.fakes.kube_api import FakeKubeAPI
 
 NO_AUTH = ["--insecure-no-auth", "--backend=kubernetes"]
