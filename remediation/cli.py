@@ -25,13 +25,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
+from remediation.errors import ConfigError, StoreError
+
 from .auth import load_token
 from .clock import SystemClock
-from .config import DEFAULT_LISTEN_HOST, DEFAULT_LISTEN_PORT, ConfigError, KubeSettings, Settings
-from .engine_config import EngineSettings
-from .inbox import StoreError
 from .metrics import RemediationMetrics
 from .model import Engine
+from .settings import DEFAULT_LISTEN_HOST, EngineSettings, KubeSettings, Settings
 
 ENV_PREFIX = "GPUPULSE_REMEDIATION_"
 PROG = "gpupulse-remediation"
@@ -91,11 +91,11 @@ class Flag:
         return ENV_PREFIX + self.dest.upper()
 
 
-_E = EngineSettings()
+# flag defaults are the settings' defaults (remediation/settings.py); durations are written in the
+# flag grammar, and test_flag_defaults_are_the_settings_defaults holds them to the settings
+_S, _K, _E = Settings(), KubeSettings(), EngineSettings()
 SERVE_FLAGS: tuple[Flag, ...] = (
-    Flag(
-        "web.listen-address", str, f"{DEFAULT_LISTEN_HOST}:{DEFAULT_LISTEN_PORT}", "HOST:PORT to listen on."
-    ),
+    Flag("web.listen-address", str, f"{_S.listen_host}:{_S.listen_port}", "HOST:PORT to listen on."),
     Flag("auth.token-file", str, "", "File holding the bearer token webhook and API clients must send."),
     Flag(
         "insecure-no-auth",
@@ -112,7 +112,7 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "",
         "CA bundle; when set, clients must present a certificate it signed.",
     ),
-    Flag("web.max-body-bytes", int, 1024 * 1024, "Largest webhook body accepted (larger → 413)."),
+    Flag("web.max-body-bytes", int, _S.max_body_bytes, "Largest webhook body accepted (larger → 413)."),
     Flag(
         "web.read-header-timeout",
         parse_duration,
@@ -120,15 +120,19 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "A request head must be complete this long after its first byte (else 408 and close).",
     ),
     Flag("web.read-body-timeout", parse_duration, "30s", "Longest time to receive a request body (408)."),
+    Flag("storage.path", str, str(_S.storage_path), "Directory of the controller's SQLite database."),
     Flag(
-        "storage.path", str, "/var/lib/gpupulse-remediation", "Directory of the controller's SQLite database."
+        "storage.synchronous",
+        str.upper,
+        _S.storage_synchronous,
+        "SQLite synchronous mode.",
+        choices=("FULL", "NORMAL"),
     ),
-    Flag("storage.synchronous", str.upper, "FULL", "SQLite synchronous mode.", choices=("FULL", "NORMAL")),
     Flag("storage.inbox-retention", parse_duration, "7d", "How long processed alerts stay in the inbox."),
     Flag(
         "storage.on-corrupt",
         str,
-        "refuse",
+        _S.storage_on_corrupt,
         "A corrupt inbox: refuse to start, or set it aside and start empty (the loss is logged and counted).",
         choices=("refuse", "recreate"),
     ),
@@ -139,7 +143,9 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "Pair the ledger with an inbox other than the one it remembers (after replacing it on purpose).",
         boolean=True,
     ),
-    Flag("queue.max-pending", int, 10_000, "Unprocessed alerts before the webhook answers 503."),
+    Flag(
+        "queue.max-pending", int, _S.queue_max_pending, "Unprocessed alerts before the webhook answers 503."
+    ),
     Flag("engine.tick-interval", parse_duration, "1s", "How often the engine's timers advance."),
     Flag("engine.handle-timeout", parse_duration, "60s", "Longest one engine.handle call may take."),
     Flag(
@@ -289,7 +295,7 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "Elect a leader on a Lease; only the leader acts. Required whenever replicas may overlap.",
         boolean=True,
     ),
-    Flag("kube.lease-name", str, "gpupulse-remediation-leader", "Name of the leader Lease."),
+    Flag("kube.lease-name", str, _K.lease_name, "Name of the leader Lease."),
     Flag("kube.lease-duration", parse_duration, "15s", "Leader Lease duration (whole seconds)."),
     Flag(
         "kube.renew-deadline",
@@ -304,8 +310,8 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "",
         "YAML mapping of Kubernetes backend settings (eviction deadline, PDB policy, ...).",
     ),
-    Flag("log.format", str, "logfmt", "Log format.", choices=("logfmt", "json")),
-    Flag("log.level", str.lower, "info", "Log level.", choices=("debug", "info", "warning", "error")),
+    Flag("log.format", str, _S.log_format, "Log format.", choices=("logfmt", "json")),
+    Flag("log.level", str.lower, _S.log_level, "Log level.", choices=("debug", "info", "warning", "error")),
 )
 
 
@@ -556,7 +562,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run_serve(ns: argparse.Namespace, environ: Mapping[str, str] | None = None) -> int:
     """`serve`: validate settings, then run until SIGTERM/SIGINT."""
-    from .kube.serve import LeadershipLost, serve_kubernetes
+    from remediation.errors import LeadershipLost
+
+    from .kube.serve import serve_kubernetes
     from .server import serve
 
     try:

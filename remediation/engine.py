@@ -29,13 +29,13 @@ from opentelemetry.sdk.trace import TracerProvider
 from remediation.backends import LogPager, NoBackend
 from remediation.clock import Clock, SystemClock
 from remediation.effects import Effect
-from remediation.engine_config import EngineSettings
 from remediation.ladder import target_from_labels
 from remediation.ledger import Ledger, connect
 from remediation.metrics import RemediationMetrics
 from remediation.model import ActionBackend, AlertEvent, Engine, NodeLabels, Pager
 from remediation.operations import Operations
 from remediation.runner import EffectRunner
+from remediation.settings import EngineSettings
 from remediation.signatures import SignatureLibrary, load_library
 from remediation.tracing import IncidentTracer, make_provider
 from remediation.transitions import Transitions

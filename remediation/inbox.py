@@ -27,6 +27,8 @@ from typing import Any, Generic, TypeVar, cast
 
 import orjson
 
+from remediation.errors import QueueFull, StoreCorrupt, StoreError
+
 from .model import AlertEvent, AlertStatus
 
 log = logging.getLogger(__name__)
@@ -75,14 +77,6 @@ def canonical_json(value: Any) -> str:
         return json.dumps(value, separators=(",", ":"), sort_keys=True)
 
 
-class StoreError(Exception):
-    """The inbox could not be read or written (disk full, corrupt file, timeout)."""
-
-
-class StoreCorrupt(StoreError):
-    """A database file fails SQLite's integrity check or is not a database at all."""
-
-
 def is_corruption(error: BaseException) -> bool:
     """True for SQLite's "database disk image is malformed" and "file is not a database"."""
     name = str(getattr(error, "sqlite_errorname", ""))
@@ -118,10 +112,6 @@ class RecreatedInbox:
     # unprocessed alerts the damaged file still showed; None when it could not be read at all
     lost_alerts: int | None
     reason: str
-
-
-class QueueFull(Exception):
-    """Accepting these alerts would exceed the pending-work limit; nothing was recorded."""
 
 
 def open_db(path: Path | str, synchronous: str = "FULL") -> sqlite3.Connection:

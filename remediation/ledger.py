@@ -14,7 +14,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from remediation.inbox import StoreCorrupt, StoreError, check_integrity, is_corruption, open_db
+from remediation.errors import StoreCorrupt, StoreError
+from remediation.inbox import check_integrity, is_corruption, open_db
 from remediation.records import AlertSeen, HandledEvent, Incident, LedgerEntry, encode_incident_fields
 
 SCHEMA = """

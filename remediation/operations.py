@@ -11,10 +11,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from remediation.clock import Clock
-from remediation.engine_config import EngineSettings
 from remediation.ledger import Ledger
 from remediation.metrics import RemediationMetrics
 from remediation.safety import BREAKER, PAUSE, SafetyGate
+from remediation.settings import EngineSettings
 from remediation.signatures import SignatureLibrary
 
 log = logging.getLogger("remediation.engine")

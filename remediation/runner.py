@@ -15,10 +15,11 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from remediation.effects import Act, CheckPromQL, Effect, SendGroupPage, SendPage
+from remediation.errors import PermanentError, TemporaryError, VerifyError
 from remediation.metrics import RemediationMetrics
-from remediation.model import ActionBackend, Pager, PermanentError, TemporaryError
+from remediation.model import ActionBackend, Pager
 from remediation.transitions import Transitions
-from remediation.verify import PromQLVerifier, VerifyError
+from remediation.verify import PromQLVerifier
 
 log = logging.getLogger("remediation.engine")
 

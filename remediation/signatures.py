@@ -24,6 +24,7 @@ import yaml
 
 from gpupulse.contract import FAULT_CLASSES
 from gpupulse.xid import XID_CLASSES, XidClass, xid_class
+from remediation.errors import SignatureError
 from remediation.model import Rung
 
 RUNG_ORDER: tuple[Rung, ...] = ("restart", "migrate", "page")
@@ -59,10 +60,6 @@ _LADDER_FIELDS = {
     "resolution_verifies",
     "human_after_migrate",
 }
-
-
-class SignatureError(ValueError):
-    """A signature file is invalid; the message names the file, signature and field."""
 
 
 @dataclass(frozen=True)

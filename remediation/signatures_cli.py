@@ -17,15 +17,14 @@ from typing import Any, TextIO
 
 import yaml
 
-from remediation.config import DB_FILENAME
-from remediation.inbox import StoreError
+from remediation.errors import CLIError, SignatureError, StoreError
 from remediation.ladder import incident_identity, target_from_labels, target_problem
 from remediation.ledger import read_incident
 from remediation.records import Incident
+from remediation.settings import DB_FILENAME
 from remediation.signatures import (
     KNOWN_FAULT_CLASSES,
     Signature,
-    SignatureError,
     SignatureLibrary,
     dump_signatures,
     load_library,
@@ -39,10 +38,6 @@ LADDERS: Mapping[str, list[str]] = {
     "migrate": ["migrate", "page"],
     "none": ["page"],
 }
-
-
-class CLIError(Exception):
-    """A user error: printed as one line, exit status 2."""
 
 
 def register(subparsers: Any) -> None:

@@ -17,8 +17,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from remediation.errors import StoreError
+
 from .clock import Clock, SystemClock
-from .inbox import Inbox, StoreError
+from .inbox import Inbox
 from .metrics import RemediationMetrics
 from .model import AlertEvent, Engine
 

@@ -13,15 +13,17 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from remediation.kube.client import (
-    KubeClient,
+from remediation.errors import (
     KubeConflict,
     KubeError,
     KubeForbidden,
     KubeInvalid,
     KubeNotFound,
     KubeTooManyRequests,
+    PermanentError,
+    TemporaryError,
 )
+from remediation.kube.client import KubeClient
 from remediation.kube.eviction import DeadlinePolicy, EvictionSettings, evict_pods
 from remediation.kube.lease import LeaseStore
 from remediation.kube.nodelock import NodeBusy, NodeLock
@@ -37,7 +39,7 @@ from remediation.kube.pods import (
     skip_reason,
 )
 from remediation.kube.timing import Clock, SystemClock, micro_time
-from remediation.model import ActionResult, PermanentError, Target, TemporaryError
+from remediation.model import ActionResult, Target
 
 log = logging.getLogger(__name__)
 

@@ -7,10 +7,10 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlencode
 
-from remediation.engine_config import BudgetSettings
 from remediation.ladder import incident_identity
 from remediation.model import Page, Target
 from remediation.records import Incident
+from remediation.settings import BudgetSettings
 from remediation.signatures import Signature
 
 # a summary page names this many targets, then counts the rest

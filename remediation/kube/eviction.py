@@ -7,13 +7,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from remediation.kube.client import (
-    KubeClient,
-    KubeConflict,
-    KubeNotFound,
-    KubeTooManyRequests,
-    KubeUnavailable,
-)
+from remediation.errors import KubeConflict, KubeNotFound, KubeTooManyRequests, KubeUnavailable
+from remediation.kube.client import KubeClient
 from remediation.kube.pods import PodRef
 from remediation.kube.timing import Clock
 

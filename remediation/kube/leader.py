@@ -15,7 +15,8 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, replace
 from typing import Any
 
-from remediation.kube.client import KubeClient, KubeConflict, KubeError
+from remediation.errors import KubeConflict, KubeError
+from remediation.kube.client import KubeClient
 from remediation.kube.lease import LeaseRecord, LeaseStore
 from remediation.kube.timing import Clock, SystemClock
 

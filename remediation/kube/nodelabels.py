@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from remediation.kube.client import KubeClient, KubeNotFound
+from remediation.errors import KubeNotFound
+from remediation.kube.client import KubeClient
 from remediation.kube.timing import Clock, SystemClock
 
 DEFAULT_TTL_SECONDS = 60.0

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import replace
 
-from remediation.kube.client import KubeConflict, KubeError, KubeNotFound
+from remediation.errors import KubeConflict, KubeError, KubeNotFound
 from remediation.kube.lease import LeaseRecord, LeaseStore
 from remediation.kube.timing import Clock
 

@@ -7,7 +7,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from remediation.kube.client import JSON, KubeClient, KubeConflict
+from remediation.errors import KubeConflict
+from remediation.kube.client import JSON, KubeClient
 from remediation.kube.timing import Clock, micro_time
 
 ANNOTATION_REASON = "gpupulse.io/remediation-reason"

@@ -20,9 +20,10 @@ from typing import TYPE_CHECKING, Any, cast
 import yaml
 
 from remediation.clock import SystemClock
-from remediation.config import ConfigError, Settings
+from remediation.errors import ConfigError, LeadershipLost, NotLeader
 from remediation.metrics import RemediationMetrics
 from remediation.model import AlertEvent, Engine
+from remediation.settings import Settings
 
 if TYPE_CHECKING:
     from remediation.backends.kubernetes import KubernetesBackendSettings
@@ -31,14 +32,6 @@ if TYPE_CHECKING:
     from remediation.server import RunningService
 
 log = logging.getLogger(__name__)
-
-
-class LeadershipLost(Exception):
-    """This replica stopped leading; the process exits so it restarts clean, as a follower."""
-
-
-class NotLeader(Exception):
-    """An engine call reached a replica that is not the leader."""
 
 
 class EngineProxy:

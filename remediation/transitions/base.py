@@ -12,12 +12,12 @@ from typing import Any, TypeVar
 
 from remediation.clock import Clock
 from remediation.effects import Effect
-from remediation.engine_config import EngineSettings
 from remediation.ledger import Ledger
 from remediation.loops import LoopDetector, LoopVerdict
 from remediation.metrics import RemediationMetrics
 from remediation.records import Incident
 from remediation.safety import SafetyGate
+from remediation.settings import EngineSettings
 from remediation.signatures import Signature, SignatureLibrary, unknown_signature
 from remediation.tracing import AttrValue, IncidentTracer
 

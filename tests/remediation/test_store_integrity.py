@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 
 from remediation.engine import build_engine
-from remediation.engine_config import EngineSettings
-from remediation.inbox import Inbox, StoreCorrupt, StoreError, is_corruption
+from remediation.errors import StoreCorrupt, StoreError
+from remediation.inbox import Inbox, is_corruption
 from remediation.intake import parse_notification
 from remediation.metrics import RemediationMetrics
+from remediation.settings import EngineSettings
 from tests.fakes.clock import FakeClock
 from tests.fakes.intake import (
     FakeEngine,
