@@ -3,6 +3,10 @@
 Every flag `--a.b-c` can also be set as GPUPULSE_REMEDIATION_A_B_C (upper case, "." and "-" become
 "_"); a flag on the command line wins over the environment, which wins over the default. The bearer
 token itself may come from GPUPULSE_REMEDIATION_TOKEN instead of --auth.token-file.
+
+Longer than our ~500-line mark on purpose: about 230 lines are the SERVE_FLAGS table (data: one entry
+per flag, its default read from remediation/settings.py) that the parser, the environment twins, the
+help and the chart tests all read. The Kubernetes wiring lives in remediation/kube/serve.py.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The engine's durable state in SQLite: incidents, their ledger (intent before action, outcome after),
 handled dedup keys, alert transitions, detected loops and the operator switches (breaker, pause).
 
-Tables are created with CREATE TABLE IF NOT EXISTS on a connection from `remediation.inbox.open_db`
+Tables are created with CREATE TABLE IF NOT EXISTS on a connection from `remediation.sqlitedb.open_db`
 (autocommit mode: every write goes through `Ledger.transaction()`, one BEGIN IMMEDIATE ... COMMIT).
 """
 
@@ -15,124 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from remediation.errors import StoreCorrupt, StoreError
-from remediation.inbox import check_integrity, is_corruption, open_db
+from remediation.ledger_schema import ADDED_COLUMNS, SCHEMA
 from remediation.records import AlertSeen, HandledEvent, Incident, LedgerEntry, encode_incident_fields
+from remediation.sqlitedb import check_integrity, is_corruption, open_db
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS rem_incidents (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    key TEXT NOT NULL,
-    signature TEXT NOT NULL,
-    fault_class TEXT NOT NULL,
-    alertname TEXT NOT NULL,
-    target_kind TEXT NOT NULL,
-    target_node TEXT NOT NULL,
-    target_namespace TEXT NOT NULL,
-    target_pod TEXT NOT NULL,
-    target_uuid TEXT NOT NULL,
-    loop_key TEXT NOT NULL,
-    state TEXT NOT NULL,
-    rung TEXT NOT NULL DEFAULT '',
-    attempt INTEGER NOT NULL DEFAULT 0,
-    rung_started_at REAL,
-    temp_retries INTEGER NOT NULL DEFAULT 0,
-    next_at REAL,
-    firing_fps TEXT NOT NULL DEFAULT '[]',
-    resolved_at REAL,
-    opened_at REAL NOT NULL,
-    updated_at REAL NOT NULL,
-    closed_at REAL,
-    resolution TEXT NOT NULL DEFAULT '',
-    reason TEXT NOT NULL DEFAULT '',
-    labels TEXT NOT NULL,
-    annotations TEXT NOT NULL,
-    page_pending INTEGER NOT NULL DEFAULT 0,
-    page_next_at REAL NOT NULL DEFAULT 0,
-    paged INTEGER NOT NULL DEFAULT 0,
-    page_group TEXT NOT NULL DEFAULT '',
-    group_sent INTEGER NOT NULL DEFAULT 0,
-    trace_id TEXT NOT NULL DEFAULT '',
-    span_id TEXT NOT NULL DEFAULT '',
-    evidence_at REAL,
-    held INTEGER NOT NULL DEFAULT 0,
-    page_sticky INTEGER NOT NULL DEFAULT 0
-);
-CREATE INDEX IF NOT EXISTS rem_incidents_key ON rem_incidents (key, state);
-CREATE INDEX IF NOT EXISTS rem_incidents_timer ON rem_incidents (state, next_at);
-CREATE INDEX IF NOT EXISTS rem_incidents_group ON rem_incidents (page_group, group_sent);
-CREATE TABLE IF NOT EXISTS rem_ledger (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    incident_id INTEGER NOT NULL,
-    at REAL NOT NULL,
-    kind TEXT NOT NULL CHECK (kind IN ('event', 'action')),
-    rung TEXT NOT NULL DEFAULT '',
-    attempt INTEGER NOT NULL DEFAULT 0,
-    status TEXT NOT NULL,
-    finished_at REAL,
-    summary TEXT NOT NULL DEFAULT '',
-    details TEXT NOT NULL DEFAULT '{}',
-    target_kind TEXT NOT NULL DEFAULT '',
-    loop_key TEXT NOT NULL DEFAULT '',
-    node TEXT NOT NULL DEFAULT ''
-);
-CREATE INDEX IF NOT EXISTS rem_ledger_incident ON rem_ledger (incident_id, id);
-CREATE INDEX IF NOT EXISTS rem_ledger_actions ON rem_ledger (kind, rung, status, at);
-CREATE INDEX IF NOT EXISTS rem_ledger_loop ON rem_ledger (loop_key, rung, at);
-CREATE TABLE IF NOT EXISTS rem_handled (
-    dedup_key TEXT PRIMARY KEY,
-    incident_id INTEGER,
-    at REAL NOT NULL,
-    stale INTEGER NOT NULL DEFAULT 0
-);
-CREATE INDEX IF NOT EXISTS rem_handled_at ON rem_handled (at);
-CREATE TABLE IF NOT EXISTS rem_alerts (
-    fingerprint TEXT PRIMARY KEY,
-    starts REAL NOT NULL,
-    status TEXT NOT NULL,
-    at REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS rem_alerts_at ON rem_alerts (at);
-CREATE TABLE IF NOT EXISTS rem_stale (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    at REAL NOT NULL,
-    dedup_key TEXT NOT NULL,
-    alertname TEXT NOT NULL,
-    reason TEXT NOT NULL,
-    detail TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS rem_stale_at ON rem_stale (at);
-CREATE TABLE IF NOT EXISTS rem_transitions (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    key TEXT NOT NULL,
-    status TEXT NOT NULL,
-    at REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS rem_transitions_key ON rem_transitions (key, at);
-CREATE TABLE IF NOT EXISTS rem_loops (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    loop_key TEXT NOT NULL,
-    kind TEXT NOT NULL,
-    incident_id INTEGER NOT NULL,
-    at REAL NOT NULL,
-    details TEXT NOT NULL DEFAULT '{}'
-);
-CREATE TABLE IF NOT EXISTS rem_state (
-    name TEXT PRIMARY KEY,
-    value TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS rem_nodes (
-    node TEXT PRIMARY KEY,
-    last_seen REAL NOT NULL
-);
-"""
-
-# columns added after the first release: ledgers created before get them on open
-ADDED_COLUMNS = (
-    ("rem_incidents", "evidence_at", "REAL"),
-    ("rem_incidents", "held", "INTEGER NOT NULL DEFAULT 0"),
-    ("rem_handled", "stale", "INTEGER NOT NULL DEFAULT 0"),
-    ("rem_incidents", "page_sticky", "INTEGER NOT NULL DEFAULT 0"),
-)
 OPEN_STATES = ("open", "acting", "verifying", "cooldown", "retry_wait", "paged")
 ACTION_RUNGS = ("restart", "migrate")
 # ledger statuses of actions that count as "really done or possibly done" for loops and budgets
@@ -143,7 +29,7 @@ INBOX_PAIR = "inbox"
 
 
 def connect(db_path: Path, verify: bool = False) -> sqlite3.Connection:
-    """Open the ledger (intake's open_db: WAL, synchronous=FULL) and create our tables.
+    """Open the ledger (sqlitedb.open_db: WAL, synchronous=FULL) and create our tables.
 
     With verify, SQLite's integrity check runs first; a damaged or foreign file raises StoreCorrupt
     naming it, never a raw sqlite3 traceback.

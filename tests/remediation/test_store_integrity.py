@@ -17,10 +17,11 @@ import pytest
 
 from remediation.engine import build_engine
 from remediation.errors import StoreCorrupt, StoreError
-from remediation.inbox import Inbox, is_corruption
+from remediation.inbox import Inbox
 from remediation.intake import parse_notification
 from remediation.metrics import RemediationMetrics
 from remediation.settings import EngineSettings
+from remediation.sqlitedb import is_corruption
 from tests.fakes.clock import FakeClock
 from tests.fakes.intake import (
     FakeEngine,
