@@ -26,8 +26,8 @@ from typing import Any
 
 from opentelemetry.sdk.trace import TracerProvider
 
+from gpupulse.clock import Clock, SystemClock
 from remediation.backends import LogPager, NoBackend
-from remediation.clock import Clock, SystemClock
 from remediation.effects import Effect
 from remediation.ladder import target_from_labels
 from remediation.ledger import Ledger, connect

@@ -10,7 +10,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from remediation.clock import Clock
+from gpupulse.clock import Clock
 from remediation.ledger import Ledger
 from remediation.metrics import RemediationMetrics
 from remediation.safety import BREAKER, PAUSE, SafetyGate
@@ -84,14 +84,14 @@ class Operations:
     def pause(self, by: str) -> None:
         """Stop taking actions (new actions are blocked and their incidents page) until resume()."""
         with self._ro.transaction():
-            self._ro.set_state(PAUSE, {"paused": True, "by": by, "at": self.clock.now()})
+            self._ro.set_state(PAUSE, {"paused": True, "by": by, "at": self.clock.time()})
         self.metrics.paused.set(1)
         log.warning("remediation paused by %s", by)
 
     def resume(self, by: str) -> None:
         """Allow actions again."""
         with self._ro.transaction():
-            self._ro.set_state(PAUSE, {"paused": False, "by": by, "at": self.clock.now()})
+            self._ro.set_state(PAUSE, {"paused": False, "by": by, "at": self.clock.time()})
         self.metrics.paused.set(0)
         log.warning("remediation resumed by %s", by)
 
@@ -99,7 +99,7 @@ class Operations:
         """A human closes the breaker; incidents already paged stay with humans."""
         with self._ro.transaction():
             SafetyGate(self._ro, self.settings.budgets, self.settings.cluster_node_count).close_breaker(
-                by, self.clock.now()
+                by, self.clock.time()
             )
         self.metrics.breaker_open.set(0)
         log.warning("remediation breaker reset by %s", by)

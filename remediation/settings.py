@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from gpupulse.logs import LogFormat
 from remediation.errors import ConfigError
 from remediation.selector import parse_selector
 
-LogFormat = Literal["logfmt", "json"]
 SyncMode = Literal["FULL", "NORMAL"]
 OnCorrupt = Literal["refuse", "recreate"]
 

@@ -11,8 +11,8 @@ from functools import partial
 from typing import Any, Generic, TypeVar
 
 from exporter.collectors.base import GpuRef
-from exporter.config import Clock
 from exporter.nvml import Device, GpuLostError, GpuWorker, Nvml, NvmlUnknownError, wake_loop
+from gpupulse.clock import Clock
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

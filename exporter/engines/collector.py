@@ -21,7 +21,6 @@ from prometheus_client.core import Metric
 
 from exporter.collectors.base import CollectorError, NodeState
 from exporter.collectors.blocking import ItemReader
-from exporter.config import duration_seconds as parse_duration
 from exporter.engines import procfs
 from exporter.engines.derived import DerivedHistogram
 from exporter.engines.detect import NORMALIZERS, PREFIXES, WANTED, detect_kind
@@ -31,8 +30,10 @@ from exporter.engines.kube_pods import KubePodSource
 from exporter.engines.reading import MIXED, ModelReading
 from exporter.engines.render import Budget, EndpointView, Families
 from exporter.engines.scrape import ScrapeError, fetch_page
-from exporter.engines.settings import Clock, EngineSettings, KubeSettings, SystemClock
+from exporter.engines.settings import EngineSettings, KubeSettings
 from exporter.engines.targets import AUTO, StaticSource, Target
+from gpupulse.clock import Clock, SystemClock
+from gpupulse.durations import duration_flag
 
 log = logging.getLogger(__name__)
 
@@ -421,14 +422,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--engines.interval",
         dest="engines_interval",
-        type=parse_duration,
+        type=duration_flag,
         default=d.interval_seconds,
         help="seconds between engine scrape rounds",
     )
     g.add_argument(
         "--engines.scrape-timeout",
         dest="engines_scrape_timeout",
-        type=parse_duration,
+        type=duration_flag,
         default=d.scrape_timeout_seconds,
         help="per-endpoint scrape timeout in seconds",
     )

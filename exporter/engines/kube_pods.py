@@ -32,8 +32,9 @@ from kubernetes_asyncio import watch as k8s_watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from exporter.engines.detect import KINDS
-from exporter.engines.settings import Clock, KubeSettings
+from exporter.engines.settings import KubeSettings
 from exporter.engines.targets import AUTO, Target
+from gpupulse.clock import Clock
 
 log = logging.getLogger(__name__)
 

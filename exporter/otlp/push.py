@@ -17,11 +17,12 @@ from opentelemetry.sdk.metrics.export import MetricExportResult
 from opentelemetry.sdk.resources import Resource
 from prometheus_client.core import Metric
 
-from exporter.attribution.clock import Clock, SystemClock
 from exporter.catalog import ALL_METRICS
-from exporter.config import duration_seconds, exporter_version
+from exporter.config import exporter_version
 from exporter.metricspec import MetricSpec
 from exporter.otlp.convert import UCUM, to_metrics_data
+from gpupulse.clock import Clock, SystemClock
+from gpupulse.durations import duration_flag
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +165,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--otlp.interval",
         dest="otlp_interval",
-        type=duration_seconds,
+        type=duration_flag,
         default=d.interval_seconds,
         help="minimum seconds between pushes (default: %(default)s)",
     )
@@ -183,7 +184,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--otlp.timeout",
         dest="otlp_timeout",
-        type=duration_seconds,
+        type=duration_flag,
         default=d.timeout_seconds,
         help="seconds per push, retries included (default: %(default)s)",
     )

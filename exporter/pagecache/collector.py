@@ -12,16 +12,16 @@ from typing import Any
 
 from prometheus_client.core import Metric
 
-from exporter.attribution.clock import Clock, SystemClock
 from exporter.attribution.families import add_value, new_family
 from exporter.attribution.flags import add_procfs_argument, collector_enabled, csv_list
 from exporter.attribution.procfs import DEFAULT_PROCFS, Procfs
 from exporter.collectors.base import NodeState
 from exporter.collectors.blocking import ItemReader
-from exporter.config import duration_seconds
 from exporter.pagecache import specs
 from exporter.pagecache.discovery import ModelKey, PathSpec, configured_files, mapped_files
 from exporter.pagecache.sampler import BudgetSettings, ModelResidency, ResidencySampler, RoundStats
+from gpupulse.clock import Clock, SystemClock
+from gpupulse.durations import duration_flag
 
 NAME = "pagecache"
 log = logging.getLogger(__name__)
@@ -158,7 +158,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--pagecache.interval",
         dest="pagecache_interval",
-        type=duration_seconds,
+        type=duration_flag,
         default=d.interval_seconds,
         help="seconds between page-cache rounds (default: %(default)s)",
     )
@@ -194,7 +194,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--pagecache.max-seconds-per-round",
         dest="pagecache_max_seconds_per_round",
-        type=duration_seconds,
+        type=duration_flag,
         default=d.max_seconds_per_round,
         help="time budget per round (default: %(default)s)",
     )

@@ -8,9 +8,9 @@ import os
 from collections.abc import Mapping, Set
 from dataclasses import dataclass, field
 
-from exporter.attribution.clock import Clock
 from exporter.pagecache.discovery import ModelKey
 from exporter.pagecache.mincore import MincoreError, mincore_allowed, scan
+from gpupulse.clock import Clock
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Simulated NVML under pynvml: scenario files drive every pynvml wrapper without a GPU."""
 
-from exporter.sim.clock import Clock, ManualClock, RealClock
+from exporter.sim.clock import ManualClock, RealClock
 from exporter.sim.library import (
     SimAlreadyInstalledError,
     SimulatedNvml,
@@ -11,7 +11,6 @@ from exporter.sim.library import (
 from exporter.sim.scenario import Scenario, ScenarioError, list_scenarios, load_scenario
 
 __all__ = [
-    "Clock",
     "ManualClock",
     "RealClock",
     "Scenario",

@@ -21,7 +21,7 @@ from exporter.sim import (
     sym_system,
     sym_topology,
 )
-from exporter.sim.clock import Clock, ManualClock, RealClock
+from exporter.sim.clock import ManualClock, RealClock
 from exporter.sim.registry import (
     GPU_IS_LOST,
     INVALID_ARGUMENT,
@@ -33,6 +33,7 @@ from exporter.sim.registry import (
 )
 from exporter.sim.runtime import ReleasedError, SimGpu, SimState
 from exporter.sim.scenario import Scenario
+from gpupulse.clock import Clock
 
 _SYMBOL_MODULES = (
     sym_device,
@@ -169,7 +170,7 @@ class SimulatedNvml:
             if dev is None:
                 return INVALID_ARGUMENT
             gpu = dev.gpu
-            t = clock.now()
+            t = clock.monotonic()
             if t >= gpu.lost_at:
                 return GPU_IS_LOST
             if gpu.faults or gpu.not_supported:
@@ -178,7 +179,7 @@ class SimulatedNvml:
                 early = _apply_faults(state, gpu, name, t)
                 if early is not None:
                     return early
-                t = clock.now()  # a hang or delay lets scenario time move on
+                t = clock.monotonic()  # a hang or delay lets scenario time move on
                 if t >= gpu.lost_at:
                     return GPU_IS_LOST
             if dev.is_mig and not mig_ok:

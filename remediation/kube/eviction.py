@@ -7,10 +7,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from gpupulse.clock import Clock
 from remediation.errors import KubeConflict, KubeNotFound, KubeTooManyRequests, KubeUnavailable
 from remediation.kube.client import KubeClient
 from remediation.kube.pods import PodRef
-from remediation.kube.timing import Clock
 
 DeadlinePolicy = Literal["fail", "delete"]
 

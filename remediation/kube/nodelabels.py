@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from gpupulse.clock import Clock, SystemClock
 from remediation.errors import KubeNotFound
 from remediation.kube.client import KubeClient
-from remediation.kube.timing import Clock, SystemClock
 
 DEFAULT_TTL_SECONDS = 60.0
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import yaml
 
-from remediation.clock import SystemClock
+from gpupulse.clock import SystemClock
 from remediation.errors import ConfigError, LeadershipLost, NotLeader
 from remediation.metrics import RemediationMetrics
 from remediation.model import AlertEvent, Engine

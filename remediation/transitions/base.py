@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from remediation.clock import Clock
+from gpupulse.clock import Clock
 from remediation.effects import Effect
 from remediation.ledger import Ledger
 from remediation.loops import LoopDetector, LoopVerdict
@@ -74,10 +74,10 @@ class TransitionsBase:
         return sig if sig is not None else unknown_signature(inc.fault_class)
 
     def _entry(self, inc: Incident, kind: str, status: str, summary: str, **kw: Any) -> int:
-        return self._db.add_entry(inc.id, self.clock.now(), kind, status, summary, **kw)
+        return self._db.add_entry(inc.id, self.clock.time(), kind, status, summary, **kw)
 
     def _set(self, incident_id: int, **fields: Any) -> None:
-        self._db.update_incident(incident_id, updated_at=self.clock.now(), **fields)
+        self._db.update_incident(incident_id, updated_at=self.clock.time(), **fields)
 
     def _row(self, incident_id: int) -> Incident:
         row = self._db.incident(incident_id)
@@ -92,7 +92,7 @@ class TransitionsBase:
         if not inc.rung or inc.rung_started_at is None:
             return
         start = inc.rung_started_at
-        end = self.clock.now()
+        end = self.clock.time()
         attrs: dict[str, AttrValue] = {
             "gpupulse.rung": inc.rung,
             "gpupulse.attempt": inc.attempt,

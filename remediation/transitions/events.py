@@ -50,7 +50,7 @@ class EventTransitions(LadderTransitions):
 
     def on_event(self, event: AlertEvent, node_labels: Mapping[str, str] | None = None) -> list[Effect]:
         db = self._db
-        now = self.clock.now()
+        now = self.clock.time()
         max_age = self.settings.max_event_age_seconds
         fresh = is_fresh(event, now, max_age)
         seen = db.handled(event.dedup_key)

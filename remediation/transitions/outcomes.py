@@ -16,7 +16,7 @@ class Transitions(TimerTransitions):
     def on_action_done(
         self, eff: Act, outcome: str, summary: str, details: Mapping[str, Any], delay: float
     ) -> list[Effect]:
-        now = self.clock.now()
+        now = self.clock.time()
         entry = self._db.entry(eff.entry_id)
         if entry is None or entry.status != "started":
             return []
@@ -44,7 +44,7 @@ class Transitions(TimerTransitions):
         return self._escalate(eff.incident_id, now, why, frozenset({rung}))
 
     def on_page_done(self, eff: SendPage, error: str) -> list[Effect]:
-        now = self.clock.now()
+        now = self.clock.time()
         entry = self._db.entry(eff.entry_id)
         if entry is None or entry.status != "started":
             return []
@@ -64,7 +64,7 @@ class Transitions(TimerTransitions):
         return []
 
     def on_group_page_done(self, eff: SendGroupPage, error: str) -> list[Effect]:
-        now = self.clock.now()
+        now = self.clock.time()
         status = "failed" if error else "success"
         self._later(lambda: self.metrics.actions.labels(rung="page", outcome=status).inc())
         for incident_id in eff.member_ids:
@@ -92,7 +92,7 @@ class Transitions(TimerTransitions):
         return []
 
     def on_promql(self, eff: CheckPromQL, healthy: bool, detail: str) -> list[Effect]:
-        now = self.clock.now()
+        now = self.clock.time()
         inc = self._row(eff.incident_id)
         if inc.state != "verifying" or inc.resolved_at is None:
             return []

@@ -22,7 +22,7 @@ class TimerTransitions(EventTransitions):
 
     def recover(self) -> None:
         """Actions recorded as started but never finished are verified, never repeated."""
-        now = self.clock.now()
+        now = self.clock.time()
         with self._db.transaction():
             for e in self._db.started_actions():
                 inc = self._row(e.incident_id)
@@ -79,7 +79,7 @@ class TimerTransitions(EventTransitions):
 
     def on_tick(self) -> list[Effect]:
         """Advance timers: due incidents, pending and grouped pages, PromQL re-checks, pruning."""
-        now = self.clock.now()
+        now = self.clock.time()
         effects, self._deferred = self._deferred, []
         for inc in self._db.due_incidents(now):
             incident_id = inc.id
