@@ -28,6 +28,8 @@ EXPECTED_CONTRACTS = {
     "dashboards-on-kernel",
     "alerts-on-kernel",
     "report-on-kernel",
+    "remediation-layers",
+    "remediation-decide-pure",
 }
 # (contract id, module planted in the copy, the forbidden import it holds)
 PLANTED = [
@@ -42,6 +44,10 @@ PLANTED = [
     ("alerts-on-kernel", "alerts/rules/_planted.py", "from exporter import catalog"),
     ("report-on-kernel", "costreport/_planted.py", "import exporter.config"),
     ("kernel", "gpupulse/_planted.py", "import costreport.usage"),
+    # a lower layer reaching up (the state machine into the engine), and the pure rules into a store
+    ("remediation-layers", "remediation/transitions/_planted.py", "import remediation.engine"),
+    ("remediation-layers", "remediation/decide/_planted.py", "import remediation.server"),
+    ("remediation-decide-pure", "remediation/decide/_planted.py", "import remediation.ledger"),
 ]
 
 
