@@ -14,8 +14,8 @@ from types import ModuleType
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from demo.world import World
-from exporter.attribution.specs import GPU_ALLOCATION_INFO
 from exporter.collectors.base import NodeState
+from gpupulse.metrics.attribution import GPU_ALLOCATION_INFO
 
 RESOURCE = "nvidia.com/gpu"
 

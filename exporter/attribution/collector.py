@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 from prometheus_client.core import Metric
 
-from exporter.attribution import specs
 from exporter.attribution.clock import Clock, SystemClock
 from exporter.attribution.devices import allocation_map, allocations_from_pods, resolve, resource_matcher
 from exporter.attribution.families import PartialCollectorError, add_info, add_value, new_family
@@ -30,6 +29,7 @@ from exporter.attribution.resolve import PodResolver, ProcessDevices
 from exporter.collectors.base import GpuProcess, NodeState, PodRef
 from exporter.collectors.blocking import ItemReader
 from exporter.config import duration_seconds
+from gpupulse.metrics import attribution as specs
 
 NAME = "attribution"
 AUTO = "auto"

@@ -1,18 +1,22 @@
-"""Helpers to fill catalog families (exporter.catalog.family builds them from the specs)."""
+"""Helpers to build and fill catalog families from their specs."""
 
 from __future__ import annotations
 
-from prometheus_client.core import Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from exporter.catalog import Family
-from exporter.catalog import family as catalog_family
 from exporter.collectors.base import CollectorError
-from exporter.metricspec import MetricSpec
+from gpupulse.metrics.spec import MetricSpec
+
+Family = GaugeMetricFamily | CounterMetricFamily
 
 
 def new_family(spec: MetricSpec) -> Family:
     """An empty family for a gauge, counter or info spec (info rows are gauges of 1)."""
-    return catalog_family(spec)
+    if spec.type == "counter":
+        return CounterMetricFamily(spec.name, spec.help, labels=spec.labels)
+    if spec.type in ("gauge", "info"):
+        return GaugeMetricFamily(spec.name, spec.help, labels=spec.labels)
+    raise ValueError(f"{spec.name}: build histograms with prometheus_client directly")
 
 
 def add_info(family: Family, values: list[str]) -> None:

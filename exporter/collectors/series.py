@@ -17,7 +17,7 @@ from prometheus_client.core import Metric
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
-from exporter.metricspec import MetricSpec
+from gpupulse.metrics.spec import MetricSpec
 
 _go_float = cast(Callable[[float], str], floatToGoString)  # Go-style floats, as Prometheus prints
 _TABLE_MAX_SERIES = 50_000  # series churn (processes come and go): a table starts over past this

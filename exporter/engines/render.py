@@ -13,9 +13,9 @@ from prometheus_client.core import (
     Metric,
 )
 
-from exporter.attribution.specs import SERIES_DROPPED_TOTAL
 from exporter.engines.reading import Histogram, ModelReading
-from exporter.engines.specs import ENDPOINT_LABELS, ENGINE_LABELS, ENGINE_METRICS
+from gpupulse.metrics.attribution import SERIES_DROPPED_TOTAL
+from gpupulse.metrics.engines import ENDPOINT_LABELS, ENGINE_LABELS, ENGINE_METRICS
 
 _HELP = {s.name: s.help for s in ENGINE_METRICS}
 COLLECTOR = "engines"

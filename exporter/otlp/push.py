@@ -18,10 +18,10 @@ from opentelemetry.sdk.resources import Resource
 from prometheus_client.core import Metric
 
 from exporter.attribution.clock import Clock, SystemClock
-from exporter.catalog import ALL_METRICS
 from exporter.config import duration_seconds, exporter_version
-from exporter.metricspec import MetricSpec
 from exporter.otlp.convert import UCUM, to_metrics_data
+from gpupulse.metrics.catalog import EXPORTER_SPECS
+from gpupulse.metrics.spec import MetricSpec
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ class OtlpPusher:
         )
         # OTEL_RESOURCE_ATTRIBUTES (e.g. k8s.cluster.name=east) adds to these; ours win on a clash
         self._resource = Resource.create(dict(resource_attributes(settings)))
-        self._units = catalog_units(ALL_METRICS)
+        self._units = catalog_units(EXPORTER_SPECS)
         self._start_ns = time.time_ns()  # start of every cumulative series that has no _created
         self._last_push: float | None = None
         self._in_flight = False

@@ -19,9 +19,9 @@ from exporter.attribution.procfs import DEFAULT_PROCFS, Procfs
 from exporter.collectors.base import NodeState
 from exporter.collectors.blocking import ItemReader
 from exporter.config import duration_seconds
-from exporter.pagecache import specs
 from exporter.pagecache.discovery import ModelKey, PathSpec, configured_files, mapped_files
 from exporter.pagecache.sampler import BudgetSettings, ModelResidency, ResidencySampler, RoundStats
+from gpupulse.metrics import pagecache as specs
 
 NAME = "pagecache"
 log = logging.getLogger(__name__)

@@ -1,8 +1,8 @@
-"""Catalog entries for the families the page-cache collector exports."""
+"""Specs of the page-cache collector: residency of model weight files in the host page cache."""
 
 from __future__ import annotations
 
-from exporter.metricspec import MetricSpec
+from gpupulse.metrics.spec import MetricSpec
 
 _LABELS = ("model", "namespace", "pod")
 

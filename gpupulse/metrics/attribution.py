@@ -1,8 +1,8 @@
-"""Catalog entries for the families the attribution collector exports."""
+"""Specs of the attribution collector: kubelet allocations, host CPU of GPU processes, dropped series."""
 
 from __future__ import annotations
 
-from exporter.metricspec import MetricSpec
+from gpupulse.metrics.spec import MetricSpec
 
 GPU_ALLOCATION_INFO = MetricSpec(
     name="gpu_allocation_info",

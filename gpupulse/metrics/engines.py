@@ -1,8 +1,8 @@
-"""Catalog entries for every family the `engines` collector exports."""
+"""Specs of the engines collector: inference engines normalized per model and GPU."""
 
 from __future__ import annotations
 
-from exporter.metricspec import MetricSpec
+from gpupulse.metrics.spec import MetricSpec
 
 # Identity of one engine: engine kind, served model, owning pod and the GPU(s) it runs on
 # (sorted comma-joined lists for a multi-GPU engine).
