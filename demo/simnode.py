@@ -11,7 +11,6 @@ import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 
 import yaml
 from aiohttp import web
@@ -76,11 +75,10 @@ async def start_sim_node(
     sim = install(scenario, RealClock())
     try:
         world = World(sim, spec, log)
-        plugins: dict[str, ModuleType] = {"demo_pods": as_plugin(world)}
-        engines = registry.load_plugin("exporter.engines.collector")
+        plugins: dict[str, registry.PluginModule] = {"demo_pods": as_plugin(world)}
         argv = ["--web.listen-address", "127.0.0.1:0", "--sampling.interval", "1"]
-        if engines is not None and engines_config is not None:
-            plugins["engines"] = engines
+        if engines_config is not None:
+            plugins["engines"] = registry.available_plugins(skip={"attribution", "pagecache"})["engines"]
             argv += ["--engines.config", str(engines_config), "--engines.interval", "2"]
         args = build_parser(plugins).parse_args(argv)
         settings = settings_from_args(args)

@@ -1,17 +1,17 @@
-"""Which collectors exist: the NVML ones built in, plus plug-in modules imported when present.
+"""Which collectors exist: the NVML ones built in (BUILTINS), plus the plug-in modules (PLUGINS).
 
 A plug-in module exposes `add_arguments(parser)` and `from_args(args) -> Collector | None` (None =
-disabled). Adding one is one line in PLUGINS.
+disabled). Adding one is a loader (a plain import) and one line in PLUGINS.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import logging
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from types import ModuleType
+from typing import Protocol
+
+from prometheus_client.core import Metric
 
 from exporter.collectors.base import Collector
 from exporter.collectors.device import DeviceCollector
@@ -23,8 +23,6 @@ from exporter.collectors.nvlink import NvLinkCollector
 from exporter.collectors.processes import ProcessesCollector
 from exporter.collectors.xid import XidCounter
 from exporter.config import ExporterSettings
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -45,38 +43,75 @@ BUILTINS: dict[str, Callable[[BuiltinContext], Collector]] = {
     "mig": lambda ctx: MigCollector(ctx.fleet),
 }
 
-# (collector name, module path)
-PLUGINS: tuple[tuple[str, str], ...] = (
-    ("attribution", "exporter.attribution.collector"),
-    ("engines", "exporter.engines.collector"),
-    ("pagecache", "exporter.pagecache.collector"),
+class PluginModule(Protocol):
+    """What a plug-in module provides: its own flags, and its collector built from them."""
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None: ...
+
+    def from_args(self, args: argparse.Namespace) -> Collector | None: ...
+
+
+# Each loader is a plain import, run only when the plug-in is on: a switched-off plug-in's module
+# (and what it pulls in: kubernetes_asyncio, the kubelet protos) is never imported, saving memory.
+def _attribution() -> PluginModule:
+    from exporter.attribution import collector
+
+    return collector
+
+
+def _engines() -> PluginModule:
+    from exporter.engines import collector
+
+    return collector
+
+
+def _pagecache() -> PluginModule:
+    from exporter.pagecache import collector
+
+    return collector
+
+
+@dataclass(frozen=True)
+class Plugin:
+    """A plug-in collector: its --collector.<name> and how to import it."""
+
+    name: str
+    load: Callable[[], PluginModule]
+
+
+PLUGINS: tuple[Plugin, ...] = (
+    Plugin("attribution", _attribution),
+    Plugin("engines", _engines),
+    Plugin("pagecache", _pagecache),
 )
 
-OTLP_MODULE = "exporter.otlp.push"
+
+class Pusher(Protocol):
+    """The OTLP pusher's surface the exporter uses."""
+
+    async def push(self, families: Sequence[Metric]) -> None: ...
+
+    async def close(self) -> None: ...
 
 
-def load_plugin(module: str) -> ModuleType | None:
-    """The module when it imports and has the plug-in functions; None otherwise."""
-    try:
-        mod = importlib.import_module(module)
-    except ImportError as exc:
-        log.debug("plug-in %s not available: %s", module, exc)
-        return None
-    if not (hasattr(mod, "add_arguments") and hasattr(mod, "from_args")):
-        return None
-    return mod
+class PushModule(Protocol):
+    """What the OTLP push module provides: its flags, and a pusher when an endpoint is set."""
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None: ...
+
+    def from_args(self, args: argparse.Namespace) -> Pusher | None: ...
 
 
-def available_plugins(skip: Collection[str] = ()) -> dict[str, ModuleType]:
-    """Plug-ins present in this installation, by collector name; names in `skip` are not imported."""
-    found: dict[str, ModuleType] = {}
-    for name, module in PLUGINS:
-        if name in skip:
-            continue
-        mod = load_plugin(module)
-        if mod is not None:
-            found[name] = mod
-    return found
+def load_otlp() -> PushModule:
+    """The OTLP push module (imported here, once the exporter starts)."""
+    from exporter.otlp import push
+
+    return push
+
+
+def available_plugins(skip: Collection[str] = ()) -> dict[str, PluginModule]:
+    """The plug-in modules, by collector name; names in `skip` are not imported."""
+    return {plugin.name: plugin.load() for plugin in PLUGINS if plugin.name not in skip}
 
 
 def enabled(args: argparse.Namespace, name: str) -> bool:
@@ -89,7 +124,7 @@ def build_builtins(args: argparse.Namespace, ctx: BuiltinContext) -> list[Collec
     return [factory(ctx) for name, factory in BUILTINS.items() if enabled(args, name)]
 
 
-def build_plugins(args: argparse.Namespace, plugins: dict[str, ModuleType]) -> list[Collector]:
+def build_plugins(args: argparse.Namespace, plugins: dict[str, PluginModule]) -> list[Collector]:
     """The enabled plug-in collectors whose from_args returned one."""
     out: list[Collector] = []
     for name, mod in plugins.items():

@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 import aiohttp
 from prometheus_client.core import Metric
 
+from exporter.attribution.flags import add_procfs_argument
 from exporter.collectors.base import CollectorError, NodeState
 from exporter.collectors.blocking import ItemReader
 from exporter.config import duration_seconds as parse_duration
@@ -385,12 +386,7 @@ class EnginesCollector:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the --engines.* flags (and the shared --path.procfs, once)."""
-    try:
-        from exporter.attribution.flags import add_procfs_argument
-    except ImportError:  # pragma: no cover - attribution ships in the same package
-        pass
-    else:
-        add_procfs_argument(parser)
+    add_procfs_argument(parser)
     d = EngineSettings()
     g = parser.add_argument_group("inference engines")
     g.add_argument(
