@@ -2,34 +2,34 @@
 
 from __future__ import annotations
 
-from gpupulse.metrics.spec import MetricSpec
+from gpupulse.metrics.spec import MetricSpec, counter, info
 
-GPU_ALLOCATION_INFO = MetricSpec(
-    name="gpu_allocation_info",
-    type="info",
-    unit="",
-    labels=("uuid", "gpu", "mig_uuid", "namespace", "pod", "container", "resource"),
-    help="A GPU or MIG device the kubelet allocated to a pod container (present even when idle); "
+_C = "attribution"
+
+GPU_ALLOCATION_INFO = info(
+    "gpu_allocation_info",
+    "A GPU or MIG device the kubelet allocated to a pod container (present even when idle); "
     "one row per pod when several pods share a GPU.",
-    collector="attribution",
+    _C,
+    ("uuid", "gpu", "mig_uuid", "namespace", "pod", "container", "resource"),
 )
 
-GPU_PROCESS_HOST_CPU_SECONDS_TOTAL = MetricSpec(
-    name="gpu_process_host_cpu_seconds_total",
-    type="counter",
-    unit="seconds",
-    labels=("uuid", "gpu", "pid", "namespace", "pod", "container"),
-    help="Host CPU time (user + system) consumed by a process that uses the GPU, from /proc/<pid>/stat.",
-    collector="attribution",
+GPU_PROCESS_HOST_CPU_SECONDS_TOTAL = counter(
+    "gpu_process_host_cpu_seconds_total",
+    "seconds",
+    "Host CPU time (user + system) consumed by a process that uses the GPU, from /proc/<pid>/stat.",
+    _C,
+    ("uuid", "gpu", "pid", "namespace", "pod", "container"),
 )
 
-SERIES_DROPPED_TOTAL = MetricSpec(
-    name="gpupulse_series_dropped_total",
-    type="counter",
-    unit="",
-    labels=("collector",),
-    help="Series a collector did not export because a cardinality cap was reached.",
-    collector="attribution",
+# Written by every collector with a cardinality cap (attribution and engines); listed here, where
+# it was first declared, so docs/metrics.md keeps its place.
+SERIES_DROPPED_TOTAL = counter(
+    "gpupulse_series_dropped_total",
+    "",
+    "Series a collector did not export because a cardinality cap was reached.",
+    _C,
+    ("collector",),
 )
 
 ATTRIBUTION_METRICS: tuple[MetricSpec, ...] = (
