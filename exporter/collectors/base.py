@@ -1,9 +1,10 @@
 """The contract between the sampler and every collector.
 
 A collector is sampled by the sampler (never by a scrape) and returns prometheus_client metric
-families built from catalog specs. Collectors share what they learn about the node through
-NodeState: the device collector publishes the GPUs and their processes, the attribution collector
-publishes which pod owns which GPU and PID, and the engine collector reads both.
+families built from catalog specs (exporter.collectors.series.family). Collectors share what they
+learn about the node through NodeState: the device collector publishes the GPUs and their processes,
+the attribution collector publishes which pod owns which GPU and PID, and the engine collector reads
+both.
 """
 
 from __future__ import annotations
@@ -66,6 +67,17 @@ class CollectorError(Exception):
     def __init__(self, message: str, families: Sequence[Metric] = ()) -> None:
         super().__init__(message)
         self.families: Sequence[Metric] = families
+
+
+class PartialCollectorError(CollectorError):
+    """The round failed (success 0), but these families are still true and may be served.
+
+    The sampler serves a failed round's `families`, so a kubelet restart does not blank allocation
+    rows and CPU counters.
+    """
+
+    def __init__(self, message: str, families: Sequence[Metric]) -> None:
+        super().__init__(message, families)
 
 
 class Collector(Protocol):

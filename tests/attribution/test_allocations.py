@@ -8,9 +8,8 @@ import grpc
 import pytest
 
 from exporter.attribution.collector import AttributionCollector, AttributionSettings
-from exporter.attribution.families import PartialCollectorError
 from exporter.attribution.kubelet import PodResourcesClient, PodResourcesError
-from exporter.collectors.base import CollectorError, GpuRef, NodeState, PodRef
+from exporter.collectors.base import CollectorError, GpuRef, NodeState, PartialCollectorError, PodRef
 from tests.attribution.conftest import GPU_UUIDS, MIG_UUIDS
 from tests.attribution.helpers import label_rows
 from tests.fakes.kubelet import FakeKubelet, pod
