@@ -8,7 +8,8 @@ from exporter.sim.library import (
     install,
     installed,
 )
-from exporter.sim.scenario import Scenario, ScenarioError, list_scenarios, load_scenario
+from exporter.sim.scenario import list_scenarios, load_scenario
+from exporter.sim.scenario_types import Scenario, ScenarioError
 
 __all__ = [
     "Clock",

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from exporter.sim.scenario import ScenarioError, list_scenarios, load_scenario
+from exporter.sim.scenario import list_scenarios, load_scenario
+from exporter.sim.scenario_types import ScenarioError
 
 
 def main(argv: list[str] | None = None) -> int:

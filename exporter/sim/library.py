@@ -32,7 +32,7 @@ from exporter.sim.registry import (
     pointer_value,
 )
 from exporter.sim.runtime import ReleasedError, SimGpu, SimState
-from exporter.sim.scenario import Scenario
+from exporter.sim.scenario_types import Scenario
 
 _SYMBOL_MODULES = (
     sym_device,

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from exporter.sim.clock import Clock, ManualClock, RealClock
 from exporter.sim.curve import Curve
-from exporter.sim.scenario import (
+from exporter.sim.scenario_types import (
     INF,
     FaultSpec,
     GpuSpec,
