@@ -14,7 +14,6 @@ from prometheus_client.core import Metric
 
 from exporter.attribution.clock import Clock, SystemClock
 from exporter.attribution.devices import allocation_map, allocations_from_pods, resolve, resource_matcher
-from exporter.attribution.flags import add_procfs_argument, collector_enabled, csv_list
 from exporter.attribution.kubelet import (
     DEFAULT_SOCKET_PATH,
     PodResourcesClient,
@@ -23,12 +22,13 @@ from exporter.attribution.kubelet import (
     TrackerSettings,
 )
 from exporter.attribution.poddir import DEFAULT_PODS_DIR, PodDirectory
-from exporter.attribution.procfs import DEFAULT_PROCFS, ProcessInfo, Procfs
 from exporter.attribution.resolve import PodResolver, ProcessDevices
 from exporter.collectors.base import GpuProcess, NodeState, PartialCollectorError, PodRef
 from exporter.collectors.blocking import ItemReader
+from exporter.collectors.flags import add_procfs_argument, collector_enabled, csv_list
 from exporter.collectors.series import SeriesFamily, family
 from exporter.config import duration_seconds
+from exporter.host.procfs import DEFAULT_PROCFS, ProcessInfo, Procfs
 from gpupulse.metrics import attribution as specs
 
 NAME = "attribution"

@@ -15,6 +15,7 @@ from prometheus_client.core import Metric
 
 from exporter.collectors.base import Collector
 from exporter.collectors.device import DeviceCollector
+from exporter.collectors.flags import collector_enabled
 from exporter.collectors.gpm import GpmCollector
 from exporter.collectors.gpus import GpuFleet
 from exporter.collectors.health import HealthCollector
@@ -116,7 +117,7 @@ def available_plugins(skip: Collection[str] = ()) -> dict[str, PluginModule]:
 
 def enabled(args: argparse.Namespace, name: str) -> bool:
     """--collector.<name> / --no-collector.<name>, on unless turned off."""
-    return bool(getattr(args, f"collector_{name}", True))
+    return collector_enabled(args, name)
 
 
 def build_builtins(args: argparse.Namespace, ctx: BuiltinContext) -> list[Collector]:

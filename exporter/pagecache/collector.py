@@ -13,12 +13,12 @@ from typing import Any
 from prometheus_client.core import Metric
 
 from exporter.attribution.clock import Clock, SystemClock
-from exporter.attribution.flags import add_procfs_argument, collector_enabled, csv_list
-from exporter.attribution.procfs import DEFAULT_PROCFS, Procfs
 from exporter.collectors.base import NodeState
 from exporter.collectors.blocking import ItemReader
+from exporter.collectors.flags import add_procfs_argument, collector_enabled, csv_list
 from exporter.collectors.series import family
 from exporter.config import duration_seconds
+from exporter.host.procfs import DEFAULT_PROCFS, Procfs
 from exporter.pagecache.discovery import ModelKey, PathSpec, configured_files, mapped_files
 from exporter.pagecache.sampler import BudgetSettings, ModelResidency, ResidencySampler, RoundStats
 from gpupulse.metrics import pagecache as specs

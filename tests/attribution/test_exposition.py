@@ -15,8 +15,8 @@ from prometheus_client.registry import Collector as RegistryCollector
 from prometheus_client.registry import CollectorRegistry
 
 from exporter.attribution.collector import AttributionCollector, AttributionSettings
-from exporter.attribution.procfs import Procfs
 from exporter.collectors.base import GpuProcess, GpuRef, NodeState
+from exporter.host.procfs import Procfs
 from exporter.pagecache.collector import PageCacheCollector, PageCacheSettings
 from gpupulse.metrics.attribution import ATTRIBUTION_METRICS
 from gpupulse.metrics.pagecache import PAGECACHE_METRICS

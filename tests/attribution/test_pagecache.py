@@ -13,8 +13,8 @@ import pytest
 from prometheus_client.core import Metric
 
 import exporter.pagecache.collector as collection_module
-from exporter.attribution.procfs import Procfs
 from exporter.collectors.base import GpuProcess, NodeState, PodRef
+from exporter.host.procfs import Procfs
 from exporter.pagecache.collector import PageCacheCollector, PageCacheSettings
 from exporter.pagecache.discovery import PathSpec, model_name
 from exporter.pagecache.scenario import PageCacheScenario, parse_section

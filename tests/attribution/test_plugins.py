@@ -6,8 +6,8 @@ import argparse
 from pathlib import Path
 
 from exporter.attribution import collector as attribution
-from exporter.attribution.procfs import Procfs
 from exporter.collectors.base import GpuProcess, NodeState
+from exporter.host.procfs import Procfs
 from exporter.pagecache import collector as pagecache
 from gpupulse.metrics.attribution import ATTRIBUTION_METRICS
 from gpupulse.metrics.pagecache import PAGECACHE_METRICS

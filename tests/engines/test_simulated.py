@@ -140,7 +140,7 @@ async def test_simulated_engine_scraped_end_to_end_with_cold_start(scenario: Pat
 
 @pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs Linux procfs")
 async def test_real_procfs_finds_the_process_serving_a_port(scenario: Path) -> None:
-    from exporter.engines import procfs
+    from exporter.host import procfs
 
     runner, port = await serve(SimEngine(load_engines(str(scenario))[0], ManualClock()), "127.0.0.1", 0)
     try:
