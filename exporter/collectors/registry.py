@@ -44,6 +44,7 @@ BUILTINS: dict[str, Callable[[BuiltinContext], Collector]] = {
     "mig": lambda ctx: MigCollector(ctx.fleet),
 }
 
+
 class PluginModule(Protocol):
     """What a plug-in module provides: its own flags, and its collector built from them."""
 

@@ -1,4 +1,5 @@
-"""Simulated NVML under pynvml: scenario files drive every pynvml wrapper without a GPU."""
+"""The simulator: NVML under pynvml driven by scenario files (this package), plus the simulated
+inference engines (`engines`, `engine_spec`) and the page-cache scenario player (`pagecache`)."""
 
 from exporter.sim.clock import Clock, ManualClock, RealClock
 from exporter.sim.library import (

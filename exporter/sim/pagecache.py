@@ -18,7 +18,7 @@ scenario times the file is evicted (fsync + posix_fadvise DONTNEED) or read back
 (The kernel may drop a few MiB of a freshly written file within a second; `keep_warm` holds it at
 100 % until the eviction, so a "was >= 95 %" condition sees it.)
 
-Run: python -m exporter.pagecache.scenario SCENARIO --work-dir .work/pagecache [--speed 1]
+Run: python -m exporter.sim.pagecache SCENARIO --work-dir .work/pagecache [--speed 1]
 """
 
 from __future__ import annotations

@@ -20,8 +20,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from exporter.engines.sim_spec import SimEngineSpec, load_engines
 from exporter.sim.clock import Clock, RealClock
+from exporter.sim.engine_spec import SimEngineSpec, load_engines
 
 _STEP_SECONDS = 1.0
 _Z99 = 2.3263478740408408  # standard normal 99th percentile
