@@ -34,8 +34,9 @@ from exporter.config import (
     exporter_version,
     parse_listen_address,
 )
+from exporter.errors import NvmlInitError
 from exporter.logging import FORMATS, LEVELS, setup_logging
-from exporter.nvml import Nvml, NvmlInitError, XidWatcher
+from exporter.nvml import Nvml, XidWatcher
 from exporter.sampler import Sampler, SnapshotHook
 from exporter.server import make_app, make_site
 from exporter.snapshot import Snapshot

@@ -23,11 +23,12 @@ from exporter.attribution.kubelet import (
 )
 from exporter.attribution.poddir import DEFAULT_PODS_DIR, PodDirectory
 from exporter.attribution.resolve import PodResolver, ProcessDevices
-from exporter.collectors.base import GpuProcess, NodeState, PartialCollectorError, PodRef
+from exporter.collectors.base import GpuProcess, NodeState, PodRef
 from exporter.collectors.blocking import ItemReader
 from exporter.collectors.flags import add_procfs_argument, collector_enabled, csv_list
 from exporter.collectors.series import SeriesFamily, family
 from exporter.config import duration_seconds
+from exporter.errors import PartialCollectorError
 from exporter.host.procfs import DEFAULT_PROCFS, ProcessInfo, Procfs
 from gpupulse.metrics import attribution as specs
 

@@ -57,29 +57,6 @@ class NodeState:
     pid_pods: Mapping[int, PodRef] = field(default_factory=dict)
 
 
-class CollectorError(Exception):
-    """A collector could not produce its families this round; it is reported, not fatal.
-
-    `families` carries what is still true despite the failure (e.g. allocations from the last
-    good kubelet answer): the sampler serves them while reporting the round as failed.
-    """
-
-    def __init__(self, message: str, families: Sequence[Metric] = ()) -> None:
-        super().__init__(message)
-        self.families: Sequence[Metric] = families
-
-
-class PartialCollectorError(CollectorError):
-    """The round failed (success 0), but these families are still true and may be served.
-
-    The sampler serves a failed round's `families`, so a kubelet restart does not blank allocation
-    rows and CPU counters.
-    """
-
-    def __init__(self, message: str, families: Sequence[Metric]) -> None:
-        super().__init__(message, families)
-
-
 class Collector(Protocol):
     """One family of metrics, enabled by --collector.<name>."""
 

@@ -12,7 +12,8 @@ from typing import Any, Generic, TypeVar
 
 from exporter.collectors.base import GpuRef
 from exporter.config import Clock
-from exporter.nvml import Device, GpuLostError, GpuWorker, Nvml, NvmlUnknownError, wake_loop
+from exporter.errors import GpuLostError, NvmlUnknownError
+from exporter.nvml import Device, GpuWorker, Nvml, wake_loop
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -19,20 +19,21 @@ from urllib.parse import urlsplit
 import aiohttp
 from prometheus_client.core import Metric
 
-from exporter.collectors.base import CollectorError, NodeState
+from exporter.collectors.base import NodeState
 from exporter.collectors.blocking import ItemReader
 from exporter.collectors.flags import add_procfs_argument
 from exporter.config import duration_seconds as parse_duration
 from exporter.engines.derived import DerivedHistogram
 from exporter.engines.detect import NORMALIZERS, PREFIXES, WANTED, detect_kind
-from exporter.engines.exposition import LABEL_CACHE_MAX, Exposition, ExpositionError, ExpositionParser
+from exporter.engines.exposition import LABEL_CACHE_MAX, Exposition, ExpositionParser
 from exporter.engines.gpumap import engine_gpus
 from exporter.engines.kube_pods import KubePodSource
 from exporter.engines.reading import MIXED, ModelReading
 from exporter.engines.render import Budget, EndpointView, Families
-from exporter.engines.scrape import ScrapeError, fetch_page
+from exporter.engines.scrape import fetch_page
 from exporter.engines.settings import Clock, EngineSettings, KubeSettings, SystemClock
 from exporter.engines.targets import AUTO, StaticSource, Target
+from exporter.errors import CollectorError, ExpositionError, ScrapeError
 from exporter.host import procfs
 
 log = logging.getLogger(__name__)

@@ -32,6 +32,8 @@ import sys
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
+from exporter.errors import ExpositionError
+
 Labels = Mapping[str, str]
 
 _RAY_PREFIX = re.compile(r"^(?:ray_)?(vllm|sglang)[:_]")
@@ -50,10 +52,6 @@ MAX_NAMED_PROBLEMS = 20  # names of malformed families kept for the log
 # page of ever-new label sets costs no more than the parse itself.
 LABEL_CACHE_MAX = 4096
 GARBAGE_LINES = 1000  # unreadable lines before the first family after which a page is given up
-
-
-class ExpositionError(Exception):
-    """The payload is not a Prometheus text exposition."""
 
 
 @dataclass(frozen=True)

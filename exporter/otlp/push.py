@@ -19,6 +19,7 @@ from prometheus_client.core import Metric
 
 from exporter.attribution.clock import Clock, SystemClock
 from exporter.config import duration_seconds, exporter_version
+from exporter.errors import OtlpConfigError
 from exporter.otlp.convert import UCUM, to_metrics_data
 from gpupulse.metrics.catalog import EXPORTER_SPECS
 from gpupulse.metrics.spec import MetricSpec
@@ -33,10 +34,6 @@ SERVICE_INSTANCE_NAMESPACE = uuid.UUID("4d63009a-8d0f-11ee-aad7-4c796ed8e320")
 def catalog_units(specs: Sequence[MetricSpec]) -> dict[str, str]:
     """Family name (as prometheus_client names it: counters without _total) -> UCUM unit."""
     return {spec.name.removesuffix("_total"): UCUM[spec.unit] for spec in specs if spec.unit in UCUM}
-
-
-class OtlpConfigError(ValueError):
-    """A malformed --otlp.* flag."""
 
 
 @dataclass(frozen=True)

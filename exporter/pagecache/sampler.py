@@ -9,8 +9,9 @@ from collections.abc import Mapping, Set
 from dataclasses import dataclass, field
 
 from exporter.attribution.clock import Clock
+from exporter.errors import MincoreError
 from exporter.pagecache.discovery import ModelKey
-from exporter.pagecache.mincore import MincoreError, mincore_allowed, scan
+from exporter.pagecache.mincore import mincore_allowed, scan
 
 log = logging.getLogger(__name__)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from exporter.errors import ScenarioError
 from exporter.sim.scenario import list_scenarios, load_scenario
-from exporter.sim.scenario_types import ScenarioError
 
 
 def main(argv: list[str] | None = None) -> int:

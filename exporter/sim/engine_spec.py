@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from exporter.errors import SimSpecError
 from exporter.sim.curve import Curve
 from exporter.sim.scenario import load_scenario
 
@@ -35,10 +36,6 @@ CURVE_DEFAULTS: Mapping[str, float] = {
     "batch_latency_p50": 0.025,
     "batch_latency_p99": 0.06,
 }
-
-
-class SimSpecError(ValueError):
-    """The engines section is malformed."""
 
 
 @dataclass(frozen=True)

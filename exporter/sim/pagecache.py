@@ -33,13 +33,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from exporter.errors import PageCacheScenarioError
+
 _MIB = 1 << 20
 _UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
 _SIZE = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB)\s*$")
-
-
-class PageCacheScenarioError(ValueError):
-    """The `page_cache` section is malformed."""
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from typing import Any
 
 import yaml
 
+from exporter.errors import ScenarioError
 from exporter.sim.curve import Curve
 from exporter.sim.library import implemented_symbols
 from exporter.sim.models import (
@@ -36,7 +37,6 @@ from exporter.sim.scenario_types import (
     ProcessSpec,
     RemapState,
     Scenario,
-    ScenarioError,
     XidEvent,
 )
 

@@ -1,4 +1,4 @@
-"""The typed, precomputed form of a scenario file (what the simulation runs on) and its error.
+"""The typed, precomputed form of a scenario file: what the simulation runs on (its error: exporter.errors).
 
 exporter.sim.scenario parses YAML into these; the simulation's runtime and symbols read them. They
 import nothing of the simulation, so the parser may ask the simulation which symbols it implements.
@@ -13,17 +13,6 @@ from exporter.sim.curve import Curve
 from exporter.sim.models import GpuModel
 
 INF = float("inf")
-
-
-class ScenarioError(ValueError):
-    """A scenario file is missing, unreadable or invalid; the message names file and field."""
-
-    def __init__(self, source: str, field_path: str, problem: str) -> None:
-        self.source = source
-        self.field_path = field_path
-        self.problem = problem
-        where = f"{source}: {field_path}" if field_path else source
-        super().__init__(f"{where}: {problem}")
 
 
 @dataclass(frozen=True)

@@ -300,7 +300,7 @@ async def test_a_page_cache_section_names_its_file_and_is_evicted_again_and_agai
     ],
 )
 def test_a_bad_page_cache_entry_is_refused(entry: dict[str, Any], words: str) -> None:
-    from exporter.sim.pagecache import PageCacheScenarioError
+    from exporter.errors import PageCacheScenarioError
 
     with pytest.raises(PageCacheScenarioError, match=words):
         parse_section([entry])

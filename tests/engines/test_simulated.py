@@ -17,8 +17,9 @@ from exporter.engines.exposition import parse_exposition
 from exporter.engines.settings import EngineSettings
 from exporter.engines.targets import Target
 from exporter.engines.vllm import normalize
+from exporter.errors import SimSpecError
 from exporter.sim.clock import ManualClock
-from exporter.sim.engine_spec import SimSpecError, load_engines, parse_engines
+from exporter.sim.engine_spec import load_engines, parse_engines
 from exporter.sim.engines import SimEngine, serve
 
 from .conftest import FakeClock, ListSource, value
