@@ -3,6 +3,11 @@
 Everything above this module receives plain dataclasses. Blocking NVML calls run on one daemon
 thread per GPU (GpuWorker) with a deadline, and XID events arrive from one dedicated thread
 (XidWatcher). The simulated NVML replaces pynvml's C function lookups, so this code runs in tests.
+
+Why one module of ~900 lines: it is the seam itself, the only importer of pynvml (a boundary test
+holds that). Its sections (error classification, readings, MIG, GPM, init and enumeration, the
+per-GPU worker, the XID thread) each translate pynvml for the layers above; splitting them would
+make several modules import pynvml and widen the seam the simulation has to cover.
 """
 
 from __future__ import annotations

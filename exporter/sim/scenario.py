@@ -1,4 +1,9 @@
-"""Scenario files: load, validate strictly, and turn into typed, precomputed specs."""
+"""Scenario files: load, validate strictly, and turn into typed, precomputed specs.
+
+Why one module of ~750 lines: it is one strict parser (`_Parser`), section by section, whose
+helpers (numbers, sizes, curves, symbols) share one error path that names file and field. The typed
+result lives apart in scenario_types.py, which the simulation's runtime reads without the parser.
+"""
 
 from __future__ import annotations
 
