@@ -49,11 +49,12 @@ sys.path.insert(0, str(ROOT))
 from exporter.collectors.gpus import GpuFleet  # noqa: E402
 from exporter.collectors.registry import BUILTINS, BuiltinContext  # noqa: E402
 from exporter.collectors.xid import XidCounter  # noqa: E402
-from exporter.config import ExporterSettings, SystemClock  # noqa: E402
+from exporter.config import ExporterSettings  # noqa: E402
 from exporter.nvml import GPM_METRICS, Nvml  # noqa: E402
 from exporter.sampler import Sampler  # noqa: E402
 from exporter.sim import ManualClock, SimulatedNvml, install, load_scenario  # noqa: E402
 from exporter.sim.scenario import SCENARIO_DIR  # noqa: E402
+from gpupulse.clock import Clock, SystemClock  # noqa: E402
 
 GPU_COUNTS = (1, 8, 16)
 PLUGIN_PAIRS = 3  # runs with and without the plug-ins, interleaved
@@ -62,15 +63,20 @@ WARMUP_SECONDS = 3.0  # the exporter's first ticks import and allocate; steady s
 WARMUP_SCRAPES = 20  # per scraper, not measured
 
 
-class _Clock:
+class _Clock(Clock):
+    """The exporter's clock on the simulation's: wall time = the sim's epoch + scenario time."""
+
     def __init__(self, sim_clock: ManualClock, epoch_us: int) -> None:
         self.sim_clock, self.epoch_us = sim_clock, epoch_us
 
     def time(self) -> float:
-        return self.epoch_us / 1e6 + self.sim_clock.now()
+        return self.epoch_us / 1e6 + self.sim_clock.monotonic()
 
     def monotonic(self) -> float:
-        return self.sim_clock.now()
+        return self.sim_clock.monotonic()
+
+    async def sleep(self, seconds: float) -> None:
+        await self.sim_clock.sleep(seconds)
 
 
 def scenario_file(gpus: int, workdir: Path) -> Path:

@@ -22,27 +22,31 @@ import sys
 import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import cast
 
+from gpupulse.clock import Clock
 from remediation.engine import RemediationEngine, build_engine
 from remediation.engine_config import EngineSettings
 from remediation.metrics import RemediationMetrics
 from remediation.model import ActionResult, AlertEvent, Page, Target
 
 
-class SimClock:
-    """Simulated wall clock: the storm's minutes pass in milliseconds."""
+class SimClock(Clock):
+    """Simulated clock: the storm's minutes pass in milliseconds (the loop below moves `t`)."""
 
     def __init__(self) -> None:
         self.t = 1_780_000_000.0
 
-    def now(self) -> float:
+    def time(self) -> float:
         return self.t
 
-    def utcnow(self) -> datetime:
-        return datetime.fromtimestamp(self.t, tz=UTC)
+    def monotonic(self) -> float:
+        return self.t
+
+    async def sleep(self, seconds: float) -> None:
+        self.t += max(seconds, 0.0)
+        await asyncio.sleep(0)
 
 
 class CountingPager:

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from exporter.engines.kube_pods import KubePodSource
-from exporter.engines.settings import KubeSettings, SystemClock
+from exporter.engines.settings import KubeSettings
+from gpupulse.clock import SystemClock
 from tests.fakes.kube_api import FakeKubeAPI, parse_bool
 
 OLD_REFRESH_SECONDS = 30.0  # the LIST-per-refresh design this replaces

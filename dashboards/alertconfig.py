@@ -10,12 +10,12 @@ from typing import Any
 
 import yaml
 
+from gpupulse.durations import DurationError, parse_duration
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG_PATH = REPO_ROOT / "alerts" / "config.yaml"
 
-_DURATION = re.compile(r"^(\d+)(ms|s|m|h|d|w)$")
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
 class ConfigError(Exception):
@@ -23,11 +23,11 @@ class ConfigError(Exception):
 
 
 def duration_seconds(text: str) -> float:
-    """Seconds in a Prometheus duration such as `5m` (single unit only)."""
-    match = _DURATION.match(text)
-    if not match:
-        raise ConfigError(f"not a Prometheus duration: {text!r}")
-    return int(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+    """Seconds in a Prometheus duration (the grammar of gpupulse.durations), else ConfigError."""
+    try:
+        return parse_duration(text)
+    except DurationError as e:
+        raise ConfigError(f"alerts/config.yaml: {e}") from None
 
 
 @dataclass(frozen=True)

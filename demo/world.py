@@ -164,7 +164,7 @@ class World:
         """Start the scripted faults now: the scenario's times count from this moment on."""
         if self.offset is not None:
             return self.offset
-        offset = self.sim.clock.now()
+        offset = self.sim.clock.monotonic()
         delay_processes(self.sim, offset)
         self._repeat_due = {i: due + offset for i, due in self._repeat_due.items()}
         for b in self.behaviours.values():
@@ -207,7 +207,7 @@ class World:
         """Deliver the XIDs that are due (call about twice a second)."""
         if self.offset is None:
             return
-        now = self.sim.clock.now()
+        now = self.sim.clock.monotonic()
         for i, r in enumerate(self.repeats):
             if now >= self._repeat_due[i]:
                 inject_xid(self.sim, r.gpu, r.xid)
@@ -253,7 +253,7 @@ class World:
             restart_process(self.sim, pid, new_pid, b.restart_memory_bytes)
         pod.pids = [new for _, new in pairs]
         changes = [f"PID {pid} -> {new}" for pid, new in pairs]
-        pod.started_at = self.sim.clock.now()
+        pod.started_at = self.sim.clock.monotonic()
         loop = b.xid_loop
         if loop is not None and self.offset is not None and pod.started_at >= loop.from_seconds + self.offset:
             # the bug is in the application: the new process hits it again soon after starting

@@ -29,17 +29,17 @@ from exporter.collectors.xid import XidCounter
 from exporter.config import (
     DEFAULT_PORT,
     ExporterSettings,
-    SystemClock,
-    duration_seconds,
     exporter_version,
     parse_listen_address,
 )
 from exporter.errors import NvmlInitError
-from exporter.logging import FORMATS, LEVELS, setup_logging
 from exporter.nvml import Nvml, XidWatcher
 from exporter.sampler import Sampler, SnapshotHook
 from exporter.server import make_app, make_site
 from exporter.snapshot import Snapshot
+from gpupulse.clock import SystemClock
+from gpupulse.durations import duration_flag
+from gpupulse.logs import FORMATS, LEVELS, setup_logging
 
 log = logging.getLogger("exporter")
 
@@ -93,14 +93,14 @@ def build_parser(
     p.add_argument(
         "--sampling.interval",
         dest="sampling_interval",
-        type=duration_seconds,
+        type=duration_flag,
         default=d.sampling_interval_seconds,
         help="seconds between samples (default: %(default)s)",
     )
     p.add_argument(
         "--sampling.gpu-timeout",
         dest="sampling_gpu_timeout",
-        type=duration_seconds,
+        type=duration_flag,
         default=d.gpu_call_timeout_seconds,
         help="deadline in seconds for one GPU's NVML calls per collector; a slower GPU is marked "
         "stale (default: %(default)s)",
@@ -108,7 +108,7 @@ def build_parser(
     p.add_argument(
         "--sampling.slow-interval",
         dest="sampling_slow_interval",
-        type=duration_seconds,
+        type=duration_flag,
         default=d.slow_fields_interval_seconds,
         help="seconds between reads of fields that change slowly: ECC and remap counters, NVLink link "
         "states, power limit, PCIe link and replays; 0 reads them every sample (default: %(default)s)",

@@ -1,39 +1,11 @@
-"""Exporter settings (one place for defaults, units in names) and the clock the exporter reads."""
+"""Exporter settings: one place for defaults, units in names."""
 
 from __future__ import annotations
 
-import argparse
 import importlib.metadata
-import re
-import time
 from dataclasses import dataclass
-from typing import Protocol
 
 DEFAULT_PORT = 9842  # free of dcgm-exporter 9400, nvidia_gpu_exporter 9835, mindprince 9445
-
-
-class Clock(Protocol):
-    """Wall time for timestamps and monotonic time for intervals and deadlines."""
-
-    def time(self) -> float:
-        """Unix seconds."""
-        ...
-
-    def monotonic(self) -> float:
-        """Seconds from an arbitrary origin that never goes backwards."""
-        ...
-
-
-class SystemClock:
-    """The real clock."""
-
-    def time(self) -> float:
-        """Unix seconds."""
-        return time.time()
-
-    def monotonic(self) -> float:
-        """time.monotonic()."""
-        return time.monotonic()
 
 
 @dataclass(frozen=True)
@@ -70,27 +42,6 @@ class ExporterSettings:
             raise ValueError("sampling interval must be > 0")
         if self.gpu_call_timeout_seconds <= 0:
             raise ValueError("GPU call timeout must be > 0")
-
-
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-
-
-def duration_seconds(text: str) -> float:
-    """A flag value as seconds: a plain number, or a Prometheus duration such as 500ms, 1m30s."""
-    value = text.strip()
-    try:
-        seconds = float(value)
-    except ValueError:
-        parts = _DURATION_PART.findall(value)
-        if not parts or "".join(n + u for n, u in parts) != value:
-            raise argparse.ArgumentTypeError(
-                f"{text!r} is not a duration (seconds, or like 500ms, 15s, 1m30s)"
-            ) from None
-        seconds = sum(float(n) * _UNIT_SECONDS[u] for n, u in parts)
-    if seconds < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: a duration cannot be negative")
-    return seconds
 
 
 def parse_listen_address(value: str) -> tuple[str, int]:

@@ -15,9 +15,10 @@ from prometheus_client.core import Metric
 
 from exporter.collectors.base import Collector, GpuRef, NodeState
 from exporter.collectors.self import CollectorRound, self_families
-from exporter.config import Clock, ExporterSettings
+from exporter.config import ExporterSettings
 from exporter.errors import CollectorError
 from exporter.snapshot import Snapshot
+from gpupulse.clock import Clock
 
 log = logging.getLogger(__name__)
 

@@ -13,10 +13,8 @@ import contextlib
 import dataclasses
 import importlib
 import inspect
-import json
 import logging
 import os
-import re
 import shlex
 import signal
 import socket
@@ -29,8 +27,11 @@ from typing import TYPE_CHECKING, Any, cast
 
 import yaml
 
+from gpupulse.clock import SystemClock
+from gpupulse.durations import format_duration, parse_flag_duration
+from gpupulse.logs import FORMATS, LEVELS, setup_logging
+
 from .auth import load_token
-from .clock import SystemClock
 from .config import DEFAULT_LISTEN_HOST, DEFAULT_LISTEN_PORT, ConfigError, KubeSettings, Settings
 from .engine_config import EngineSettings
 from .metrics import RemediationMetrics
@@ -45,18 +46,8 @@ if TYPE_CHECKING:
 
 ENV_PREFIX = "GPUPULSE_REMEDIATION_"
 PROG = "gpupulse-remediation"
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)?$")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 
 log = logging.getLogger(__name__)
-
-
-def parse_duration(text: str) -> float:
-    """'90', '90s', '5m', '1.5h', '250ms', '7d' → seconds."""
-    m = _DURATION.match(text.strip())
-    if not m:
-        raise ValueError(f"not a duration: {text!r} (use e.g. 30s, 5m, 1h)")
-    return float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
 
 
 def parse_bool(text: str) -> bool:
@@ -125,16 +116,20 @@ SERVE_FLAGS: tuple[Flag, ...] = (
     Flag("web.max-body-bytes", int, 1024 * 1024, "Largest webhook body accepted (larger → 413)."),
     Flag(
         "web.read-header-timeout",
-        parse_duration,
+        parse_flag_duration,
         "10s",
         "A request head must be complete this long after its first byte (else 408 and close).",
     ),
-    Flag("web.read-body-timeout", parse_duration, "30s", "Longest time to receive a request body (408)."),
+    Flag(
+        "web.read-body-timeout", parse_flag_duration, "30s", "Longest time to receive a request body (408)."
+    ),
     Flag(
         "storage.path", str, "/var/lib/gpupulse-remediation", "Directory of the controller's SQLite database."
     ),
     Flag("storage.synchronous", str.upper, "FULL", "SQLite synchronous mode.", choices=("FULL", "NORMAL")),
-    Flag("storage.inbox-retention", parse_duration, "7d", "How long processed alerts stay in the inbox."),
+    Flag(
+        "storage.inbox-retention", parse_flag_duration, "7d", "How long processed alerts stay in the inbox."
+    ),
     Flag(
         "storage.on-corrupt",
         str,
@@ -150,12 +145,12 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         boolean=True,
     ),
     Flag("queue.max-pending", int, 10_000, "Unprocessed alerts before the webhook answers 503."),
-    Flag("engine.tick-interval", parse_duration, "1s", "How often the engine's timers advance."),
-    Flag("engine.handle-timeout", parse_duration, "60s", "Longest one engine.handle call may take."),
+    Flag("engine.tick-interval", parse_flag_duration, "1s", "How often the engine's timers advance."),
+    Flag("engine.handle-timeout", parse_flag_duration, "60s", "Longest one engine.handle call may take."),
     Flag(
         "engine.max-event-age",
-        parse_duration,
-        f"{_E.max_event_age_seconds}s",
+        parse_flag_duration,
+        format_duration(_E.max_event_age_seconds),
         "Evidence older than this never acts: alerts processed this long after arrival, and open "
         "incidents after the controller did not watch for this long, until a fresh notification.",
     ),
@@ -176,8 +171,8 @@ SERVE_FLAGS: tuple[Flag, ...] = (
     ),
     Flag(
         "backend.local.timeout",
-        parse_duration,
-        f"{_E.local_backend.timeout_seconds}",
+        parse_flag_duration,
+        format_duration(_E.local_backend.timeout_seconds),
         "Local command timeout.",
     ),
     Flag("backend.local.pidfile", str, "", "PID file signalled on restart when no restart command is set."),
@@ -203,8 +198,8 @@ SERVE_FLAGS: tuple[Flag, ...] = (
     ),
     Flag(
         "safety.window",
-        parse_duration,
-        f"{_E.budgets.migrate_window_seconds}s",
+        parse_flag_duration,
+        format_duration(_E.budgets.migrate_window_seconds),
         "Window of the node budgets.",
     ),
     Flag(
@@ -215,8 +210,8 @@ SERVE_FLAGS: tuple[Flag, ...] = (
     ),
     Flag(
         "safety.page-window",
-        parse_duration,
-        f"{_E.budgets.page_window_seconds}s",
+        parse_flag_duration,
+        format_duration(_E.budgets.page_window_seconds),
         "Window of the page budget.",
     ),
     Flag(
@@ -265,7 +260,10 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "Restarts of one target within the window before paging.",
     ),
     Flag(
-        "loops.restart-window", parse_duration, f"{_E.loops.restart_window_seconds}s", "Restart loop window."
+        "loops.restart-window",
+        parse_flag_duration,
+        format_duration(_E.loops.restart_window_seconds),
+        "Restart loop window.",
     ),
     Flag("cluster.node-count", int, _E.cluster_node_count, "Nodes in the cluster (for the fraction budget)."),
     Flag("verify.prometheus-url", str, _E.prometheus_url, "Prometheus base URL for PromQL verification."),
@@ -291,7 +289,7 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "",
         "This replica's name, the Lease holder (default $POD_NAME, else the hostname).",
     ),
-    Flag("kube.request-timeout", parse_duration, "10s", "Timeout of one Kubernetes API request."),
+    Flag("kube.request-timeout", parse_flag_duration, "10s", "Timeout of one Kubernetes API request."),
     Flag(
         "kube.leader-election",
         parse_bool,
@@ -300,22 +298,22 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         boolean=True,
     ),
     Flag("kube.lease-name", str, "gpupulse-remediation-leader", "Name of the leader Lease."),
-    Flag("kube.lease-duration", parse_duration, "15s", "Leader Lease duration (whole seconds)."),
+    Flag("kube.lease-duration", parse_flag_duration, "15s", "Leader Lease duration (whole seconds)."),
     Flag(
         "kube.renew-deadline",
-        parse_duration,
+        parse_flag_duration,
         "10s",
         "The leader steps down when it has not renewed for this long.",
     ),
-    Flag("kube.retry-period", parse_duration, "2s", "How often candidates try and the leader renews."),
+    Flag("kube.retry-period", parse_flag_duration, "2s", "How often candidates try and the leader renews."),
     Flag(
         "kube.backend-config",
         str,
         "",
         "YAML mapping of Kubernetes backend settings (eviction deadline, PDB policy, ...).",
     ),
-    Flag("log.format", str, "logfmt", "Log format.", choices=("logfmt", "json")),
-    Flag("log.level", str.lower, "info", "Log level.", choices=("debug", "info", "warning", "error")),
+    Flag("log.format", str, "logfmt", "Log format.", choices=FORMATS),
+    Flag("log.level", str.lower, "info", "Log level.", choices=LEVELS),
 )
 
 
@@ -495,43 +493,6 @@ def kube_settings_from_values(v: Mapping[str, Any], environ: Mapping[str, str]) 
         retry_period_seconds=v["kube_retry_period"],
         backend_config_file=_path_or_none(v["kube_backend_config"]),
     )
-
-
-class LogfmtFormatter(logging.Formatter):
-    """ts=... level=... logger=... msg="..." (the Prometheus ecosystem's default log shape)."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        msg = record.getMessage()
-        if record.exc_info:
-            msg += "\n" + self.formatException(record.exc_info)
-        ts = self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}Z"
-        return f"ts={ts} level={record.levelname.lower()} logger={record.name} msg={json.dumps(msg)}"
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        doc = {
-            "ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}Z",
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        if record.exc_info:
-            doc["exc"] = self.formatException(record.exc_info)
-        return json.dumps(doc)
-
-
-def configure_logging(fmt: str, level: str) -> None:
-    """Log to stderr in the chosen format, UTC timestamps."""
-    handler = logging.StreamHandler(sys.stderr)
-    formatter: logging.Formatter = JsonFormatter() if fmt == "json" else LogfmtFormatter()
-    formatter.converter = time.gmtime
-    handler.setFormatter(formatter)
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
 
 
 async def build_default_engine(settings: Settings, metrics: RemediationMetrics) -> Engine:
@@ -808,7 +769,7 @@ def run_serve(ns: argparse.Namespace, environ: Mapping[str, str] | None = None) 
     except ConfigError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
-    configure_logging(settings.log_format, settings.log_level)
+    setup_logging(settings.log_format, settings.log_level)
     if settings.insecure_no_auth and not settings.auth_token:
         log.warning(
             "authentication is OFF (--insecure-no-auth): anyone who can reach the port can post alerts"

@@ -6,9 +6,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from gpupulse.logs import LogFormat
+
 from .engine_config import EngineSettings
 
-LogFormat = Literal["logfmt", "json"]
 SyncMode = Literal["FULL", "NORMAL"]
 OnCorrupt = Literal["refuse", "recreate"]
 

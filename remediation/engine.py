@@ -25,8 +25,8 @@ from urllib.parse import urlencode
 
 from opentelemetry.sdk.trace import TracerProvider
 
+from gpupulse.clock import Clock, SystemClock
 from remediation.backends import LogPager, NoBackend
-from remediation.clock import Clock, SystemClock
 from remediation.engine_config import EngineSettings
 from remediation.ladder import (
     first_step,
@@ -242,14 +242,14 @@ class RemediationEngine:
     def pause(self, by: str) -> None:
         """Stop taking actions (new actions are blocked and their incidents page) until resume()."""
         with self._ro.transaction():
-            self._ro.set_state(PAUSE, {"paused": True, "by": by, "at": self.clock.now()})
+            self._ro.set_state(PAUSE, {"paused": True, "by": by, "at": self.clock.time()})
         self.metrics.paused.set(1)
         log.warning("remediation paused by %s", by)
 
     def resume(self, by: str) -> None:
         """Allow actions again."""
         with self._ro.transaction():
-            self._ro.set_state(PAUSE, {"paused": False, "by": by, "at": self.clock.now()})
+            self._ro.set_state(PAUSE, {"paused": False, "by": by, "at": self.clock.time()})
         self.metrics.paused.set(0)
         log.warning("remediation resumed by %s", by)
 
@@ -257,7 +257,7 @@ class RemediationEngine:
         """A human closes the breaker; incidents already paged stay with humans."""
         with self._ro.transaction():
             SafetyGate(self._ro, self.settings.budgets, self.settings.cluster_node_count).close_breaker(
-                by, self.clock.now()
+                by, self.clock.time()
             )
         self.metrics.breaker_open.set(0)
         log.warning("remediation breaker reset by %s", by)
@@ -335,10 +335,10 @@ class RemediationEngine:
         return out
 
     def _entry(self, inc: sqlite3.Row, kind: str, status: str, summary: str, **kw: Any) -> int:
-        return self._db.add_entry(int(inc["id"]), self.clock.now(), kind, status, summary, **kw)
+        return self._db.add_entry(int(inc["id"]), self.clock.time(), kind, status, summary, **kw)
 
     def _set(self, incident_id: int, **fields: Any) -> None:
-        self._db.update_incident(incident_id, updated_at=self.clock.now(), **fields)
+        self._db.update_incident(incident_id, updated_at=self.clock.time(), **fields)
 
     def _row(self, incident_id: int) -> sqlite3.Row:
         row = self._db.incident(incident_id)
@@ -349,7 +349,7 @@ class RemediationEngine:
 
     def _recover(self) -> None:
         """Actions recorded as started but never finished are verified, never repeated."""
-        now = self.clock.now()
+        now = self.clock.time()
         with self._db.transaction():
             for e in self._db.started_actions():
                 inc = self._row(int(e["incident_id"]))
@@ -463,7 +463,7 @@ class RemediationEngine:
 
     def _on_event(self, event: AlertEvent, node_labels: Mapping[str, str] | None = None) -> list[_Effect]:
         db = self._db
-        now = self.clock.now()
+        now = self.clock.time()
         fresh = now - event.received_at.timestamp() <= self.settings.max_event_age_seconds
         seen = db.handled(event.dedup_key)
         if seen is not None and not (seen["stale"] and fresh):
@@ -1022,7 +1022,7 @@ class RemediationEngine:
         if not inc["rung"] or inc["rung_started_at"] is None:
             return
         start = float(inc["rung_started_at"])
-        end = self.clock.now()
+        end = self.clock.time()
         attrs: dict[str, AttrValue] = {
             "gpupulse.rung": inc["rung"],
             "gpupulse.attempt": int(inc["attempt"]),
@@ -1035,7 +1035,7 @@ class RemediationEngine:
     # ------------------------------------------------------------------ timers
 
     def _on_tick(self) -> list[_Effect]:
-        now = self.clock.now()
+        now = self.clock.time()
         effects, self._deferred = self._deferred, []
         for inc in self._db.due_incidents(now):
             incident_id = int(inc["id"])
@@ -1199,7 +1199,7 @@ class RemediationEngine:
     def _on_action_done(
         self, eff: _Act, outcome: str, summary: str, details: Mapping[str, Any], delay: float
     ) -> list[_Effect]:
-        now = self.clock.now()
+        now = self.clock.time()
         entry = self._db.entry(eff.entry_id)
         if entry is None or entry["status"] != "started":
             return []
@@ -1240,7 +1240,7 @@ class RemediationEngine:
         await self._decide(lambda: self._on_page_done(eff, error))
 
     def _on_page_done(self, eff: _SendPage, error: str) -> list[_Effect]:
-        now = self.clock.now()
+        now = self.clock.time()
         entry = self._db.entry(eff.entry_id)
         if entry is None or entry["status"] != "started":
             return []
@@ -1269,7 +1269,7 @@ class RemediationEngine:
         await self._decide(lambda: self._on_group_page_done(eff, error))
 
     def _on_group_page_done(self, eff: _SendGroupPage, error: str) -> list[_Effect]:
-        now = self.clock.now()
+        now = self.clock.time()
         status = "failed" if error else "success"
         self._later(lambda: self.metrics.actions.labels(rung="page", outcome=status).inc())
         for incident_id in eff.member_ids:
@@ -1306,7 +1306,7 @@ class RemediationEngine:
         await self._decide(lambda: self._on_promql(eff, healthy, detail))
 
     def _on_promql(self, eff: _CheckPromQL, healthy: bool, detail: str) -> list[_Effect]:
-        now = self.clock.now()
+        now = self.clock.time()
         inc = self._row(eff.incident_id)
         if inc["state"] != "verifying" or inc["resolved_at"] is None:
             return []

@@ -15,9 +15,10 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from gpupulse.clock import Clock, SystemClock
+
 from .api import Api
 from .auth import TokenAuth, auth_middleware, build_ssl_context
-from .clock import Clock, SystemClock
 from .config import Settings
 from .httpguard import (
     BodyRefused,
@@ -120,7 +121,7 @@ class WebhookHandler:
             headers = {"Connection": "close"} if e.status in (408, 413) else None
             return self._reject(reason, _error(e.status, e.field, message, headers))
         try:
-            records = parse_notification(body, ctl.clock.now())
+            records = parse_notification(body, ctl.clock.time())
         except PayloadError as e:
             log.info("rejected webhook from %s: %s", request.remote, e)
             return self._reject("invalid", web.json_response(e.as_json(), status=400))
@@ -261,7 +262,7 @@ async def start_service(
             pair_inbox,
             settings.db_path,
             inbox.identity,
-            clock.now(),
+            clock.time(),
             settings.storage_accept_new_inbox or recreated is not None,
         )
         if warning:

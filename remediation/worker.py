@@ -17,7 +17,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .clock import Clock, SystemClock
+from gpupulse.clock import Clock, SystemClock
+
 from .metrics import RemediationMetrics
 from .model import AlertEvent, Engine
 from .store import Inbox, StoreError
@@ -220,7 +221,7 @@ class Worker:
             return self.settings.tick_interval_seconds
         if due is None:
             return float("inf")
-        return max(0.0, due - self.clock.now())
+        return max(0.0, due - self.clock.time())
 
     async def _tick(self) -> None:
         if not self.inbox.writable and self.inbox.running:
@@ -241,7 +242,7 @@ class Worker:
 
     async def _prune(self) -> None:
         try:
-            removed = await self.inbox.prune(self.clock.now() - self.settings.retention_seconds)
+            removed = await self.inbox.prune(self.clock.time() - self.settings.retention_seconds)
             if removed:
                 log.info("pruned %d processed inbox rows", removed)
         except StoreError as e:
@@ -273,7 +274,7 @@ class Worker:
 
     async def _drain_inbox(self) -> bool:
         """Slow path: rows read from the inbox (after a start, a failure, or a lost hand-over)."""
-        rows, waiting, max_id = await self.inbox.load_ready(self.clock.now(), BATCH_ROWS)
+        rows, waiting, max_id = await self.inbox.load_ready(self.clock.time(), BATCH_ROWS)
         if not rows and not waiting:
             if self._fresh_lossy:  # some hand-overs were dropped: start over with one more read
                 self._fresh_lossy = False
@@ -305,7 +306,7 @@ class Worker:
     async def _mark(self, done: list[int]) -> None:
         # one commit per batch; a crash before it replays these rows (handle is idempotent)
         if done:
-            await self.inbox.mark_processed(done, self.clock.now())
+            await self.inbox.mark_processed(done, self.clock.time())
             self.marked += len(done)
             await self._notify()
 
@@ -344,7 +345,7 @@ class Worker:
                 self.last_error,
                 exc_info=error if not isinstance(error, TimeoutError) else None,
             )
-            await self.inbox.mark_failed(row_id, self.last_error, attempts, self.clock.now() + delay)
+            await self.inbox.mark_failed(row_id, self.last_error, attempts, self.clock.time() + delay)
             await self._notify()
             return False
         self.handled += 1

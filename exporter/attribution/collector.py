@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 from prometheus_client.core import Metric
 
-from exporter.attribution.clock import Clock, SystemClock
 from exporter.attribution.devices import allocation_map, allocations_from_pods, resolve, resource_matcher
 from exporter.attribution.kubelet import (
     DEFAULT_SOCKET_PATH,
@@ -27,9 +26,10 @@ from exporter.collectors.base import GpuProcess, NodeState, PodRef
 from exporter.collectors.blocking import ItemReader
 from exporter.collectors.flags import add_procfs_argument, collector_enabled, csv_list
 from exporter.collectors.series import SeriesFamily, family
-from exporter.config import duration_seconds
 from exporter.errors import PartialCollectorError
 from exporter.host.procfs import DEFAULT_PROCFS, ProcessInfo, Procfs
+from gpupulse.clock import Clock, SystemClock
+from gpupulse.durations import duration_flag
 from gpupulse.metrics import attribution as specs
 
 NAME = "attribution"
@@ -253,7 +253,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--attribution.interval",
         dest="attribution_interval",
-        type=duration_seconds,
+        type=duration_flag,
         default=d.interval_seconds,
         help="seconds between attribution rounds (default: %(default)s)",
     )
@@ -267,21 +267,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--attribution.kubelet-refresh-interval",
         dest="attribution_kubelet_refresh_interval",
-        type=duration_seconds,
+        type=duration_flag,
         default=d.kubelet_refresh_interval_seconds,
         help="seconds between pod-resources List calls, in the background (default: %(default)s)",
     )
     group.add_argument(
         "--attribution.kubelet-timeout",
         dest="attribution_kubelet_timeout",
-        type=duration_seconds,
+        type=duration_flag,
         default=d.kubelet_timeout_seconds,
         help="List call timeout in seconds (default: %(default)s)",
     )
     group.add_argument(
         "--attribution.kubelet-max-stale",
         dest="attribution_kubelet_max_stale",
-        type=duration_seconds,
+        type=duration_flag,
         default=d.kubelet_max_stale_seconds,
         help="seconds the last good pod-resources answer is kept while the kubelet fails "
         "(default: %(default)s)",

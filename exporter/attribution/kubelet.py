@@ -9,7 +9,6 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from exporter.attribution.clock import Clock, SystemClock
 from exporter.attribution.podresources_proto import (
     LIST_METHOD,
     PodResources,
@@ -17,6 +16,7 @@ from exporter.attribution.podresources_proto import (
     encode_list_request,
 )
 from exporter.errors import PodResourcesDecodeError, PodResourcesError
+from gpupulse.clock import Clock, SystemClock
 
 if TYPE_CHECKING:
     import grpc.aio

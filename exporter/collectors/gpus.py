@@ -11,9 +11,9 @@ from functools import partial
 from typing import Any, Generic, TypeVar
 
 from exporter.collectors.base import GpuRef
-from exporter.config import Clock
 from exporter.errors import GpuLostError, NvmlUnknownError
 from exporter.nvml import Device, GpuWorker, Nvml, wake_loop
+from gpupulse.clock import Clock
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

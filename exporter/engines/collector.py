@@ -22,7 +22,6 @@ from prometheus_client.core import Metric
 from exporter.collectors.base import NodeState
 from exporter.collectors.blocking import ItemReader
 from exporter.collectors.flags import add_procfs_argument
-from exporter.config import duration_seconds as parse_duration
 from exporter.engines.derived import DerivedHistogram
 from exporter.engines.detect import NORMALIZERS, PREFIXES, WANTED, detect_kind
 from exporter.engines.exposition import LABEL_CACHE_MAX, Exposition, ExpositionParser
@@ -31,10 +30,12 @@ from exporter.engines.kube_pods import KubePodSource
 from exporter.engines.reading import MIXED, ModelReading
 from exporter.engines.render import Budget, EndpointView, Families
 from exporter.engines.scrape import fetch_page
-from exporter.engines.settings import Clock, EngineSettings, KubeSettings, SystemClock
+from exporter.engines.settings import EngineSettings, KubeSettings
 from exporter.engines.targets import AUTO, StaticSource, Target
 from exporter.errors import CollectorError, ExpositionError, ScrapeError
 from exporter.host import procfs
+from gpupulse.clock import Clock, SystemClock
+from gpupulse.durations import duration_flag
 
 log = logging.getLogger(__name__)
 
@@ -418,14 +419,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--engines.interval",
         dest="engines_interval",
-        type=parse_duration,
+        type=duration_flag,
         default=d.interval_seconds,
         help="seconds between engine scrape rounds",
     )
     g.add_argument(
         "--engines.scrape-timeout",
         dest="engines_scrape_timeout",
-        type=parse_duration,
+        type=duration_flag,
         default=d.scrape_timeout_seconds,
         help="per-endpoint scrape timeout in seconds",
     )

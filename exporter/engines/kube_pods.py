@@ -32,9 +32,10 @@ from kubernetes_asyncio import watch as k8s_watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from exporter.engines.detect import KINDS
-from exporter.engines.settings import Clock, KubeSettings
+from exporter.engines.settings import KubeSettings
 from exporter.engines.targets import AUTO, Target
 from exporter.errors import Expired, KubeError
+from gpupulse.clock import Clock
 
 log = logging.getLogger(__name__)
 

@@ -2,24 +2,8 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
-
-
-class Clock(Protocol):
-    """Wall-clock seconds since the epoch; tests pass a manual one."""
-
-    def time(self) -> float: ...
-
-
-class SystemClock:
-    """The real wall clock."""
-
-    def time(self) -> float:
-        """Seconds since the epoch."""
-        return time.time()
 
 
 @dataclass(frozen=True)

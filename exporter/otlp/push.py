@@ -17,10 +17,11 @@ from opentelemetry.sdk.metrics.export import MetricExportResult
 from opentelemetry.sdk.resources import Resource
 from prometheus_client.core import Metric
 
-from exporter.attribution.clock import Clock, SystemClock
-from exporter.config import duration_seconds, exporter_version
+from exporter.config import exporter_version
 from exporter.errors import OtlpConfigError
 from exporter.otlp.convert import UCUM, to_metrics_data
+from gpupulse.clock import Clock, SystemClock
+from gpupulse.durations import duration_flag
 from gpupulse.metrics.catalog import EXPORTER_SPECS
 from gpupulse.metrics.spec import MetricSpec
 
@@ -161,7 +162,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--otlp.interval",
         dest="otlp_interval",
-        type=duration_seconds,
+        type=duration_flag,
         default=d.interval_seconds,
         help="minimum seconds between pushes (default: %(default)s)",
     )
@@ -180,7 +181,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--otlp.timeout",
         dest="otlp_timeout",
-        type=duration_seconds,
+        type=duration_flag,
         default=d.timeout_seconds,
         help="seconds per push, retries included (default: %(default)s)",
     )

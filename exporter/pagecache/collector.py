@@ -12,15 +12,15 @@ from typing import Any
 
 from prometheus_client.core import Metric
 
-from exporter.attribution.clock import Clock, SystemClock
 from exporter.collectors.base import NodeState
 from exporter.collectors.blocking import ItemReader
 from exporter.collectors.flags import add_procfs_argument, collector_enabled, csv_list
 from exporter.collectors.series import family
-from exporter.config import duration_seconds
 from exporter.host.procfs import DEFAULT_PROCFS, Procfs
 from exporter.pagecache.discovery import ModelKey, PathSpec, configured_files, mapped_files
 from exporter.pagecache.sampler import BudgetSettings, ModelResidency, ResidencySampler, RoundStats
+from gpupulse.clock import Clock, SystemClock
+from gpupulse.durations import duration_flag
 from gpupulse.metrics import pagecache as specs
 
 NAME = "pagecache"
@@ -158,7 +158,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--pagecache.interval",
         dest="pagecache_interval",
-        type=duration_seconds,
+        type=duration_flag,
         default=d.interval_seconds,
         help="seconds between page-cache rounds (default: %(default)s)",
     )
@@ -194,7 +194,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--pagecache.max-seconds-per-round",
         dest="pagecache_max_seconds_per_round",
-        type=duration_seconds,
+        type=duration_flag,
         default=d.max_seconds_per_round,
         help="time budget per round (default: %(default)s)",
     )

@@ -8,10 +8,10 @@ import os
 from collections.abc import Mapping, Set
 from dataclasses import dataclass, field
 
-from exporter.attribution.clock import Clock
 from exporter.errors import MincoreError
 from exporter.pagecache.discovery import ModelKey
 from exporter.pagecache.mincore import mincore_allowed, scan
+from gpupulse.clock import Clock
 
 log = logging.getLogger(__name__)
 

@@ -2,13 +2,12 @@
 inference engines (`engines`, `engine_spec`) and the page-cache scenario player (`pagecache`)."""
 
 from exporter.errors import ScenarioError, SimAlreadyInstalledError
-from exporter.sim.clock import Clock, ManualClock, RealClock
+from exporter.sim.clock import ManualClock, RealClock
 from exporter.sim.library import SimulatedNvml, implemented_symbols, install, installed
 from exporter.sim.scenario import list_scenarios, load_scenario
 from exporter.sim.scenario_types import Scenario
 
 __all__ = [
-    "Clock",
     "ManualClock",
     "RealClock",
     "Scenario",

@@ -20,8 +20,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from exporter.sim.clock import Clock, RealClock
+from exporter.sim.clock import RealClock
 from exporter.sim.engine_spec import SimEngineSpec, load_engines
+from gpupulse.clock import Clock
 
 _STEP_SECONDS = 1.0
 _Z99 = 2.3263478740408408  # standard normal 99th percentile
@@ -100,11 +101,11 @@ class SimEngine:
     @property
     def ready(self) -> bool:
         """False while the engine is still loading (metrics answer 503)."""
-        return self.clock.now() >= self.spec.ready_after_seconds
+        return self.clock.monotonic() >= self.spec.ready_after_seconds
 
     def advance(self) -> None:
         """Integrate the curves from the last call up to the clock's now."""
-        now = self.clock.now()
+        now = self.clock.monotonic()
         while self.t < now:
             t1 = min(now, self.t + _STEP_SECONDS)
             mid = (self.t + t1) / 2.0

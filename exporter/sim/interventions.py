@@ -32,7 +32,7 @@ def _gpu(sim: SimulatedNvml, index: int) -> SimGpu:
 
 
 def _find(sim: SimulatedNvml, pid: int) -> SimGpu:
-    now = sim.clock.now()
+    now = sim.clock.monotonic()
     for gpu in sim.state.gpus:
         if any(p.pid == pid and p.start_seconds <= now < p.end_seconds for p in gpu.processes):
             return gpu
@@ -48,7 +48,7 @@ def restart_process(sim: SimulatedNvml, pid: int, new_pid: int, memory_bytes: fl
     gpu = _find(sim, pid)
     if new_pid != pid and any(p.pid == new_pid for g in sim.state.gpus for p in g.processes):
         raise InterventionError(f"PID {new_pid} is already used")
-    now = sim.clock.now()
+    now = sim.clock.monotonic()
     old = next(p for p in gpu.processes if p.pid == pid and p.start_seconds <= now < p.end_seconds)
     memory = (
         Curve.constant(memory_bytes)
@@ -69,7 +69,7 @@ def move_process(sim: SimulatedNvml, pid: int, gpu_index: int) -> None:
     target = _gpu(sim, gpu_index)
     if target is source:
         return
-    now = sim.clock.now()
+    now = sim.clock.monotonic()
     old = next(p for p in source.processes if p.pid == pid and p.start_seconds <= now < p.end_seconds)
     moved = dataclasses.replace(old, gpu=gpu_index)
     # Add first, then remove: a reader in between sees the process twice rather than not at all
@@ -80,7 +80,7 @@ def move_process(sim: SimulatedNvml, pid: int, gpu_index: int) -> None:
 def inject_xid(sim: SimulatedNvml, gpu_index: int, xid: int, at_seconds: float | None = None) -> None:
     """Deliver XID `xid` on a GPU at scenario time `at_seconds` (default now) to every event set."""
     _gpu(sim, gpu_index)
-    at = sim.clock.now() if at_seconds is None else at_seconds
+    at = sim.clock.monotonic() if at_seconds is None else at_seconds
     state = sim.state
     with state.cond:
         for es in state.event_sets.values():

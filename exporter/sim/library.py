@@ -23,7 +23,7 @@ from exporter.sim import (
     sym_system,
     sym_topology,
 )
-from exporter.sim.clock import Clock, ManualClock, RealClock
+from exporter.sim.clock import ManualClock, RealClock
 from exporter.sim.registry import (
     GPU_IS_LOST,
     INVALID_ARGUMENT,
@@ -35,6 +35,7 @@ from exporter.sim.registry import (
 )
 from exporter.sim.runtime import SimGpu, SimState
 from exporter.sim.scenario_types import Scenario
+from gpupulse.clock import Clock
 
 _SYMBOL_MODULES = (
     sym_device,
@@ -167,7 +168,7 @@ class SimulatedNvml:
             if dev is None:
                 return INVALID_ARGUMENT
             gpu = dev.gpu
-            t = clock.now()
+            t = clock.monotonic()
             if t >= gpu.lost_at:
                 return GPU_IS_LOST
             if gpu.faults or gpu.not_supported:
@@ -176,7 +177,7 @@ class SimulatedNvml:
                 early = _apply_faults(state, gpu, name, t)
                 if early is not None:
                     return early
-                t = clock.now()  # a hang or delay lets scenario time move on
+                t = clock.monotonic()  # a hang or delay lets scenario time move on
                 if t >= gpu.lost_at:
                     return GPU_IS_LOST
             if dev.is_mig and not mig_ok:

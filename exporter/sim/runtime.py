@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from exporter.errors import ReleasedError
-from exporter.sim.clock import Clock, ManualClock, RealClock
+from exporter.sim.clock import ManualClock, RealClock
 from exporter.sim.curve import Curve
 from exporter.sim.scenario_types import (
     INF,
@@ -22,6 +22,7 @@ from exporter.sim.scenario_types import (
     Scenario,
     XidEvent,
 )
+from gpupulse.clock import Clock
 
 GPU_HANDLE_BASE = 0x5100_0000
 HANDLE_STRIDE = 0x100
@@ -213,7 +214,7 @@ class SimState:
         self.released = False
         self.init_count = 0
         # Process-utilization timestamps are wall-clock microseconds at scenario t=0
-        self.epoch_us = int(time.time() * 1e6 - clock.now() * 1e6)
+        self.epoch_us = int(time.time() * 1e6 - clock.monotonic() * 1e6)
         self.gpus: list[SimGpu] = []
         self.by_handle: dict[int, Device] = {}
         self.by_uuid: dict[bytes, Device] = {}
@@ -269,7 +270,7 @@ class SimState:
         if clock_target is not None:
             clock = self.clock
             if isinstance(clock, RealClock):
-                step = min(step, max((clock_target - clock.now()) / clock.speed, 0.0) + 0.001)
+                step = min(step, max((clock_target - clock.monotonic()) / clock.speed, 0.0) + 0.001)
             elif not isinstance(clock, ManualClock):
                 step = min(step, 0.01)
         self.cond.wait(min(step, _MAX_WAIT_STEP_SECONDS))
@@ -277,7 +278,7 @@ class SimState:
     def block_until(self, clock_target: float) -> None:
         """Block in real time until the scenario clock reaches `clock_target`; raises ReleasedError."""
         with self.cond:
-            while not self.released and self.clock.now() < clock_target:
+            while not self.released and self.clock.monotonic() < clock_target:
                 self.wait_step(_MAX_WAIT_STEP_SECONDS, clock_target)
             if self.released:
                 raise ReleasedError

@@ -90,7 +90,7 @@ def nvmlEventSetWait_v2(state: SimState, event_set: Any, data_ref: Any, timeout_
             if es is None:
                 return INVALID_ARGUMENT
             next_at = es.pending[es.pos][0] if es.pos < len(es.pending) else None
-            if next_at is not None and state.clock.now() >= next_at:
+            if next_at is not None and state.clock.monotonic() >= next_at:
                 at, _seq, gpu_index, xid, pid = es.pending[es.pos]
                 es.pos += 1
                 if pid >= 0 and not state.process_alive(gpu_index, pid, at):

@@ -100,7 +100,7 @@ def nvmlDeviceGetCount_v2(state: SimState, ref: Any) -> int:
 def _hand_out(state: SimState, dev: Device | None, ref: Any) -> int:
     if dev is None:
         return NOT_FOUND
-    if state.clock.now() >= dev.gpu.lost_at:
+    if state.clock.monotonic() >= dev.gpu.lost_at:
         return GPU_IS_LOST
     write_pointer(ref, dev.handle)
     return SUCCESS

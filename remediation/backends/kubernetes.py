@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from gpupulse.clock import Clock, SystemClock
 from remediation.kube.client import (
     KubeClient,
     KubeConflict,
@@ -36,7 +37,7 @@ from remediation.kube.pods import (
     requests_gpu,
     skip_reason,
 )
-from remediation.kube.timing import Clock, SystemClock, micro_time
+from remediation.kube.timing import micro_time
 from remediation.model import ActionResult, PermanentError, Target, TemporaryError
 
 log = logging.getLogger(__name__)
@@ -164,7 +165,7 @@ class KubernetesBackend:
             deployment = await self._deployment_of(ref.namespace, owner_name)
             if deployment:
                 self._guard()
-                now = micro_time(self._clock.now())
+                now = micro_time(self._clock.utcnow())
                 patch = {"spec": {"template": {"metadata": {"annotations": {RESTARTED_AT: now}}}}}
                 await self._client.patch_deployment(ref.namespace, deployment, patch)
                 return {

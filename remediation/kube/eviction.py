@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from gpupulse.clock import Clock
 from remediation.kube.client import (
     KubeClient,
     KubeConflict,
@@ -15,7 +16,6 @@ from remediation.kube.client import (
     KubeUnavailable,
 )
 from remediation.kube.pods import PodRef
-from remediation.kube.timing import Clock
 
 DeadlinePolicy = Literal["fail", "delete"]
 

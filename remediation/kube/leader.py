@@ -15,9 +15,9 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, replace
 from typing import Any
 
+from gpupulse.clock import Clock, SystemClock
 from remediation.kube.client import KubeClient, KubeConflict, KubeError
 from remediation.kube.lease import LeaseRecord, LeaseStore
-from remediation.kube.timing import Clock, SystemClock
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +126,7 @@ class LeaderElector:
 
     async def _try_acquire_or_renew(self) -> bool:
         s = self._settings
-        now = self._clock.now()
+        now = self._clock.utcnow()
         mono = self._clock.monotonic()
         mine = LeaseRecord(
             holder_identity=s.identity,
@@ -186,7 +186,7 @@ class LeaderElector:
                 self._store.swap(
                     self._settings.lease_name,
                     replace(
-                        current, holder_identity="", lease_duration_seconds=1, renew_time=self._clock.now()
+                        current, holder_identity="", lease_duration_seconds=1, renew_time=self._clock.utcnow()
                     ),
                 ),
                 self._settings.retry_period_seconds,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from gpupulse.clock import Clock, SystemClock
 from remediation.kube.client import KubeClient, KubeNotFound
-from remediation.kube.timing import Clock, SystemClock
 
 DEFAULT_TTL_SECONDS = 60.0
 

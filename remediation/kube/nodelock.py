@@ -9,9 +9,9 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import replace
 
+from gpupulse.clock import Clock
 from remediation.kube.client import KubeConflict, KubeError, KubeNotFound
 from remediation.kube.lease import LeaseRecord, LeaseStore
-from remediation.kube.timing import Clock
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ class NodeLock:
             await self._release(name, holder)
 
     async def _acquire(self, node: str, name: str, holder: str) -> None:
-        now = self._clock.now()
+        now = self._clock.utcnow()
         current = await self._store.get(name)
         wanted = LeaseRecord(
             holder_identity=holder,
@@ -89,7 +89,8 @@ class NodeLock:
             current = await self._store.get(name)
             if current is None or current.holder_identity != holder:
                 return
-            await self._store.swap(name, replace(current, holder_identity="", renew_time=self._clock.now()))
+            released = replace(current, holder_identity="", renew_time=self._clock.utcnow())
+            await self._store.swap(name, released)
         except (KubeConflict, KubeNotFound):
             return
         except KubeError as exc:

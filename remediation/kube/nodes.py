@@ -7,8 +7,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpupulse.clock import Clock
 from remediation.kube.client import JSON, KubeClient, KubeConflict
-from remediation.kube.timing import Clock, micro_time
+from remediation.kube.timing import micro_time
 
 ANNOTATION_REASON = "gpupulse.io/remediation-reason"
 ANNOTATION_CORDONED_AT = "gpupulse.io/cordoned-at"
@@ -89,7 +90,7 @@ async def cordon_and_taint(
             return None
         annotations: dict[str, Any] = {
             ANNOTATION_REASON: reason[:1024],
-            ANNOTATION_CORDONED_AT: micro_time(clock.now()),
+            ANNOTATION_CORDONED_AT: micro_time(clock.utcnow()),
         }
         if spec.get("unschedulable") and not ours:
             annotations[ANNOTATION_WAS_UNSCHEDULABLE] = "true"

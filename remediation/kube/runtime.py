@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpupulse.clock import Clock, SystemClock
 from remediation.backends.kubernetes import KubernetesBackend, KubernetesBackendSettings
 from remediation.kube.client import KubeClient, KubeClientSettings
 from remediation.kube.leader import LeaderElectionSettings, LeaderElector
-from remediation.kube.timing import Clock, SystemClock
 
 
 @dataclass

@@ -1,37 +1,8 @@
-"""Time as an object: the Kubernetes parts read clocks and sleep only through this."""
+"""Kubernetes time formats: Lease MicroTime out, RFC 3339 in (the clock itself is gpupulse.clock)."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 from datetime import UTC, datetime
-from typing import Protocol
-
-
-class Clock(Protocol):
-    """Monotonic time for deadlines, wall time for Lease timestamps, and sleeping."""
-
-    def monotonic(self) -> float: ...
-
-    def now(self) -> datetime: ...
-
-    async def sleep(self, seconds: float) -> None: ...
-
-
-class SystemClock:
-    """The real clock."""
-
-    def monotonic(self) -> float:
-        """Seconds from an arbitrary start, never going back."""
-        return time.monotonic()
-
-    def now(self) -> datetime:
-        """Aware UTC wall time."""
-        return datetime.now(UTC)
-
-    async def sleep(self, seconds: float) -> None:
-        """Sleep on the event loop."""
-        await asyncio.sleep(seconds)
 
 
 def micro_time(moment: datetime) -> str:

@@ -6,7 +6,7 @@ from typing import Protocol
 
 
 class ScenarioTime(Protocol):
-    def now(self) -> float: ...
+    def monotonic(self) -> float: ...
 
 
 class StepClock:
@@ -33,7 +33,7 @@ class ScenarioClock:
         self.scenario_clock, self.epoch_us = scenario_clock, epoch_us
 
     def time(self) -> float:
-        return self.epoch_us / 1e6 + self.scenario_clock.now()
+        return self.epoch_us / 1e6 + self.scenario_clock.monotonic()
 
     def monotonic(self) -> float:
-        return self.scenario_clock.now()
+        return self.scenario_clock.monotonic()

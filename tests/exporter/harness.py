@@ -39,7 +39,7 @@ class Harness:
 
     def expected_xids(self) -> int:
         """XID events the scenario has delivered by now (those before the watcher registered are lost)."""
-        now = self.clock.now()
+        now = self.clock.monotonic()
         n = sum(e.count for e in self.scenario.events if self.start <= e.at_seconds <= now)
         for g in self.scenario.gpus:
             lost = g.lost_at_seconds

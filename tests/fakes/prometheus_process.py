@@ -117,9 +117,13 @@ async def running_prometheus(
     rule_files: Sequence[Path] = (),
     ready_timeout_seconds: float = 30.0,
     extra_args: Sequence[str] = (),
+    tsdb_path: Path | None = None,
 ) -> AsyncIterator[PromHandle]:
-    """Start Prometheus with this config on 127.0.0.1:<free port>; stopped (and its TSDB removed) on exit."""
+    """Start Prometheus with this config on 127.0.0.1:<free port>; stopped (and its TSDB removed) on exit.
+
+    With `tsdb_path`, Prometheus serves that TSDB (e.g. backfilled blocks) and leaves it in place."""
     workdir = Path(tempfile.mkdtemp(prefix="gpupulse-prom-"))
+    tsdb = tsdb_path if tsdb_path is not None else workdir / "tsdb"
     try:
         _prepare(workdir, config_yaml, rule_files)
         port = free_port()
@@ -129,7 +133,7 @@ async def running_prometheus(
             proc = await asyncio.create_subprocess_exec(
                 PROMETHEUS,
                 f"--config.file={workdir / 'prometheus.yml'}",
-                f"--storage.tsdb.path={workdir / 'tsdb'}",
+                f"--storage.tsdb.path={tsdb}",
                 f"--web.listen-address=127.0.0.1:{port}",
                 *extra_args,
                 cwd=workdir,

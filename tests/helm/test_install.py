@@ -155,7 +155,7 @@ def test_exporter_args_are_accepted_by_the_exporter(inst: Installed) -> None:
     # and the real parser takes them, values included (durations, choices)
     from exporter import cli
     from exporter.collectors import registry
-    from exporter.config import duration_seconds
+    from gpupulse.durations import parse_flag_duration
 
     off = cli.switched_off(args, {})
     parser = cli.build_parser(
@@ -163,7 +163,8 @@ def test_exporter_args_are_accepted_by_the_exporter(inst: Installed) -> None:
     )
     settings = cli.settings_from_args(parser.parse_args(args))
     assert settings.listen_port == inst.values["exporter"]["port"]
-    assert settings.sampling_interval_seconds == duration_seconds(inst.values["exporter"]["samplingInterval"])
+    sampling_interval = parse_flag_duration(inst.values["exporter"]["samplingInterval"])
+    assert settings.sampling_interval_seconds == sampling_interval
     if "--engines.discover-pods" in args:  # the exporter finds its node's pods by $NODE_NAME
         assert _pod_environment(inst, _container(_exporter(inst)))["NODE_NAME"] == "gpu-1"
     for name in inst.values["exporter"]["disabledCollectors"]:
@@ -277,6 +278,7 @@ def test_controller_starts_with_the_rendered_args_env_and_secrets(inst: Installe
     assert container["command"] == ["gpupulse-remediation", "serve"]
     unknown = _flag_names(container["args"]) - _help_flags("remediation", "serve")
     assert unknown == set()
+    from gpupulse.durations import parse_flag_duration
     from remediation import cli
 
     args = _mount_secrets(inst, deployment, tmp_path)
@@ -297,11 +299,11 @@ def test_controller_starts_with_the_rendered_args_env_and_secrets(inst: Installe
     stamped = inst.values["prometheusRule"]["namespaceNodeAlerts"]
     assert engine.scope.routing_namespaces == ((inst.result["namespace"],) if stamped else ())
     assert engine.budgets.max_pages_per_window == values["safety"]["maxPagesPerWindow"]
-    assert engine.budgets.page_window_seconds == cli.parse_duration(values["safety"]["pageWindow"])
+    assert engine.budgets.page_window_seconds == parse_flag_duration(values["safety"]["pageWindow"])
     assert engine.external_url == values["externalUrl"]
-    assert engine.max_event_age_seconds == cli.parse_duration(values["maxEventAge"])
-    assert settings.web_read_header_timeout_seconds == cli.parse_duration(values["readHeaderTimeout"])
-    assert settings.web_read_body_timeout_seconds == cli.parse_duration(values["readBodyTimeout"])
+    assert engine.max_event_age_seconds == parse_flag_duration(values["maxEventAge"])
+    assert settings.web_read_header_timeout_seconds == parse_flag_duration(values["readHeaderTimeout"])
+    assert settings.web_read_body_timeout_seconds == parse_flag_duration(values["readBodyTimeout"])
     assert settings.storage_on_corrupt == values["persistence"]["onCorrupt"]
     if values["backend"] == "kubernetes":
         assert (settings.kube.namespace, settings.kube.identity) == (inst.result["namespace"], POD_NAME)

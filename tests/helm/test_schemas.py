@@ -7,7 +7,9 @@ values schema agrees with the CRDs where values flow into them (durations, enums
 from __future__ import annotations
 
 import copy
+import itertools
 import json
+import re
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ValidationError
 
+from gpupulse.durations import DURATION_PATTERN
 from tests.helm.installs import CHART, JSON, Installed
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
@@ -141,13 +144,23 @@ def _crd_pattern(model: type[BaseModel], field: str) -> str:
     ],
 )
 def test_values_durations_use_the_crd_duration_pattern(values_path: str, model: str, field: str) -> None:
-    assert _at(_values_schema(), values_path)["pattern"] == _crd_pattern(getattr(v1, model), field)
+    # the one grammar (gpupulse.durations), which is the CRD's except that it refuses ""
+    assert _at(_values_schema(), values_path)["pattern"] == DURATION_PATTERN
+    _assert_same_language_but_empty(DURATION_PATTERN, _crd_pattern(getattr(v1, model), field))
 
 
 def test_every_for_value_uses_the_crd_pattern_of_a_rules_for() -> None:
-    want = _crd_pattern(v1.Rule, "for_")
     durations = _at(_values_schema(), "prometheusRule.for")["properties"]
-    assert durations and {d["pattern"] for d in durations.values()} == {want}
+    assert durations and {d["pattern"] for d in durations.values()} == {DURATION_PATTERN}
+    _assert_same_language_but_empty(DURATION_PATTERN, _crd_pattern(v1.Rule, "for_"))
+
+
+def _assert_same_language_but_empty(ours: str, crd: str) -> None:
+    """Every string of durations-like characters up to 4 long (and longer samples) means the same to both."""
+    samples = ["".join(p) for n in range(5) for p in itertools.product("01ywdhms.", repeat=n)]
+    samples += ["1y2w3d4h5m6s7ms", "1h30m", "30m1h", "1m1m", "1.5h", " 1s", "-1s", "0"]
+    differ = [t for t in samples if bool(re.fullmatch(ours, t)) != bool(re.fullmatch(crd, t))]
+    assert differ == [""]
 
 
 def test_values_enums_are_within_the_crd_enums() -> None:

@@ -15,12 +15,13 @@ _ROOT = str(Path(__file__).resolve().parents[2])
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
+from gpupulse.clock import Clock  # noqa: E402
 from remediation.backends.kubernetes import KubernetesBackend, KubernetesBackendSettings  # noqa: E402
 from remediation.kube.client import KubeClient, KubeClientSettings  # noqa: E402
 from tests.fakes.kube_api import FakeKubeAPI  # noqa: E402
 
 
-class StepClock:
+class StepClock(Clock):
     """A clock whose sleep returns at once and moves time forward; hooks run after each sleep."""
 
     def __init__(self) -> None:
@@ -32,7 +33,10 @@ class StepClock:
     def monotonic(self) -> float:
         return self.t
 
-    def now(self) -> datetime:
+    def time(self) -> float:
+        return self.utcnow().timestamp()
+
+    def utcnow(self) -> datetime:
         return self.base + timedelta(seconds=self.t)
 
     async def sleep(self, seconds: float) -> None:

@@ -110,7 +110,7 @@ def _event(clock: FakeClock) -> AlertEvent:
         status="firing",
         labels=dict(XID_RESET),
         annotations={},
-        starts_at=datetime.fromtimestamp(clock.now() - 60, tz=UTC),
+        starts_at=datetime.fromtimestamp(clock.time() - 60, tz=UTC),
         ends_at=None,
         generator_url="http://prometheus/graph",
         receiver="gpupulse",

@@ -39,7 +39,7 @@ def _firing(clock: FakeClock) -> AlertEvent:
         status="firing",
         labels=dict(LEAK),
         annotations={},
-        starts_at=datetime.fromtimestamp(clock.now(), tz=UTC),
+        starts_at=datetime.fromtimestamp(clock.time(), tz=UTC),
         ends_at=None,
         generator_url="http://prometheus/graph",
         receiver="gpupulse",

@@ -51,7 +51,7 @@ async def test_a_lease_left_by_a_dead_holder_is_taken_after_it_expires(
     kube_api: FakeKubeAPI, make_backend: Make, clock: StepClock
 ) -> None:
     kube_api.add_node("gpu-1")
-    stale = clock.now() - timedelta(seconds=61)
+    stale = clock.utcnow() - timedelta(seconds=61)
     kube_api.leases[("gpupulse", "gpupulse-node-gpu-1")] = {
         "apiVersion": "coordination.k8s.io/v1",
         "kind": "Lease",
@@ -77,7 +77,7 @@ async def test_a_live_lease_of_another_holder_blocks_without_touching_the_node(
         "spec": {
             "holderIdentity": "replica-b/1",
             "leaseDurationSeconds": 60,
-            "renewTime": micro_time(clock.now()),
+            "renewTime": micro_time(clock.utcnow()),
         },
     }
     with pytest.raises(TemporaryError, match="replica-b/1") as err:

@@ -76,7 +76,7 @@ async def test_rollout_restart_patches_the_deployment_template(
     backend = make_backend(deployment_restart="rollout_restart")
     result = await backend.restart(Target(kind="pod", namespace="ml", pod="llm-7d9f-abcde"), "leak")
     annotations = kube_api.deployments[("ml", "llm")]["spec"]["template"]["metadata"]["annotations"]
-    assert annotations[RESTARTED_AT] == clock.now().strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    assert annotations[RESTARTED_AT] == clock.utcnow().strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     assert ("ml", "llm-7d9f-abcde") in kube_api.pods  # the Deployment replaces it, we do not
     assert result.details["pods"][0]["action"] == "rollout_restart"
 

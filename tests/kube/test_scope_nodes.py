@@ -37,7 +37,7 @@ def _gpu_alert(clock: FakeClock, node: str) -> AlertEvent:
             "gpu": "0",
         },
         annotations={},
-        starts_at=datetime.fromtimestamp(clock.now(), tz=UTC),
+        starts_at=datetime.fromtimestamp(clock.time(), tz=UTC),
         ends_at=None,
         generator_url="",
         receiver="gpupulse",

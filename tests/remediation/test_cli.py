@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from remediation.cli import SERVE_FLAGS, build_parser, main, parse_duration, settings_from_flags
+from gpupulse.durations import parse_flag_duration
+from remediation.cli import SERVE_FLAGS, build_parser, main, settings_from_flags
 from remediation.config import ConfigError, Settings
 
 
@@ -178,17 +179,30 @@ def test_mutual_tls_client_ca_counts_as_authentication(tmp_path: Path) -> None:
     assert s.tls_enabled and s.auth_token == ""
 
 
-def test_durations() -> None:
-    assert [parse_duration(x) for x in ("90", "90s", "5m", "1.5h", "250ms", "7d")] == [
-        90,
-        90,
-        300,
-        5400,
-        0.25,
-        604800,
-    ]
-    with pytest.raises(ValueError):
-        parse_duration("5 minutes")
+def test_duration_flags_take_the_shared_grammar_from_flags_and_environment() -> None:
+    s = _settings(
+        ["--insecure-no-auth", "--safety.page-window=1h30m", "--engine.tick-interval=250ms"],
+        {
+            "GPUPULSE_REMEDIATION_STORAGE_INBOX_RETENTION": "1w",
+            "GPUPULSE_REMEDIATION_LOOPS_RESTART_WINDOW": "90",
+        },
+    )
+    assert s.engine.budgets.page_window_seconds == 5400  # compound durations were refused before
+    assert s.engine_tick_interval_seconds == 0.25
+    assert s.inbox_retention_seconds == 7 * 86400
+    assert s.engine.loops.restart_window_seconds == 90  # a bare number is still seconds
+
+
+@pytest.mark.parametrize("bad", ["1.5h", "1s1m", "5 minutes", "-1s"])
+def test_bad_duration_flags_name_the_flag(bad: str) -> None:
+    with pytest.raises(ConfigError, match=r"--safety\.page-window"):
+        _settings(["--insecure-no-auth", f"--safety.page-window={bad}"])
+
+
+def test_duration_defaults_are_written_in_the_grammar() -> None:
+    for flag in SERVE_FLAGS:
+        if flag.parse is parse_flag_duration:
+            assert parse_flag_duration(str(flag.default)) >= 0, flag.name
 
 
 def test_help_lists_the_environment_variables(capsys: pytest.CaptureFixture[str]) -> None:

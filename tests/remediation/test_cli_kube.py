@@ -63,7 +63,7 @@ def test_kube_settings_that_cannot_work_are_refused() -> None:
     with pytest.raises(ConfigError, match="renew-deadline"):
         _settings([*NO_AUTH, "--kube.namespace=g", "--kube.leader-election", "--kube.renew-deadline=20s"], {})
     with pytest.raises(ConfigError, match="whole seconds"):
-        _settings([*NO_AUTH, "--kube.namespace=g", "--kube.lease-duration=2.5s"], {})
+        _settings([*NO_AUTH, "--kube.namespace=g", "--kube.lease-duration=2500ms"], {})
     # the local backend does not need any of it
     assert _settings(["--insecure-no-auth"], {}).kube.namespace == ""
 

@@ -45,7 +45,7 @@ async def test_rows_left_from_before_an_outage_do_not_act_until_alertmanager_res
     inbox = Inbox(settings.inbox_path)
     await inbox.start()
     body = json.dumps(_payload("f-outage")).encode()
-    await inbox.ingest(parse_notification(body, clock.now() - 6 * 3600), 100)
+    await inbox.ingest(parse_notification(body, clock.time() - 6 * 3600), 100)
     await inbox.close()
 
     backend, pager = ScriptedBackend(), RecordingPager()

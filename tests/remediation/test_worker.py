@@ -109,7 +109,7 @@ async def test_failing_row_backs_off_holds_its_successor_and_lets_others_through
                 alert(fingerprint="good"),
                 alert(fingerprint="bad", status="resolved"),
             ),
-            clock.now(),
+            clock.time(),
         )
         await inbox.ingest(records, max_pending=100)
         firing_key = f"bad|{records[0].starts_at}|firing"
@@ -166,7 +166,7 @@ async def test_a_hung_engine_call_times_out_and_is_retried(tmp_path: Path) -> No
     settings = WorkerSettings(handle_timeout_seconds=0.05, retry_initial_seconds=10)
     worker = Worker(inbox, engine, RemediationMetrics(), settings, clock)
     try:
-        await inbox.ingest(parse_notification(_body(alert()), clock.now()), max_pending=10)
+        await inbox.ingest(parse_notification(_body(alert()), clock.time()), max_pending=10)
         await worker.drain_once()
         assert worker.failures == 1
         assert inbox.pending == 1

@@ -1,0 +1,181 @@
+"""`gpupulse report`: the month-end GPU usage and cost report, from the cluster's Prometheus.
+
+Exit status: 0 report printed; 2 bad arguments; 3 Prometheus unreachable or answering errors;
+4 the period holds no GPU allocation data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+from costreport.prom import PrometheusClient, PrometheusUnavailable
+from costreport.render import FORMATS, render
+from costreport.usage import DEFAULT_IDLE_SM_ACTIVITY_RATIO, NoData, build_report
+from gpupulse.durations import parse_flag_duration
+
+EXIT_USAGE = 2
+EXIT_PROMETHEUS = 3
+EXIT_NO_DATA = 4
+
+
+class _Usage(Exception):
+    pass
+
+
+def _instant(text: str) -> float:
+    """RFC 3339 (a trailing Z allowed) or Unix seconds."""
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        moment = datetime.fromisoformat(text.replace("z", "Z").replace("Z", "+00:00"))
+    except ValueError:
+        raise _Usage(f"not a time: {text!r} (RFC 3339, e.g. 2026-11-01T00:00:00Z, or Unix seconds)") from None
+    if moment.tzinfo is None:
+        raise _Usage(f"a time needs its offset: {text!r} (e.g. 2026-11-01T00:00:00Z)")
+    return moment.timestamp()
+
+
+def _month(text: str) -> tuple[float, float]:
+    try:
+        first = datetime.strptime(text, "%Y-%m").replace(tzinfo=UTC)
+    except ValueError:
+        raise _Usage(f"not a month: {text!r} (YYYY-MM, e.g. 2026-11)") from None
+    after = (
+        first.replace(year=first.year + 1, month=1)
+        if first.month == 12
+        else first.replace(month=first.month + 1)
+    )
+    return first.timestamp(), after.timestamp()
+
+
+def _previous_month(now: float) -> str:
+    today = datetime.fromtimestamp(now, UTC)
+    year, month = (today.year - 1, 12) if today.month == 1 else (today.year, today.month - 1)
+    return f"{year:04d}-{month:02d}"
+
+
+def _seconds(flag: str, text: str) -> float:
+    try:
+        seconds = parse_flag_duration(text)
+    except ValueError as exc:
+        raise _Usage(f"{flag}: {exc}") from None
+    if seconds <= 0:
+        raise _Usage(f"{flag}: must be longer than 0")
+    return seconds
+
+
+def period(args: argparse.Namespace, now: float) -> tuple[float, float]:
+    chosen = [name for name in ("month", "last", "start") if getattr(args, name) is not None]
+    if len(chosen) > 1:
+        raise _Usage("choose one of --month, --last and --start/--end")
+    if args.end is not None and args.start is None:
+        raise _Usage("--end needs --start")
+    if args.start is not None:
+        start, end = _instant(args.start), (_instant(args.end) if args.end is not None else now)
+    elif args.last is not None:
+        start, end = now - _seconds("--last", args.last), now
+    else:
+        start, end = _month(args.month if args.month is not None else _previous_month(now))
+    if end <= start:
+        raise _Usage("the period ends before it starts")
+    # a period still running is reported up to now
+    return start, min(end, now)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="gpupulse report",
+        description="GPU-hours, idle GPU-hours, energy and cost per namespace and per model over a period, "
+        "from gpupulse's recording rules in Prometheus. Default period: the previous calendar month (UTC).",
+    )
+    p.add_argument(
+        "--prometheus.url",
+        dest="url",
+        default=os.environ.get("GPUPULSE_PROMETHEUS_URL", "http://127.0.0.1:9090"),
+        help="Prometheus (or a Thanos/Mimir query frontend) base URL; env GPUPULSE_PROMETHEUS_URL. "
+        "Default: %(default)s",
+    )
+    p.add_argument(
+        "--prometheus.bearer-token-file", dest="token_file", help="file holding a bearer token to send"
+    )
+    p.add_argument(
+        "--prometheus.timeout",
+        dest="timeout",
+        default="30s",
+        help="per-query timeout (duration). Default: %(default)s",
+    )
+    p.add_argument("--month", help="a calendar month in UTC, YYYY-MM")
+    p.add_argument("--last", help="the period ending now, a duration such as 7d or 24h")
+    p.add_argument("--start", help="period start: RFC 3339 or Unix seconds")
+    p.add_argument("--end", help="period end (default now): RFC 3339 or Unix seconds")
+    p.add_argument(
+        "--step",
+        default="5m",
+        help="integration step (duration); shorter is finer and slower. Default: %(default)s",
+    )
+    p.add_argument("--format", choices=FORMATS, default="text", help="Default: %(default)s")
+    p.add_argument(
+        "--top", type=int, default=10, help="largest idle allocations to list. Default: %(default)s"
+    )
+    p.add_argument(
+        "--idle-threshold",
+        type=float,
+        default=DEFAULT_IDLE_SM_ACTIVITY_RATIO,
+        help="SM activity below which an allocated GPU counts idle for the per-pod list; keep it equal to "
+        "your rules' idle_sm_activity_ratio. Default: %(default)s",
+    )
+    return p
+
+
+def main(argv: Sequence[str] | None = None, now: float | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # `gpupulse report ...` and `gpupulse-report ...` both work; the report is the one command so far
+    if argv[:1] == ["report"]:
+        argv = argv[1:]
+    p = parser()
+    args = p.parse_args(argv)
+    try:
+        start, end = period(args, time.time() if now is None else now)
+        step_seconds = _seconds("--step", args.step)
+        timeout_seconds = _seconds("--prometheus.timeout", args.timeout)
+        if not 0.0 <= args.idle_threshold <= 1.0:
+            raise _Usage("--idle-threshold: a ratio between 0 and 1")
+        if args.top < 0:
+            raise _Usage("--top: 0 or more")
+        if step_seconds != int(step_seconds):
+            raise _Usage("--step: whole seconds")
+        token = None
+        if args.token_file:
+            try:
+                with open(args.token_file, encoding="utf-8") as f:
+                    token = f.read().strip()
+            except OSError as exc:
+                raise _Usage(f"--prometheus.bearer-token-file: {exc.strerror}: {args.token_file}") from None
+    except _Usage as exc:
+        p.print_usage(sys.stderr)
+        print(f"gpupulse report: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    client = PrometheusClient(args.url, timeout_seconds=timeout_seconds, bearer_token=token)
+    try:
+        report = build_report(
+            client, start, end, step_seconds, idle_threshold=args.idle_threshold, top=args.top
+        )
+    except PrometheusUnavailable as exc:
+        print(f"gpupulse report: {exc}", file=sys.stderr)
+        return EXIT_PROMETHEUS
+    except NoData as exc:
+        print(f"gpupulse report: {exc}", file=sys.stderr)
+        return EXIT_NO_DATA
+    sys.stdout.write(render(report, args.format))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
