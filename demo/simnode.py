@@ -17,8 +17,8 @@ from aiohttp import web
 
 from demo.podattr import as_plugin
 from demo.world import DemoSpec, World, parse_demo_spec
+from exporter import registry
 from exporter.cli import SamplingThread, build_parser, settings_from_args
-from exporter.collectors import registry
 from exporter.server import make_app
 from exporter.sim import RealClock, Scenario, SimulatedNvml, install, load_scenario
 from exporter.sim.scenario import SCENARIO_DIR

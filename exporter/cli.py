@@ -22,7 +22,7 @@ from typing import Any
 
 from aiohttp import web
 
-from exporter.collectors import registry
+from exporter import registry
 from exporter.collectors.base import Collector
 from exporter.collectors.gpus import GpuFleet
 from exporter.collectors.xid import XidCounter

@@ -27,6 +27,7 @@ EXPECTED_CONTRACTS = {
     "services-below-rules",
     "dashboards-on-kernel",
     "report-on-kernel",
+    "exporter-layers",
 }
 # (contract id, module planted in the copy, the forbidden import it holds)
 PLANTED = [
@@ -39,6 +40,12 @@ PLANTED = [
     ("dashboards-on-kernel", "dashboards/_planted.py", "import remediation.metrics"),
     ("report-on-kernel", "costreport/_planted.py", "import exporter.config"),
     ("kernel", "gpupulse/_planted.py", "import costreport.usage"),
+    # exporter: a host reader above the collectors, two plug-ins that know each other, a collector
+    # that drives the sampler, the simulated NVML built on the seam it replaces
+    ("exporter-layers", "exporter/host/_planted.py", "import exporter.collectors.base"),
+    ("exporter-layers", "exporter/engines/_planted.py", "from exporter.attribution import resolve"),
+    ("exporter-layers", "exporter/collectors/_planted.py", "import exporter.sampler"),
+    ("exporter-layers", "exporter/sim/_planted.py", "import exporter.nvml"),
 ]
 
 

@@ -26,8 +26,8 @@ from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from exporter import registry
 from exporter.cli import build_parser
-from exporter.collectors import registry
 from exporter.collectors.base import Collector
 from exporter.server import make_app
 from exporter.sim.engine_spec import load_engines

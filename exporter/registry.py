@@ -1,7 +1,8 @@
 """Which collectors exist: the NVML ones built in (BUILTINS), plus the plug-in modules (PLUGINS).
 
 A plug-in module exposes `add_arguments(parser)` and `from_args(args) -> Collector | None` (None =
-disabled). Adding one is a loader (a plain import) and one line in PLUGINS.
+disabled). Adding one is a loader (a plain import) and one line in PLUGINS. It sits above the collector
+packages it lists (exporter-layers in pyproject.toml).
 """
 
 from __future__ import annotations
