@@ -1,6 +1,8 @@
 """The `engines` collector: discover inference engines, scrape them concurrently, normalize, render.
 
 Plug-in contract for the exporter CLI: add_arguments(parser) and from_args(args) -> Collector | None.
+At about 500 lines it holds the round (discover, scrape, normalize, render) and its flags; the parts
+that stand alone already live beside it (exposition, scrape, targets, kube_pods, render, detect).
 """
 
 from __future__ import annotations

@@ -1,5 +1,8 @@
 """Engine pages parsed line by line as they stream in: bounded, tolerant, and only what we map.
 
+About 500 lines because it is one streaming state machine (families, histogram grouping, caps) whose
+traps, listed below, are handled where the line is read.
+
 Why not prometheus_client's parser: it refuses the whole page for one bad line (a sidecar sharing
 the endpoint takes every engine family down), holds the whole text, and builds objects for every
 sample of every family. Here:
