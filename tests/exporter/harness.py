@@ -12,10 +12,10 @@ from pathlib import Path
 
 from exporter.collectors.base import Collector
 from exporter.collectors.gpus import GpuFleet
-from exporter.collectors.registry import BUILTINS, BuiltinContext
 from exporter.collectors.xid import XidCounter
 from exporter.config import ExporterSettings
 from exporter.nvml import Nvml, XidWatcher
+from exporter.registry import BUILTINS, BuiltinContext
 from exporter.sampler import Sampler
 from exporter.sim import ManualClock, SimulatedNvml, install, load_scenario
 from exporter.sim.scenario import Scenario
