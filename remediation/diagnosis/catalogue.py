@@ -109,6 +109,9 @@ _NODE_CPU = (
     ' or 1 - avg(rate(node_cpu_seconds_total{mode="idle",instance=~"{node}(:[0-9]+)?"}[2m]))'
 )
 _RATE_LAG = 60.0  # half of the [2m] rate windows below
+# half of the [5m] rate window of the recording rules; not for the p99 rules: a quantile moves as soon
+# as 1% of the window's requests are slow, long before the rate has turned over
+_RULE_RATE_LAG = 150.0
 
 TEMPERATURE = Signal(
     "gpu_temperature",
@@ -327,7 +330,7 @@ CAUSES: tuple[Cause, ...] = (
             f"min(namespace_pod_model:inference_kv_cache_hit_ratio:rate{{{_P}}})",
             "down",
             Gate(min_delta=0.15),
-            lag_seconds=_RATE_LAG,
+            lag_seconds=_RULE_RATE_LAG,
         ),
         weight=0.7,
     ),
@@ -369,6 +372,7 @@ SYMPTOMS_BY_ALERT: Mapping[str, Signal] = {
         "KV-cache hit ratio",
         f"min(namespace_pod_model:inference_kv_cache_hit_ratio:rate{{{_P}}})",
         "down",
+        lag_seconds=_RULE_RATE_LAG,
     ),
 }
 SYMPTOMS_BY_FAULT_CLASS: Mapping[str, Signal] = {

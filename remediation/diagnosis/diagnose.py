@@ -139,7 +139,13 @@ class Diagnoser:
         symptom_ev: SignalEvidence | None = None
         onset = fired_at
         if symptom_signal is not None:
-            change = estimate_onset(symptom_data, symptom_signal.direction, fired_at=fired_at, settings=rs)
+            change = estimate_onset(
+                symptom_data,
+                symptom_signal.direction,
+                fired_at=fired_at,
+                settings=rs,
+                lag_seconds=symptom_signal.lag_seconds,
+            )
             if change is not None:
                 onset = change.at
             if symptom_data is not None:
@@ -155,6 +161,8 @@ class Diagnoser:
                 [(s, reads.data.get(f"cause:{s.id}")) for s in c.corroborating],
             )
             for c in catalogue.CAUSES
+            # the symptom's own series lines up with itself: it cannot be its own cause
+            if symptom_signal is None or c.primary.id != symptom_signal.id
         ]
         context = [
             evaluate(s, reads.data[f"cause:{s.id}"], onset, rs)

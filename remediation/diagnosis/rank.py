@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from remediation.diagnosis.catalogue import Cause, Signal
 from remediation.diagnosis.types import (
+    LAYERS,
     NOTHING_LINES_UP,
     SIGNALS_MISSING,
     Candidate,
@@ -179,6 +180,7 @@ def estimate_onset(
     *,
     fired_at: float,
     settings: RankSettings = RankSettings(),
+    lag_seconds: float = 0.0,
 ) -> Change | None:
     """When the symptom began: its strongest shift that happened by the time its alert fired."""
     if symptom is None:
@@ -188,6 +190,7 @@ def estimate_onset(
         direction,
         around=None,
         settings=settings,
+        lag_seconds=lag_seconds,
         not_after=fired_at + settings.slack_seconds,
     )
 
@@ -302,6 +305,7 @@ def rank(
             rejected.append(candidate)
     accepted.sort(key=lambda c: (-c.score, c.cause))
     rejected.sort(key=lambda c: c.cause)
+    layers = _layers(observations, accepted)
     if not have_data:
         return no_diagnosis(
             SIGNALS_MISSING,
@@ -312,6 +316,7 @@ def rank(
             symptom_onset=symptom_onset,
             missing=missing,
             symptom=symptom,
+            layers=layers,
         )
     if not accepted:
         return no_diagnosis(
@@ -324,6 +329,7 @@ def rank(
             missing=missing,
             rejected=rejected,
             symptom=symptom,
+            layers=layers,
         )
     top = accepted[0]
     second = accepted[1].score if len(accepted) > 1 else 0.0
@@ -344,7 +350,24 @@ def rank(
         symptom=symptom,
         confident=confident,
         context=tuple(context),
+        layers=layers,
     )
+
+
+def _layers(observations: Sequence[CauseObservation], accepted: Sequence[Candidate]) -> dict[str, str]:
+    """The elimination, layer by layer: where a cause lined up, what was read and ruled out, or that
+    nothing could be read."""
+    out: dict[str, str] = {}
+    for layer in LAYERS:
+        found = [c.title for c in accepted if c.layer == layer]
+        read = [o.cause.title for o in observations if o.cause.layer == layer and o.primary is not None]
+        if found:
+            out[layer] = "cause: " + ", ".join(found)
+        elif read:
+            out[layer] = "ruled out: " + ", ".join(read) + " did not line up"
+        else:
+            out[layer] = "no data"
+    return out
 
 
 def _split_time(pts: Sequence[tuple[float, float]], k: int) -> float:

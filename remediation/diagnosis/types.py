@@ -147,6 +147,8 @@ class Diagnosis:
     symptom: SignalEvidence | None = None
     confident: bool = False  # top is clearly ahead: decisions may use it
     context: tuple[SignalEvidence, ...] = ()  # symptom-side signals shown, not ranked (queue, batch latency)
+    # layer by layer, what the elimination found: "cause", "ruled out: ...", "no data"
+    layers: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def top(self) -> Candidate | None:
@@ -180,6 +182,7 @@ class Diagnosis:
             "missing": list(self.missing),
             "symptom": self.symptom.to_dict() if self.symptom else None,
             "context": [c.to_dict() for c in self.context],
+            "layers": dict(self.layers),
         }
 
     @classmethod
@@ -199,6 +202,7 @@ class Diagnosis:
             symptom=SignalEvidence.from_dict(symptom) if isinstance(symptom, Mapping) else None,
             confident=bool(d.get("confident")),
             context=tuple(SignalEvidence.from_dict(c) for c in d.get("context") or ()),
+            layers={str(k): str(v) for k, v in dict(d.get("layers") or {}).items()},
         )
 
 
@@ -213,6 +217,7 @@ def no_diagnosis(
     missing: Sequence[str] = (),
     rejected: Sequence[Candidate] = (),
     symptom: SignalEvidence | None = None,
+    layers: Mapping[str, str] | None = None,
 ) -> Diagnosis:
     """A Diagnosis that says it cannot tell, and why."""
     return Diagnosis(
@@ -226,6 +231,7 @@ def no_diagnosis(
         rejected=tuple(rejected),
         missing=tuple(missing),
         symptom=symptom,
+        layers=dict(layers or {}),
     )
 
 

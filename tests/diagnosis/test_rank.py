@@ -275,3 +275,18 @@ def test_the_diagnosis_round_trips_through_json() -> None:
     again = Diagnosis.from_dict(json.loads(json.dumps(d.to_dict(), allow_nan=False)))
     assert again.to_dict() == d.to_dict()
     assert again.top is not None and again.top.cause == d.top.cause  # type: ignore[union-attr]
+
+
+def test_the_layers_are_eliminated_one_by_one() -> None:
+    d = ranked(
+        obs("host.page_cache_eviction", step(1.0, 0.35, ONSET)),
+        obs("hardware.thermal_throttle", flat(0.0)),
+        obs("serving.load", flat(40.0)),
+        obs("scheduling.gpu_memory_neighbour", None),
+    )
+    assert d.layers == {
+        "hardware": "ruled out: thermal throttling did not line up",
+        "host": "cause: page-cache eviction",
+        "scheduling": "no data",
+        "serving": "ruled out: load did not line up",
+    }
