@@ -27,9 +27,9 @@ from typing import cast
 
 from gpupulse.clock import Clock
 from remediation.engine import RemediationEngine, build_engine
-from remediation.engine_config import EngineSettings
 from remediation.metrics import RemediationMetrics
 from remediation.model import ActionResult, AlertEvent, Page, Target
+from remediation.settings import EngineSettings
 
 
 class SimClock(Clock):

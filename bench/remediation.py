@@ -98,10 +98,10 @@ class NoopEngine:
 
 def run_noop_controller(port: int, storage: str, sync: str) -> None:
     """The real intake service (auth, validation, inbox, worker) in front of a no-op engine."""
-    from remediation.config import Settings
     from remediation.metrics import RemediationMetrics
     from remediation.model import Engine
     from remediation.server import serve
+    from remediation.settings import Settings
 
     async def factory(_s: Settings, _m: RemediationMetrics) -> Engine:
         return NoopEngine()

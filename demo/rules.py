@@ -11,9 +11,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from dashboards.alertgen import render_rules, write_rules
+from alerts.generate import render_rules, write_rules
 
-# Deep-merged over alerts/config.yaml (dashboards.alertconfig.load_config).
+# Deep-merged over alerts/config.yaml (alerts.config.load_config).
 DEMO_RULE_OVERRIDES: Mapping[str, Any] = {
     "windows": {
         # an XID keeps its alert active this long; the scripted faults repeat every 3 s

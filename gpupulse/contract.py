@@ -1,7 +1,7 @@
 """The contract between alerts and the controller, written once: the labels every alert carries, their
 values, and how the labels identify a remediation target.
 
-The rule sources (dashboards/rules/), the controller (remediation/ladder.py, remediation/signatures.py),
+The rule sources (alerts/rules/), the controller (remediation/ladder.py, remediation/signatures.py),
 docs/alerts.md (a test compares its tables with this module) and the tests all read it. It is data
 only; the XID classes that refine `fault_class` live beside it in gpupulse/xid.py.
 """

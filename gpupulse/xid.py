@@ -1,6 +1,6 @@
 """XID classes as data: which XID codes NVIDIA resolves the same way, and the alert that reports them.
 
-The alert rules (dashboards/rules/hardware.py), the fault signatures (`match: {xid_class: ...}`), the
+The alert rules (alerts/rules/hardware.py), the fault signatures (`match: {xid_class: ...}`), the
 docs (a test compares them) and the tests all read this module.
 """
 

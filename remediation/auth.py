@@ -10,7 +10,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from .config import ConfigError
+from remediation.errors import ConfigError
 
 TOKEN_ENV = "GPUPULSE_REMEDIATION_TOKEN"
 # paths any client may read: Prometheus scrapes and kubelet probes carry no token

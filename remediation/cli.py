@@ -3,46 +3,38 @@
 Every flag `--a.b-c` can also be set as GPUPULSE_REMEDIATION_A_B_C (upper case, "." and "-" become
 "_"); a flag on the command line wins over the environment, which wins over the default. The bearer
 token itself may come from GPUPULSE_REMEDIATION_TOKEN instead of --auth.token-file.
+
+Longer than our ~500-line mark on purpose: about 230 lines are the SERVE_FLAGS table (data: one entry
+per flag, its default read from remediation/settings.py) that the parser, the environment twins, the
+help and the chart tests all read. The Kubernetes wiring lives in remediation/kube/serve.py.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import dataclasses
 import importlib
 import inspect
 import logging
 import os
 import shlex
-import signal
 import socket
 import sys
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
-
-import yaml
+from typing import Any, cast
 
 from gpupulse.clock import SystemClock
 from gpupulse.durations import format_duration, parse_flag_duration
 from gpupulse.logs import FORMATS, LEVELS, setup_logging
+from remediation.errors import ConfigError, StoreError
 
 from .auth import load_token
-from .config import DEFAULT_LISTEN_HOST, DEFAULT_LISTEN_PORT, ConfigError, KubeSettings, Settings
-from .engine_config import EngineSettings
 from .metrics import RemediationMetrics
-from .model import AlertEvent, Engine
-from .store import StoreError
-
-if TYPE_CHECKING:
-    from .backends.kubernetes import KubernetesBackendSettings
-    from .kube.leader import LeaderElector
-    from .kube.runtime import KubeRuntime
-    from .server import RunningService
+from .model import Engine
+from .settings import DEFAULT_LISTEN_HOST, EngineSettings, KubeSettings, Settings
 
 ENV_PREFIX = "GPUPULSE_REMEDIATION_"
 PROG = "gpupulse-remediation"
@@ -92,11 +84,11 @@ class Flag:
         return ENV_PREFIX + self.dest.upper()
 
 
-_E = EngineSettings()
+# flag defaults are the settings' defaults (remediation/settings.py), durations written in the flag
+# grammar (gpupulse.durations); test_flag_defaults_are_the_settings_defaults holds the two to one value
+_S, _K, _E = Settings(), KubeSettings(), EngineSettings()
 SERVE_FLAGS: tuple[Flag, ...] = (
-    Flag(
-        "web.listen-address", str, f"{DEFAULT_LISTEN_HOST}:{DEFAULT_LISTEN_PORT}", "HOST:PORT to listen on."
-    ),
+    Flag("web.listen-address", str, f"{_S.listen_host}:{_S.listen_port}", "HOST:PORT to listen on."),
     Flag("auth.token-file", str, "", "File holding the bearer token webhook and API clients must send."),
     Flag(
         "insecure-no-auth",
@@ -113,27 +105,37 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "",
         "CA bundle; when set, clients must present a certificate it signed.",
     ),
-    Flag("web.max-body-bytes", int, 1024 * 1024, "Largest webhook body accepted (larger → 413)."),
+    Flag("web.max-body-bytes", int, _S.max_body_bytes, "Largest webhook body accepted (larger → 413)."),
     Flag(
         "web.read-header-timeout",
         parse_flag_duration,
-        "10s",
+        format_duration(_S.web_read_header_timeout_seconds),
         "A request head must be complete this long after its first byte (else 408 and close).",
     ),
     Flag(
-        "web.read-body-timeout", parse_flag_duration, "30s", "Longest time to receive a request body (408)."
+        "web.read-body-timeout",
+        parse_flag_duration,
+        format_duration(_S.web_read_body_timeout_seconds),
+        "Longest time to receive a request body (408).",
+    ),
+    Flag("storage.path", str, str(_S.storage_path), "Directory of the controller's SQLite database."),
+    Flag(
+        "storage.synchronous",
+        str.upper,
+        _S.storage_synchronous,
+        "SQLite synchronous mode.",
+        choices=("FULL", "NORMAL"),
     ),
     Flag(
-        "storage.path", str, "/var/lib/gpupulse-remediation", "Directory of the controller's SQLite database."
-    ),
-    Flag("storage.synchronous", str.upper, "FULL", "SQLite synchronous mode.", choices=("FULL", "NORMAL")),
-    Flag(
-        "storage.inbox-retention", parse_flag_duration, "7d", "How long processed alerts stay in the inbox."
+        "storage.inbox-retention",
+        parse_flag_duration,
+        format_duration(_S.inbox_retention_seconds),
+        "How long processed alerts stay in the inbox.",
     ),
     Flag(
         "storage.on-corrupt",
         str,
-        "refuse",
+        _S.storage_on_corrupt,
         "A corrupt inbox: refuse to start, or set it aside and start empty (the loss is logged and counted).",
         choices=("refuse", "recreate"),
     ),
@@ -144,9 +146,21 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "Pair the ledger with an inbox other than the one it remembers (after replacing it on purpose).",
         boolean=True,
     ),
-    Flag("queue.max-pending", int, 10_000, "Unprocessed alerts before the webhook answers 503."),
-    Flag("engine.tick-interval", parse_flag_duration, "1s", "How often the engine's timers advance."),
-    Flag("engine.handle-timeout", parse_flag_duration, "60s", "Longest one engine.handle call may take."),
+    Flag(
+        "queue.max-pending", int, _S.queue_max_pending, "Unprocessed alerts before the webhook answers 503."
+    ),
+    Flag(
+        "engine.tick-interval",
+        parse_flag_duration,
+        format_duration(_S.engine_tick_interval_seconds),
+        "How often the engine's timers advance.",
+    ),
+    Flag(
+        "engine.handle-timeout",
+        parse_flag_duration,
+        format_duration(_S.engine_handle_timeout_seconds),
+        "Longest one engine.handle call may take.",
+    ),
     Flag(
         "engine.max-event-age",
         parse_flag_duration,
@@ -289,7 +303,12 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "",
         "This replica's name, the Lease holder (default $POD_NAME, else the hostname).",
     ),
-    Flag("kube.request-timeout", parse_flag_duration, "10s", "Timeout of one Kubernetes API request."),
+    Flag(
+        "kube.request-timeout",
+        parse_flag_duration,
+        format_duration(_K.request_timeout_seconds),
+        "Timeout of one Kubernetes API request.",
+    ),
     Flag(
         "kube.leader-election",
         parse_bool,
@@ -297,23 +316,33 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "Elect a leader on a Lease; only the leader acts. Required whenever replicas may overlap.",
         boolean=True,
     ),
-    Flag("kube.lease-name", str, "gpupulse-remediation-leader", "Name of the leader Lease."),
-    Flag("kube.lease-duration", parse_flag_duration, "15s", "Leader Lease duration (whole seconds)."),
+    Flag("kube.lease-name", str, _K.lease_name, "Name of the leader Lease."),
+    Flag(
+        "kube.lease-duration",
+        parse_flag_duration,
+        format_duration(_K.lease_duration_seconds),
+        "Leader Lease duration (whole seconds).",
+    ),
     Flag(
         "kube.renew-deadline",
         parse_flag_duration,
-        "10s",
+        format_duration(_K.renew_deadline_seconds),
         "The leader steps down when it has not renewed for this long.",
     ),
-    Flag("kube.retry-period", parse_flag_duration, "2s", "How often candidates try and the leader renews."),
+    Flag(
+        "kube.retry-period",
+        parse_flag_duration,
+        format_duration(_K.retry_period_seconds),
+        "How often candidates try and the leader renews.",
+    ),
     Flag(
         "kube.backend-config",
         str,
         "",
         "YAML mapping of Kubernetes backend settings (eviction deadline, PDB policy, ...).",
     ),
-    Flag("log.format", str, "logfmt", "Log format.", choices=FORMATS),
-    Flag("log.level", str.lower, "info", "Log level.", choices=LEVELS),
+    Flag("log.format", str, _S.log_format, "Log format.", choices=FORMATS),
+    Flag("log.level", str.lower, _S.log_level, "Log level.", choices=LEVELS),
 )
 
 
@@ -510,241 +539,6 @@ async def build_default_engine(settings: Settings, metrics: RemediationMetrics) 
     return cast(Engine, built)
 
 
-# --- serve --backend kubernetes -------------------------------------------------------------------
-
-
-class LeadershipLost(Exception):
-    """This replica stopped leading; the process exits so it restarts clean, as a follower."""
-
-
-class NotLeader(Exception):
-    """An engine call reached a replica that is not the leader."""
-
-
-class EngineProxy:
-    """The Engine the HTTP service sees: the ladder engine while it exists, a follower's answers otherwise.
-
-    Closing it closes the engine and then the Kubernetes API connection.
-    """
-
-    def __init__(self, runtime: KubeRuntime, identity: str) -> None:
-        self.runtime = runtime
-        self.identity = identity
-        self.engine: Engine | None = None
-
-    def _leader(self) -> Engine:
-        if self.engine is None:
-            raise NotLeader(f"{self.identity} is not the leader; send this to the leading replica")
-        return self.engine
-
-    async def handle(self, event: AlertEvent) -> None:
-        """Hand the alert to the ladder engine (only the leader's worker ever calls this)."""
-        await self._leader().handle(event)
-
-    async def tick(self) -> None:
-        """Advance the engine's timers, when there is an engine."""
-        if self.engine is not None:
-            await self.engine.tick()
-
-    def list_incidents(
-        self, state: str | None = None, limit: int = 100, signature: str | None = None
-    ) -> Sequence[Mapping[str, Any]]:
-        """The leader's incidents; a follower has none open (it never opened the ledger)."""
-        return self.engine.list_incidents(state, limit, signature) if self.engine is not None else []
-
-    def get_incident(self, incident_id: int) -> Mapping[str, Any] | None:
-        """One incident, from the leader's ledger."""
-        return self.engine.get_incident(incident_id) if self.engine is not None else None
-
-    def list_signatures(self) -> Sequence[Mapping[str, Any]]:
-        """The leader's signature library."""
-        return self.engine.list_signatures() if self.engine is not None else []
-
-    def stats(self) -> Mapping[str, Any]:
-        """The engine's stats plus who this replica is and whether it leads."""
-        base = dict(self.engine.stats()) if self.engine is not None else {}
-        elector = self.runtime.elector
-        leading = self.engine is not None
-        return {**base, "replica": self.identity, "leader": leading, "leader_election": elector is not None}
-
-    def pause(self, by: str) -> None:
-        """Pause the leader's engine."""
-        self._leader().pause(by)
-
-    def resume(self, by: str) -> None:
-        """Resume the leader's engine."""
-        self._leader().resume(by)
-
-    def reset_breaker(self, by: str) -> None:
-        """Close the leader's breaker."""
-        self._leader().reset_breaker(by)
-
-    async def close_engine(self) -> None:
-        """Close the ladder engine (the ledger) and forget it."""
-        from .server import close_engine
-
-        engine, self.engine = self.engine, None
-        if engine is not None:
-            await close_engine(engine)
-
-    async def aclose(self) -> None:
-        """Close the engine, then the API connection."""
-        await self.close_engine()
-        await self.runtime.close()
-
-
-def _backend_settings(settings: Settings) -> KubernetesBackendSettings:
-    from .backends.kubernetes import settings_from_mapping
-
-    kube = settings.kube
-    raw: dict[str, Any] = {}
-    if kube.backend_config_file is not None:
-        try:
-            loaded = yaml.safe_load(kube.backend_config_file.read_text(encoding="utf-8"))
-        except (OSError, yaml.YAMLError) as e:
-            raise ConfigError(f"--kube.backend-config {kube.backend_config_file}: {e}") from e
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"--kube.backend-config {kube.backend_config_file}: not a mapping")
-        raw = dict(loaded)
-    raw.update(namespace=kube.namespace, identity=kube.identity)
-    try:
-        return settings_from_mapping(raw)
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"--kube.backend-config: {e}") from e
-
-
-async def connect_kube(settings: Settings) -> KubeRuntime:
-    """Connect to the API server and build the backend (and the elector when leader election is on)."""
-    from .kube.client import KubeClientSettings
-    from .kube.leader import LeaderElectionSettings
-    from .kube.runtime import connect
-
-    kube = settings.kube
-    election = (
-        LeaderElectionSettings(
-            namespace=kube.namespace,
-            identity=kube.identity,
-            lease_name=kube.lease_name,
-            lease_duration_seconds=kube.lease_duration_seconds,
-            renew_deadline_seconds=kube.renew_deadline_seconds,
-            retry_period_seconds=kube.retry_period_seconds,
-        )
-        if kube.leader_election
-        else None
-    )
-    client_settings = KubeClientSettings(kube.kubeconfig_path, kube.context, kube.request_timeout_seconds)
-    try:
-        return await connect(client_settings, _backend_settings(settings), election)
-    except (OSError, ValueError, TypeError) as e:  # kubeconfig missing or unreadable, no service account
-        where = kube.kubeconfig_path or "in-cluster service account"
-        raise ConfigError(f"cannot reach the Kubernetes API ({where}): {e}") from e
-
-
-async def build_kube_engine(settings: Settings, metrics: RemediationMetrics, proxy: EngineProxy) -> Engine:
-    """The ladder engine on the shared ledger with the Kubernetes backend; recovers interrupted actions."""
-    from .kube.nodelabels import KubeNodeLabels
-
-    engine_mod = importlib.import_module("remediation.engine")
-    try:
-        built = await asyncio.to_thread(
-            engine_mod.build_engine,
-            settings.engine,
-            settings.db_path,
-            metrics,
-            SystemClock(),
-            backend=proxy.runtime.backend,
-            node_labels=KubeNodeLabels(proxy.runtime.client),
-        )
-    except ValueError as e:
-        raise ConfigError(str(e)) from e
-    return cast(Engine, built)
-
-
-async def _rescan_shared_inbox(service: RunningService, interval_seconds: float) -> None:
-    # rows another replica committed to the shared inbox never reach this worker's in-memory hand-over;
-    # when some wait longer than a scan interval, send the worker through the inbox (its recovery path)
-    inbox, worker = service.ctl.inbox, service.ctl.worker
-    while True:
-        await asyncio.sleep(interval_seconds)
-        cutoff = time.time() - interval_seconds
-        if await inbox.count("processed_at IS NULL AND received_at < ?", (cutoff,)) > 0:
-            worker.rescan()
-
-
-async def serve_kubernetes(settings: Settings) -> None:
-    """`serve --backend kubernetes`: intake on every replica, the engine only on the leader."""
-    from .server import start_service
-
-    runtime = await connect_kube(settings)
-    proxy = EngineProxy(runtime, settings.kube.identity)
-
-    async def factory(s: Settings, metrics: RemediationMetrics) -> Engine:
-        if runtime.elector is None:
-            proxy.engine = await build_kube_engine(s, metrics, proxy)
-        return proxy
-
-    try:
-        service = await start_service(settings, factory)
-    except BaseException:
-        await proxy.aclose()
-        raise
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
-    elector = runtime.elector
-    try:
-        if elector is None:
-            await stop.wait()
-            return
-        await _serve_with_election(settings, service, proxy, elector, stop)
-    finally:
-        log.info("shutting down")
-        await service.stop()
-
-
-async def _serve_with_election(
-    settings: Settings,
-    service: RunningService,
-    proxy: EngineProxy,
-    elector: LeaderElector,
-    stop: asyncio.Event,
-) -> None:
-    worker = service.ctl.worker
-    # a follower keeps accepting into the inbox but never drains it: the worker runs only while leading
-    await worker.stop()
-    lost = asyncio.Event()
-
-    async def lead() -> None:
-        log.info("%s leads: opening the ledger and draining the inbox", proxy.identity)
-        proxy.engine = await build_kube_engine(settings, service.ctl.metrics, proxy)
-        worker.start()
-        await _rescan_shared_inbox(service, max(1.0, 5 * settings.engine_tick_interval_seconds))
-
-    async def stopped() -> None:
-        await worker.stop(settings.shutdown_grace_seconds)
-        await proxy.close_engine()
-        if not stop.is_set():
-            lost.set()
-
-    log.info(
-        "%s campaigning for Lease %s/%s", proxy.identity, settings.kube.namespace, settings.kube.lease_name
-    )
-    election = asyncio.create_task(elector.run(lead, stopped), name="leader-election")
-    waiters = [asyncio.create_task(stop.wait()), asyncio.create_task(lost.wait())]
-    try:
-        await asyncio.wait([election, *waiters], return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in waiters:
-            task.cancel()
-        election.cancel()  # releases the Lease when leading, after the worker and engine stopped
-        with contextlib.suppress(asyncio.CancelledError):
-            await election
-    if lost.is_set() and not stop.is_set():
-        raise LeadershipLost(f"{proxy.identity} lost leadership; exiting so it restarts as a follower")
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The full parser: serve, plus `signatures` when the engine ships its sub-commands."""
     parser = argparse.ArgumentParser(prog=PROG, description="GPU fault remediation controller.")
@@ -762,6 +556,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run_serve(ns: argparse.Namespace, environ: Mapping[str, str] | None = None) -> int:
     """`serve`: validate settings, then run until SIGTERM/SIGINT."""
+    from remediation.errors import LeadershipLost
+
+    from .kube.serve import serve_kubernetes
     from .server import serve
 
     try:

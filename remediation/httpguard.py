@@ -18,6 +18,8 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from remediation.errors import BodyRefused
+
 log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -25,16 +27,6 @@ _TIMEOUT_REPLY = b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\nConnecti
 # wbits for zlib: 16 + 15 reads the gzip container, 15 the zlib container HTTP calls "deflate"
 _WBITS = {"gzip": 31, "x-gzip": 31, "deflate": 15}
 _CHUNK_BYTES = 64 * 1024
-
-
-class BodyRefused(Exception):
-    """The body cannot be read as sent; `status` is the 4xx to answer, `field` what is wrong."""
-
-    def __init__(self, status: int, field: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.field = field
-        self.message = message
 
 
 class _HeadDeadline(asyncio.Protocol):

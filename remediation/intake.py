@@ -14,8 +14,10 @@ from typing import Any, cast
 
 import orjson
 
+from remediation.errors import PayloadError
+
+from .inbox import InboxRecord, canonical_json
 from .model import AlertStatus
-from .store import InboxRecord, canonical_json
 
 SUPPORTED_VERSION = "4"
 MAX_FINGERPRINT_CHARS = 128
@@ -24,18 +26,6 @@ _RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+
 # Go's zero time.Time: Alertmanager sends it as endsAt when an alert has no end yet
 _GO_ZERO_YEAR = 1
 _GO_ZERO = datetime(1, 1, 1, tzinfo=UTC)
-
-
-class PayloadError(Exception):
-    """The payload is not an Alertmanager notification we can accept; `field` names what is wrong."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
-        self.message = message
-
-    def as_json(self) -> dict[str, str]:
-        return {"error": self.message, "field": self.field}
 
 
 def parse_rfc3339(value: object, field: str) -> datetime:

@@ -1,7 +1,7 @@
 """The engine's durable state in SQLite: incidents, their ledger (intent before action, outcome after),
 handled dedup keys, alert transitions, detected loops and the operator switches (breaker, pause).
 
-Tables are created with CREATE TABLE IF NOT EXISTS on a connection from `remediation.store.open_db`
+Tables are created with CREATE TABLE IF NOT EXISTS on a connection from `remediation.sqlitedb.open_db`
 (autocommit mode: every write goes through `Ledger.transaction()`, one BEGIN IMMEDIATE ... COMMIT).
 """
 
@@ -14,123 +14,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from remediation.store import StoreCorrupt, StoreError, check_integrity, is_corruption, open_db
+from remediation.errors import StoreCorrupt, StoreError
+from remediation.ledger_schema import ADDED_COLUMNS, SCHEMA
+from remediation.records import AlertSeen, HandledEvent, Incident, LedgerEntry, encode_incident_fields
+from remediation.sqlitedb import check_integrity, is_corruption, open_db
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS rem_incidents (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    key TEXT NOT NULL,
-    signature TEXT NOT NULL,
-    fault_class TEXT NOT NULL,
-    alertname TEXT NOT NULL,
-    target_kind TEXT NOT NULL,
-    target_node TEXT NOT NULL,
-    target_namespace TEXT NOT NULL,
-    target_pod TEXT NOT NULL,
-    target_uuid TEXT NOT NULL,
-    loop_key TEXT NOT NULL,
-    state TEXT NOT NULL,
-    rung TEXT NOT NULL DEFAULT '',
-    attempt INTEGER NOT NULL DEFAULT 0,
-    rung_started_at REAL,
-    temp_retries INTEGER NOT NULL DEFAULT 0,
-    next_at REAL,
-    firing_fps TEXT NOT NULL DEFAULT '[]',
-    resolved_at REAL,
-    opened_at REAL NOT NULL,
-    updated_at REAL NOT NULL,
-    closed_at REAL,
-    resolution TEXT NOT NULL DEFAULT '',
-    reason TEXT NOT NULL DEFAULT '',
-    labels TEXT NOT NULL,
-    annotations TEXT NOT NULL,
-    page_pending INTEGER NOT NULL DEFAULT 0,
-    page_next_at REAL NOT NULL DEFAULT 0,
-    paged INTEGER NOT NULL DEFAULT 0,
-    page_group TEXT NOT NULL DEFAULT '',
-    group_sent INTEGER NOT NULL DEFAULT 0,
-    trace_id TEXT NOT NULL DEFAULT '',
-    span_id TEXT NOT NULL DEFAULT '',
-    evidence_at REAL,
-    held INTEGER NOT NULL DEFAULT 0,
-    page_sticky INTEGER NOT NULL DEFAULT 0
-);
-CREATE INDEX IF NOT EXISTS rem_incidents_key ON rem_incidents (key, state);
-CREATE INDEX IF NOT EXISTS rem_incidents_timer ON rem_incidents (state, next_at);
-CREATE INDEX IF NOT EXISTS rem_incidents_group ON rem_incidents (page_group, group_sent);
-CREATE TABLE IF NOT EXISTS rem_ledger (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    incident_id INTEGER NOT NULL,
-    at REAL NOT NULL,
-    kind TEXT NOT NULL CHECK (kind IN ('event', 'action')),
-    rung TEXT NOT NULL DEFAULT '',
-    attempt INTEGER NOT NULL DEFAULT 0,
-    status TEXT NOT NULL,
-    finished_at REAL,
-    summary TEXT NOT NULL DEFAULT '',
-    details TEXT NOT NULL DEFAULT '{}',
-    target_kind TEXT NOT NULL DEFAULT '',
-    loop_key TEXT NOT NULL DEFAULT '',
-    node TEXT NOT NULL DEFAULT ''
-);
-CREATE INDEX IF NOT EXISTS rem_ledger_incident ON rem_ledger (incident_id, id);
-CREATE INDEX IF NOT EXISTS rem_ledger_actions ON rem_ledger (kind, rung, status, at);
-CREATE INDEX IF NOT EXISTS rem_ledger_loop ON rem_ledger (loop_key, rung, at);
-CREATE TABLE IF NOT EXISTS rem_handled (
-    dedup_key TEXT PRIMARY KEY,
-    incident_id INTEGER,
-    at REAL NOT NULL,
-    stale INTEGER NOT NULL DEFAULT 0
-);
-CREATE INDEX IF NOT EXISTS rem_handled_at ON rem_handled (at);
-CREATE TABLE IF NOT EXISTS rem_alerts (
-    fingerprint TEXT PRIMARY KEY,
-    starts REAL NOT NULL,
-    status TEXT NOT NULL,
-    at REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS rem_alerts_at ON rem_alerts (at);
-CREATE TABLE IF NOT EXISTS rem_stale (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    at REAL NOT NULL,
-    dedup_key TEXT NOT NULL,
-    alertname TEXT NOT NULL,
-    reason TEXT NOT NULL,
-    detail TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS rem_stale_at ON rem_stale (at);
-CREATE TABLE IF NOT EXISTS rem_transitions (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    key TEXT NOT NULL,
-    status TEXT NOT NULL,
-    at REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS rem_transitions_key ON rem_transitions (key, at);
-CREATE TABLE IF NOT EXISTS rem_loops (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    loop_key TEXT NOT NULL,
-    kind TEXT NOT NULL,
-    incident_id INTEGER NOT NULL,
-    at REAL NOT NULL,
-    details TEXT NOT NULL DEFAULT '{}'
-);
-CREATE TABLE IF NOT EXISTS rem_state (
-    name TEXT PRIMARY KEY,
-    value TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS rem_nodes (
-    node TEXT PRIMARY KEY,
-    last_seen REAL NOT NULL
-);
-"""
-
-# columns added after the first release: ledgers created before get them on open
-ADDED_COLUMNS = (
-    ("rem_incidents", "evidence_at", "REAL"),
-    ("rem_incidents", "held", "INTEGER NOT NULL DEFAULT 0"),
-    ("rem_handled", "stale", "INTEGER NOT NULL DEFAULT 0"),
-    ("rem_incidents", "page_sticky", "INTEGER NOT NULL DEFAULT 0"),
-)
 OPEN_STATES = ("open", "acting", "verifying", "cooldown", "retry_wait", "paged")
 ACTION_RUNGS = ("restart", "migrate")
 # ledger statuses of actions that count as "really done or possibly done" for loops and budgets
@@ -141,7 +29,7 @@ INBOX_PAIR = "inbox"
 
 
 def connect(db_path: Path, verify: bool = False) -> sqlite3.Connection:
-    """Open the ledger (intake's open_db: WAL, synchronous=FULL) and create our tables.
+    """Open the ledger (sqlitedb.open_db: WAL, synchronous=FULL) and create our tables.
 
     With verify, SQLite's integrity check runs first; a damaged or foreign file raises StoreCorrupt
     naming it, never a raw sqlite3 traceback.
@@ -203,6 +91,24 @@ def pair_inbox(db_path: Path, inbox_id: str, now: float, accept_new: bool) -> st
         conn.close()
 
 
+def read_incident(db_path: Path, incident_id: int) -> Incident | None:
+    """One incident read from a ledger file opened read-only (tables are neither created nor touched).
+
+    Raises StoreError when the file cannot be read as a ledger.
+    """
+    try:
+        conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
+    except sqlite3.Error as exc:
+        raise StoreError(f"cannot open {db_path}: {exc}") from exc
+    conn.row_factory = sqlite3.Row
+    try:
+        return Ledger(conn).incident(incident_id)
+    except sqlite3.Error as exc:
+        raise StoreError(f"cannot read incidents from {db_path}: {exc}") from exc
+    finally:
+        conn.close()
+
+
 def _loads(text: str) -> Any:
     return json.loads(text) if text else {}
 
@@ -233,12 +139,14 @@ class Ledger:
     def is_handled(self, dedup_key: str) -> bool:
         return self.handled(dedup_key) is not None
 
-    def handled(self, dedup_key: str) -> sqlite3.Row | None:
+    def handled(self, dedup_key: str) -> HandledEvent | None:
         """The record of an event already handled (its incident, and whether it was too old to act)."""
         row: sqlite3.Row | None = self.conn.execute(
             "SELECT * FROM rem_handled WHERE dedup_key = ?", (dedup_key,)
         ).fetchone()
-        return row
+        if row is None:
+            return None
+        return HandledEvent(row["dedup_key"], row["incident_id"], row["at"], bool(row["stale"]))
 
     def mark_handled(self, dedup_key: str, incident_id: int | None, at: float, stale: bool = False) -> None:
         # a key first handled as too old is handled again when it comes back fresh: replace it
@@ -251,12 +159,14 @@ class Ledger:
 
     # -- the latest state of each alert, and evidence too stale to act on -----------------------
 
-    def alert_state(self, fingerprint: str) -> sqlite3.Row | None:
+    def alert_state(self, fingerprint: str) -> AlertSeen | None:
         """The newest (startsAt, status) seen for this alert fingerprint."""
         row: sqlite3.Row | None = self.conn.execute(
             "SELECT * FROM rem_alerts WHERE fingerprint = ?", (fingerprint,)
         ).fetchone()
-        return row
+        if row is None:
+            return None
+        return AlertSeen(row["fingerprint"], float(row["starts"]), row["status"], float(row["at"]))
 
     def set_alert_state(self, fingerprint: str, starts: float, status: str, at: float) -> None:
         self.conn.execute(
@@ -276,21 +186,21 @@ class Ledger:
         rows = self.conn.execute("SELECT reason, COUNT(*) FROM rem_stale GROUP BY reason")
         return {str(r[0]): int(r[1]) for r in rows}
 
-    def stale_events(self, limit: int = 100) -> list[sqlite3.Row]:
-        return list(self.conn.execute("SELECT * FROM rem_stale ORDER BY id DESC LIMIT ?", (limit,)))
+    def _incidents(self, sql: str, params: Sequence[Any] = ()) -> list[Incident]:
+        return [Incident.from_row(r) for r in self.conn.execute(sql, params)]
 
-    def holdable_incidents(self) -> list[sqlite3.Row]:
+    def holdable_incidents(self) -> list[Incident]:
         """Open incidents whose next step may act (everything but paged ones)."""
-        return list(
-            self.conn.execute(
-                "SELECT * FROM rem_incidents WHERE held = 0 "
-                "AND state IN ('open', 'acting', 'verifying', 'cooldown', 'retry_wait') ORDER BY id"
-            )
+        return self._incidents(
+            "SELECT * FROM rem_incidents WHERE held = 0 "
+            "AND state IN ('open', 'acting', 'verifying', 'cooldown', 'retry_wait') ORDER BY id"
         )
 
     # -- incidents --------------------------------------------------------------------------------
 
-    def insert_incident(self, fields: Mapping[str, Any]) -> int:
+    def insert_incident(self, values: Mapping[str, Any]) -> int:
+        """A new incident from field values (a `target`, JSON fields as Python values)."""
+        fields = encode_incident_fields(values)
         cols = ", ".join(fields)
         marks = ", ".join("?" for _ in fields)
         cur = self.conn.execute(
@@ -299,38 +209,33 @@ class Ledger:
         assert cur.lastrowid is not None
         return int(cur.lastrowid)
 
-    def update_incident(self, incident_id: int, **fields: Any) -> None:
+    def update_incident(self, incident_id: int, **values: Any) -> None:
+        fields = encode_incident_fields(values)
         sets = ", ".join(f"{k} = ?" for k in fields)
         self.conn.execute(f"UPDATE rem_incidents SET {sets} WHERE id = ?", (*fields.values(), incident_id))
 
-    def incident(self, incident_id: int) -> sqlite3.Row | None:
-        row: sqlite3.Row | None = self.conn.execute(
-            "SELECT * FROM rem_incidents WHERE id = ?", (incident_id,)
-        ).fetchone()
-        return row
+    def incident(self, incident_id: int) -> Incident | None:
+        found = self._incidents("SELECT * FROM rem_incidents WHERE id = ?", (incident_id,))
+        return found[0] if found else None
 
-    def open_incident_for(self, key: str) -> sqlite3.Row | None:
+    def open_incident_for(self, key: str) -> Incident | None:
         marks = ", ".join("?" for _ in OPEN_STATES)
-        row: sqlite3.Row | None = self.conn.execute(
+        found = self._incidents(
             f"SELECT * FROM rem_incidents WHERE key = ? AND state IN ({marks}) ORDER BY id DESC LIMIT 1",
             (key, *OPEN_STATES),
-        ).fetchone()
-        return row
+        )
+        return found[0] if found else None
 
-    def due_incidents(self, now: float) -> list[sqlite3.Row]:
-        return list(
-            self.conn.execute(
-                "SELECT * FROM rem_incidents WHERE next_at IS NOT NULL AND next_at <= ? "
-                "AND state IN ('open', 'verifying', 'cooldown', 'retry_wait', 'paged') ORDER BY next_at, id",
-                (now,),
-            )
+    def due_incidents(self, now: float) -> list[Incident]:
+        return self._incidents(
+            "SELECT * FROM rem_incidents WHERE next_at IS NOT NULL AND next_at <= ? "
+            "AND state IN ('open', 'verifying', 'cooldown', 'retry_wait', 'paged') ORDER BY next_at, id",
+            (now,),
         )
 
-    def pending_pages(self, now: float) -> list[sqlite3.Row]:
-        return list(
-            self.conn.execute(
-                "SELECT * FROM rem_incidents WHERE page_pending = 1 AND page_next_at <= ? ORDER BY id", (now,)
-            )
+    def pending_pages(self, now: float) -> list[Incident]:
+        return self._incidents(
+            "SELECT * FROM rem_incidents WHERE page_pending = 1 AND page_next_at <= ? ORDER BY id", (now,)
         )
 
     def count_open(self) -> int:
@@ -338,9 +243,7 @@ class Ledger:
         row = self.conn.execute(f"SELECT COUNT(*) FROM rem_incidents WHERE state IN ({marks})", OPEN_STATES)
         return int(row.fetchone()[0])
 
-    def list_incidents(
-        self, state: str | None, limit: int, signature: str | None = None
-    ) -> list[sqlite3.Row]:
+    def list_incidents(self, state: str | None, limit: int, signature: str | None = None) -> list[Incident]:
         where: list[str] = []
         params: list[Any] = []
         if state == "active":
@@ -353,17 +256,15 @@ class Ledger:
             where.append("signature = ?")
             params.append(signature)
         clause = f"WHERE {' AND '.join(where)} " if where else ""
-        return list(
-            self.conn.execute(
-                f"SELECT * FROM rem_incidents {clause}ORDER BY id DESC LIMIT ?", (*params, limit)
-            )
+        return self._incidents(
+            f"SELECT * FROM rem_incidents {clause}ORDER BY id DESC LIMIT ?", (*params, limit)
         )
 
-    def group_members(self, group: str, unsent_only: bool) -> list[sqlite3.Row]:
+    def group_members(self, group: str, unsent_only: bool) -> list[Incident]:
         sql = "SELECT * FROM rem_incidents WHERE page_group = ?"
         if unsent_only:
             sql += " AND group_sent = 0"
-        return list(self.conn.execute(sql + " ORDER BY id", (group,)))
+        return self._incidents(sql + " ORDER BY id", (group,))
 
     # -- ledger entries ---------------------------------------------------------------------------
 
@@ -412,11 +313,11 @@ class Ledger:
             (status, at, summary, json.dumps(dict(details), sort_keys=True, default=str), entry_id),
         )
 
-    def entry(self, entry_id: int) -> sqlite3.Row | None:
+    def entry(self, entry_id: int) -> LedgerEntry | None:
         row: sqlite3.Row | None = self.conn.execute(
             "SELECT * FROM rem_ledger WHERE id = ?", (entry_id,)
         ).fetchone()
-        return row
+        return LedgerEntry.from_row(row) if row is not None else None
 
     def history(self, incident_id: int) -> list[dict[str, Any]]:
         """The ledger of one incident, oldest first, as plain dicts (for pages and the API)."""
@@ -437,10 +338,9 @@ class Ledger:
             )
         return out
 
-    def started_actions(self) -> list[sqlite3.Row]:
-        return list(
-            self.conn.execute("SELECT * FROM rem_ledger WHERE kind = 'action' AND status = 'started'")
-        )
+    def started_actions(self) -> list[LedgerEntry]:
+        rows = self.conn.execute("SELECT * FROM rem_ledger WHERE kind = 'action' AND status = 'started'")
+        return [LedgerEntry.from_row(r) for r in rows]
 
     def count_actions(self, rungs: Sequence[str], since: float, *, statuses: Sequence[str]) -> int:
         rm = ", ".join("?" for _ in rungs)
@@ -495,8 +395,8 @@ class Ledger:
             (loop_key, kind, incident_id, at, json.dumps(dict(details), sort_keys=True)),
         )
 
-    def loops(self, limit: int = 100) -> list[sqlite3.Row]:
-        return list(self.conn.execute("SELECT * FROM rem_loops ORDER BY id DESC LIMIT ?", (limit,)))
+    def count_loops(self) -> int:
+        return int(self.conn.execute("SELECT COUNT(*) FROM rem_loops").fetchone()[0])
 
     def see_node(self, node: str, at: float) -> None:
         self.conn.execute(

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from remediation.engine_config import LoopSettings
 from remediation.ledger import Ledger
+from remediation.settings import LoopSettings
 
 
 @dataclass(frozen=True)

@@ -54,18 +54,6 @@ class Target:
         return f"{self.kind}:{self.node}/{self.namespace}/{self.pod}/{self.uuid}"
 
 
-class PermanentError(Exception):
-    """The action can never succeed as asked (forbidden, no owner, target gone): do not retry it."""
-
-
-class TemporaryError(Exception):
-    """The action failed this time (API timeout, PDB blocks eviction): it may be retried after delay."""
-
-    def __init__(self, message: str, delay_seconds: float = 5.0) -> None:
-        super().__init__(message)
-        self.delay_seconds = delay_seconds
-
-
 @dataclass(frozen=True)
 class ActionResult:
     """What a backend did; `details` go into the ledger verbatim."""

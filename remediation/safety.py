@@ -11,10 +11,10 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from remediation.engine_config import BudgetSettings, ScopeSettings
 from remediation.ledger import ACTION_RUNGS, Ledger
 from remediation.model import Target
 from remediation.selector import parse_selector
+from remediation.settings import BudgetSettings, ScopeSettings
 
 BREAKER = "breaker"
 PAUSE = "paused"

@@ -8,16 +8,14 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from remediation.errors import SelectorError
+
 # a qualified name (optional DNS prefix and '/'), as label keys are; values are the same minus '/'
 _KEY = r"(?:[A-Za-z0-9][-A-Za-z0-9_.]*/)?[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?"
 _VALUE = r"(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?)?"
 _EXISTS = re.compile(rf"^(?P<neg>!?)\s*(?P<key>{_KEY})$")
 _EQUALITY = re.compile(rf"^(?P<key>{_KEY})\s*(?P<op>==|=|!=)\s*(?P<value>{_VALUE})$")
 _SET = re.compile(rf"^(?P<key>{_KEY})\s+(?P<op>in|notin)\s*\((?P<values>[^()]*)\)$")
-
-
-class SelectorError(ValueError):
-    """The selector text is not a valid Kubernetes label selector."""
 
 
 @dataclass(frozen=True)

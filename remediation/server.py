@@ -16,12 +16,11 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gpupulse.clock import Clock, SystemClock
+from remediation.errors import BodyRefused, PayloadError, QueueFull, StoreError
 
 from .api import Api
 from .auth import TokenAuth, auth_middleware, build_ssl_context
-from .config import Settings
 from .httpguard import (
-    BodyRefused,
     DeadlineSite,
     check_content_type,
     content_coding,
@@ -29,11 +28,12 @@ from .httpguard import (
     head_deadline_middleware,
     read_body,
 )
-from .intake import PayloadError, parse_notification
+from .inbox import Inbox
+from .intake import parse_notification
 from .ledger import pair_inbox
 from .metrics import RemediationMetrics
 from .model import Engine
-from .store import Inbox, QueueFull, StoreError
+from .settings import Settings
 from .worker import Worker, WorkerSettings
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,6 @@ import argparse
 import json
 import os
 import re
-import sqlite3
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -18,11 +17,14 @@ from typing import Any, TextIO
 
 import yaml
 
+from remediation.errors import CLIError, SignatureError, StoreError
 from remediation.ladder import incident_identity, target_from_labels, target_problem
+from remediation.ledger import read_incident
+from remediation.records import Incident
+from remediation.settings import DB_FILENAME
 from remediation.signatures import (
     KNOWN_FAULT_CLASSES,
     Signature,
-    SignatureError,
     SignatureLibrary,
     dump_signatures,
     load_library,
@@ -31,16 +33,11 @@ from remediation.signatures import (
 
 ENV_SIGNATURES = "GPUPULSE_REMEDIATION_SIGNATURES"
 ENV_STORAGE = "GPUPULSE_REMEDIATION_STORAGE_PATH"
-DB_FILENAME = "gpupulse.db"
 LADDERS: Mapping[str, list[str]] = {
     "restart": ["restart", "migrate", "page"],
     "migrate": ["migrate", "page"],
     "none": ["page"],
 }
-
-
-class CLIError(Exception):
-    """A user error: printed as one line, exit status 2."""
 
 
 def register(subparsers: Any) -> None:
@@ -240,7 +237,7 @@ def _pairs(items: Sequence[str], flag: str) -> dict[str, str]:
     return out
 
 
-def _incident_row(ns: argparse.Namespace, environ: Mapping[str, str]) -> sqlite3.Row:
+def _incident(ns: argparse.Namespace, environ: Mapping[str, str]) -> Incident:
     db = ns.db
     if not db:
         storage = ns.storage_path or environ.get(ENV_STORAGE, "")
@@ -249,19 +246,13 @@ def _incident_row(ns: argparse.Namespace, environ: Mapping[str, str]) -> sqlite3
         db = str(Path(storage) / DB_FILENAME)
     if not Path(db).exists():
         raise CLIError(f"database {db} does not exist")
-    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    conn.row_factory = sqlite3.Row
     try:
-        row: sqlite3.Row | None = conn.execute(
-            "SELECT * FROM rem_incidents WHERE id = ?", (ns.incident,)
-        ).fetchone()
-    except sqlite3.Error as exc:
-        raise CLIError(f"cannot read incidents from {db}: {exc}") from exc
-    finally:
-        conn.close()
-    if row is None:
+        incident = read_incident(Path(db), ns.incident)
+    except StoreError as exc:
+        raise CLIError(str(exc)) from exc
+    if incident is None:
         raise CLIError(f"incident {ns.incident} not found in {db}")
-    return row
+    return incident
 
 
 def _slug(text: str) -> str:
@@ -276,21 +267,21 @@ def build_signature(ns: argparse.Namespace, environ: Mapping[str, str]) -> dict[
     source = "recorded with `gpupulse-remediation signatures add`"
     default_name = ""
     if ns.incident is not None:
-        row = _incident_row(ns, environ)
-        if row["state"] not in ("closed",):
+        inc = _incident(ns, environ)
+        if inc.state not in ("closed",):
             raise CLIError(
-                f"incident {ns.incident} is {row['state']}; record signatures from resolved incidents"
+                f"incident {ns.incident} is {inc.state}; record signatures from resolved incidents"
             )
-        inc_labels: dict[str, str] = json.loads(row["labels"])
+        inc_labels = inc.labels
         alertname = alertname or inc_labels.get("alertname", "")
         fault_class = fault_class or (
             inc_labels.get("fault_class", "") if inc_labels.get("fault_class") in KNOWN_FAULT_CLASSES else ""
         )
-        fault_class = fault_class or (row["fault_class"] if row["fault_class"] in KNOWN_FAULT_CLASSES else "")
+        fault_class = fault_class or (inc.fault_class if inc.fault_class in KNOWN_FAULT_CLASSES else "")
         for key in ("fault_class", "xid"):
             if inc_labels.get(key):
                 labels[key] = inc_labels[key]
-        source = f"learned from incident {ns.incident} ({row['signature']}, resolved {row['resolution']})"
+        source = f"learned from incident {ns.incident} ({inc.signature}, resolved {inc.resolution})"
         default_name = f"learned-{ns.incident}-{alertname}"
     labels.update(_pairs(ns.label, "--label"))
     if not fault_class:

@@ -8,11 +8,9 @@ from collections.abc import Mapping
 
 import aiohttp
 
+from remediation.errors import VerifyError
+
 _PLACEHOLDER = re.compile(r"\{(node|namespace|pod|uuid|gpu|instance|container)\}")
-
-
-class VerifyError(Exception):
-    """Prometheus could not answer (unreachable, bad query); the check counts as not yet passed."""
 
 
 def render_query(template: str, labels: Mapping[str, str]) -> str:

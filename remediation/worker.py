@@ -18,10 +18,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gpupulse.clock import Clock, SystemClock
+from remediation.errors import StoreError
 
+from .inbox import Inbox
 from .metrics import RemediationMetrics
 from .model import AlertEvent, Engine
-from .store import Inbox, StoreError
 
 log = logging.getLogger(__name__)
 

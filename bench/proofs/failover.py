@@ -37,6 +37,7 @@ from bench.proofs.harness import (
     sleep_until,
     writes,
 )
+from gpupulse.durations import format_duration
 
 SIGNATURE = """signatures:
   - name: proof-gpu-lost
@@ -161,9 +162,10 @@ async def _run(
         f"--kube.kubeconfig={api.kubeconfig}",
         "--kube.namespace=gpupulse",
         "--kube.leader-election",
-        f"--kube.lease-duration={lease}s",
-        f"--kube.renew-deadline={renew}s",
-        f"--kube.retry-period={retry}s",
+        # in the flag grammar (gpupulse.durations): "2.0s" is refused, "2s" and "1500ms" are not
+        f"--kube.lease-duration={format_duration(lease)}",
+        f"--kube.renew-deadline={format_duration(renew)}",
+        f"--kube.retry-period={format_duration(retry)}",
         f"--signatures={sigdir}",
         "--pager=webhook",
         f"--pager.url={sink.url}",

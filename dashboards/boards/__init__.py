@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dashboards.alertconfig import RulesConfig
+from alerts.config import RulesConfig
 from dashboards.boards import fleet, node, remediation, serving
 from dashboards.boards.filters import for_clusters
 from dashboards.grafana import Dashboard

@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 import re
 
+from alerts.rules.promql import with_matcher
 from dashboards.grafana import Dashboard, Row, Target, Variable
-from dashboards.rules.promql import with_matcher
 
 NODE = 'node=~"$node"'
 NAMESPACE = 'namespace=~"$namespace"'

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from dashboards.alertconfig import RulesConfig
+from alerts.config import RulesConfig
+from alerts.rules.promql import num
+from alerts.rules.recording import ALLOCATION_SHARE, SM_ACTIVITY
 from dashboards.boards.filters import NAMESPACE, NODE, POD, UIDS, gpu_filters
 from dashboards.grafana import Dashboard, Panel, Row, Target
-from dashboards.rules.promql import num
-from dashboards.rules.recording import ALLOCATION_SHARE, SM_ACTIVITY
 
 RANGE_HOURS = "$__range_s / 3600"
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from dashboards.alertconfig import RulesConfig
+from alerts.config import RulesConfig
+from alerts.rules.recording import SM_ACTIVITY
 from dashboards.boards.filters import NAMESPACE, NODE, POD, UIDS, gpu_filters
 from dashboards.grafana import Dashboard, Panel, Row, Target
-from dashboards.rules.recording import SM_ACTIVITY
 
 GPU = "{{node}} GPU {{gpu}}"
 PROC = "{{namespace}}/{{pod}} pid {{pid}}"

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 
-from remediation.model import ActionResult, Page, PermanentError, Target
+from remediation.errors import PermanentError
+from remediation.model import ActionResult, Page, Target
 
 log = logging.getLogger(__name__)
 

@@ -14,15 +14,17 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from gpupulse.clock import Clock, SystemClock
-from remediation.kube.client import (
-    KubeClient,
+from remediation.errors import (
     KubeConflict,
     KubeError,
     KubeForbidden,
     KubeInvalid,
     KubeNotFound,
     KubeTooManyRequests,
+    PermanentError,
+    TemporaryError,
 )
+from remediation.kube.client import KubeClient
 from remediation.kube.eviction import DeadlinePolicy, EvictionSettings, evict_pods
 from remediation.kube.lease import LeaseStore
 from remediation.kube.nodelock import NodeBusy, NodeLock
@@ -38,7 +40,7 @@ from remediation.kube.pods import (
     skip_reason,
 )
 from remediation.kube.timing import micro_time
-from remediation.model import ActionResult, PermanentError, Target, TemporaryError
+from remediation.model import ActionResult, Target
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,9 @@ import signal
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from remediation.engine_config import LocalBackendSettings
-from remediation.model import ActionResult, PermanentError, Target, TemporaryError
+from remediation.errors import PermanentError, TemporaryError
+from remediation.model import ActionResult, Target
+from remediation.settings import LocalBackendSettings
 
 EX_TEMPFAIL = 75
 _PLACEHOLDER = re.compile(r"\{(kind|node|namespace|pod|uuid|rung|reason)\}")

@@ -13,14 +13,11 @@ from typing import Any
 
 import aiohttp
 
-from remediation.engine_config import EnginePagerSettings
+from remediation.errors import PagerError
 from remediation.model import Page, Pager
+from remediation.settings import EnginePagerSettings
 
 _PD_SEVERITIES = ("critical", "error", "warning", "info")
-
-
-class PagerError(Exception):
-    """The page could not be delivered."""
 
 
 def page_to_dict(page: Page) -> dict[str, Any]:

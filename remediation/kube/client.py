@@ -18,45 +18,20 @@ from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from remediation.errors import (
+    KubeConflict,
+    KubeError,
+    KubeForbidden,
+    KubeInvalid,
+    KubeNotFound,
+    KubeTooManyRequests,
+    KubeUnavailable,
+)
+
 T = TypeVar("T")
 JSON = dict[str, Any]
 
 MERGE_PATCH = "application/merge-patch+json"
-
-
-class KubeError(Exception):
-    """An API call failed; `status` is the HTTP code (0 when no response came back)."""
-
-    def __init__(self, status: int, reason: str, message: str, body: Mapping[str, Any] | None = None) -> None:
-        super().__init__(f"{status} {reason}: {message}")
-        self.status = status
-        self.reason = reason
-        self.message = message
-        self.body: Mapping[str, Any] = body or {}
-
-
-class KubeNotFound(KubeError):
-    """404: the object does not exist (any more)."""
-
-
-class KubeConflict(KubeError):
-    """409: already exists, stale resourceVersion, or a UID precondition that no longer holds."""
-
-
-class KubeTooManyRequests(KubeError):
-    """429: an eviction blocked by a PodDisruptionBudget, or API rate limiting."""
-
-
-class KubeForbidden(KubeError):
-    """401/403: our credentials or RBAC do not allow this call."""
-
-
-class KubeUnavailable(KubeError):
-    """5xx, timeouts, connection failures: the call may succeed later."""
-
-
-class KubeInvalid(KubeError):
-    """400/415/422: the request itself is wrong."""
 
 
 @dataclass(frozen=True)

@@ -8,13 +8,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from gpupulse.clock import Clock
-from remediation.kube.client import (
-    KubeClient,
-    KubeConflict,
-    KubeNotFound,
-    KubeTooManyRequests,
-    KubeUnavailable,
-)
+from remediation.errors import KubeConflict, KubeNotFound, KubeTooManyRequests, KubeUnavailable
+from remediation.kube.client import KubeClient
 from remediation.kube.pods import PodRef
 
 DeadlinePolicy = Literal["fail", "delete"]

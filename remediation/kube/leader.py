@@ -16,7 +16,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from gpupulse.clock import Clock, SystemClock
-from remediation.kube.client import KubeClient, KubeConflict, KubeError
+from remediation.errors import KubeConflict, KubeError
+from remediation.kube.client import KubeClient
 from remediation.kube.lease import LeaseRecord, LeaseStore
 
 log = logging.getLogger(__name__)

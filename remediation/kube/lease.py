@@ -6,7 +6,8 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from remediation.kube.client import JSON, KubeClient, KubeNotFound
+from remediation.errors import KubeNotFound
+from remediation.kube.client import JSON, KubeClient
 from remediation.kube.timing import micro_time, parse_time
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from gpupulse.clock import Clock, SystemClock
-from remediation.kube.client import KubeClient, KubeNotFound
+from remediation.errors import KubeNotFound
+from remediation.kube.client import KubeClient
 
 DEFAULT_TTL_SECONDS = 60.0
 

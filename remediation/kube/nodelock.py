@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 from dataclasses import replace
 
 from gpupulse.clock import Clock
-from remediation.kube.client import KubeConflict, KubeError, KubeNotFound
+from remediation.errors import KubeConflict, KubeError, KubeNotFound
 from remediation.kube.lease import LeaseRecord, LeaseStore
 
 log = logging.getLogger(__name__)

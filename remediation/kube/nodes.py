@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpupulse.clock import Clock
-from remediation.kube.client import JSON, KubeClient, KubeConflict
+from remediation.errors import KubeConflict
+from remediation.kube.client import JSON, KubeClient
 from remediation.kube.timing import micro_time
 
 ANNOTATION_REASON = "gpupulse.io/remediation-reason"

@@ -34,9 +34,9 @@ import pytest
 import yaml
 from aiohttp import web
 
-from dashboards.alertgen import render_rules
-from dashboards.rules.promql import metric_names
-from dashboards.rules.recording import HARD_LIMIT
+from alerts.generate import render_rules
+from alerts.rules.promql import metric_names
+from alerts.rules.recording import HARD_LIMIT
 from exporter.engines.sim_spec import load_engines
 from exporter.pagecache.scenario import PageCacheScenario, parse_section
 from exporter.sim import load_scenario

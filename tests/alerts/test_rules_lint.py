@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from dashboards.alertconfig import ConfigError, load_config
-from dashboards.rules import rule_files
-from dashboards.rules.promql import base_metric, metric_names
+from alerts.config import ConfigError, load_config
+from alerts.rules import rule_files
+from alerts.rules.promql import base_metric, metric_names
 from gpupulse.contract import ALERT_LABELS, LAYERS, SEVERITIES, TARGET_KINDS
 from tests.alerts.ruleset import ROOT, RUNBOOKS_DIR, known_metrics
 
@@ -119,7 +119,7 @@ def test_metric_name_extraction_ignores_labels_functions_and_keywords() -> None:
 
 
 def test_missing_threshold_is_a_config_error(tmp_path: Path) -> None:
-    from dashboards.alertconfig import DEFAULT_CONFIG_PATH
+    from alerts.config import DEFAULT_CONFIG_PATH
 
     text = DEFAULT_CONFIG_PATH.read_text().replace("  temperature_celsius: 85", "")
     path = tmp_path / "config.yaml"

@@ -45,7 +45,7 @@ def test_exporter_and_controller_do_not_import_each_other() -> None:
 
 
 def test_product_code_never_imports_tests() -> None:
-    for package in ("exporter", "remediation", "dashboards", "demo"):
+    for package in ("exporter", "remediation", "alerts", "dashboards", "demo"):
         assert _importers(package, "tests") == set(), package
 
 

@@ -20,13 +20,16 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 # Every contract by id. The in-service layer contracts of issue 15 (L1: exporter, L2: remediation)
-# and "alerts-on-kernel" (once alerts/ is a package) are added to pyproject.toml and here together.
+# are added to pyproject.toml and here together.
 EXPECTED_CONTRACTS = {
     "kernel",
     "services-independent",
     "services-below-rules",
     "dashboards-on-kernel",
+    "alerts-on-kernel",
     "report-on-kernel",
+    "remediation-layers",
+    "remediation-decide-pure",
 }
 # (contract id, module planted in the copy, the forbidden import it holds)
 PLANTED = [
@@ -37,8 +40,14 @@ PLANTED = [
     ("services-below-rules", "remediation/_planted.py", "import dashboards.grafana"),
     ("services-below-rules", "exporter/_planted.py", "import demo.cli"),
     ("dashboards-on-kernel", "dashboards/_planted.py", "import remediation.metrics"),
+    ("alerts-on-kernel", "alerts/_planted.py", "import dashboards.grafana"),
+    ("alerts-on-kernel", "alerts/rules/_planted.py", "from exporter import catalog"),
     ("report-on-kernel", "costreport/_planted.py", "import exporter.config"),
     ("kernel", "gpupulse/_planted.py", "import costreport.usage"),
+    # a lower layer reaching up (the state machine into the engine), and the pure rules into a store
+    ("remediation-layers", "remediation/transitions/_planted.py", "import remediation.engine"),
+    ("remediation-layers", "remediation/decide/_planted.py", "import remediation.server"),
+    ("remediation-decide-pure", "remediation/decide/_planted.py", "import remediation.ledger"),
 ]
 
 
@@ -81,9 +90,8 @@ def test_lint_imports_keeps_every_contract_on_the_tree() -> None:
     assert (int(kept[1]), int(kept[2])) == (len(EXPECTED_CONTRACTS), 0)
 
 
-def test_alerts_is_checked_once_it_is_a_package() -> None:
-    if not (ROOT / "alerts" / "__init__.py").exists():
-        pytest.skip("alerts/ is not a Python package yet (issue 15 step L3)")
+def test_alerts_is_a_checked_package() -> None:
+    assert (ROOT / "alerts" / "__init__.py").exists()
     assert "alerts" in _config()["root_packages"], 'add "alerts" to root_packages in pyproject.toml'
     sources = {m for c in _contracts() for m in c.get("source_modules", [])}  # type: ignore[attr-defined]
     assert "alerts" in sources, "uncomment the alerts-on-kernel contract in pyproject.toml"

@@ -12,7 +12,7 @@ KILL_BY_NAME = re.compile(r"\b(pkill|killall|pgrep\s.*\|\s*xargs\s+kill)\b")
 def _sources() -> list[Path]:
     found = [p for p in (ROOT / "scripts").iterdir() if p.is_file()]
     found += [ROOT / ".ci" / "run"]
-    for package in ("exporter", "remediation", "dashboards", "demo", "bench", "tests"):
+    for package in ("exporter", "remediation", "alerts", "dashboards", "demo", "bench", "tests"):
         found += sorted((ROOT / package).rglob("*.py"))
     return found
 

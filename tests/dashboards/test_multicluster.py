@@ -8,8 +8,8 @@ import re
 
 import pytest
 
+from alerts.rules.promql import metric_names, with_cluster_label, with_matcher
 from dashboards.build import JSON_DIR
-from dashboards.rules.promql import metric_names, with_cluster_label, with_matcher
 
 SELECTOR = re.compile(r"(?<![A-Za-z0-9_:])([A-Za-z_:][A-Za-z0-9_:]*)\{([^{}]*)\}")
 

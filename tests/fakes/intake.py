@@ -15,10 +15,10 @@ from typing import Any, BinaryIO
 
 import aiohttp
 
-from remediation.config import Settings
 from remediation.metrics import RemediationMetrics
 from remediation.model import AlertEvent, Engine
 from remediation.server import RunningService, start_service
+from remediation.settings import Settings
 from tests.fakes.clock import FakeClock
 
 REPO = Path(__file__).resolve().parents[2]

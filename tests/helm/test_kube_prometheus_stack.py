@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 import yaml
 
-from dashboards.alertconfig import load_config
-from dashboards.alertgen import render_rule_templates, render_rules
-from dashboards.tunables import substitute
+from alerts.config import load_config
+from alerts.generate import render_rule_templates, render_rules
+from alerts.tunables import substitute
 from tests.helm.installs import CHART, JSON, ROOT, Installed, install_values
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")

@@ -6,14 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from remediation.kube.client import (
-    KubeClient,
-    KubeClientSettings,
-    KubeConflict,
-    KubeForbidden,
-    KubeNotFound,
-    KubeUnavailable,
-)
+from remediation.errors import KubeConflict, KubeForbidden, KubeNotFound, KubeUnavailable
+from remediation.kube.client import KubeClient, KubeClientSettings
 from tests.fakes.kube_api import FakeKubeAPI
 
 

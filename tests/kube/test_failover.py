@@ -16,11 +16,11 @@ import pytest
 
 from remediation.backends.kubernetes import KubernetesBackend
 from remediation.engine import RemediationEngine, build_engine
-from remediation.engine_config import EngineSettings
 from remediation.kube.client import KubeClient, KubeClientSettings
 from remediation.kube.leader import LeaderElectionSettings, LeaderElector
 from remediation.metrics import RemediationMetrics
 from remediation.model import AlertEvent
+from remediation.settings import EngineSettings
 from tests.fakes.clock import FakeClock
 from tests.fakes.kube_api import FakeKubeAPI
 from tests.fakes.pager_sink import RecordingPager

@@ -10,10 +10,10 @@ from typing import cast
 
 from remediation.backends.kubernetes import KubernetesBackend
 from remediation.engine import RemediationEngine, build_engine
-from remediation.engine_config import EngineSettings
 from remediation.kube.client import KubeClient
 from remediation.metrics import RemediationMetrics
 from remediation.model import AlertEvent
+from remediation.settings import EngineSettings
 from tests.fakes.clock import FakeClock
 from tests.fakes.kube_api import FakeKubeAPI
 from tests.fakes.pager_sink import RecordingPager

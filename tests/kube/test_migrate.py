@@ -7,8 +7,9 @@ from collections.abc import Callable
 import pytest
 
 from remediation.backends.kubernetes import KubernetesBackend
+from remediation.errors import PermanentError, TemporaryError
 from remediation.kube.nodes import ANNOTATION_WAS_UNSCHEDULABLE
-from remediation.model import PermanentError, Target, TemporaryError
+from remediation.model import Target
 from tests.fakes.kube_api import FakeKubeAPI
 from tests.kube.conftest import StepClock
 

@@ -9,10 +9,11 @@ from datetime import timedelta
 import pytest
 
 from remediation.backends.kubernetes import KubernetesBackend
+from remediation.errors import TemporaryError
 from remediation.kube.client import KubeClient
 from remediation.kube.nodelock import node_lease_name
 from remediation.kube.timing import micro_time
-from remediation.model import Target, TemporaryError
+from remediation.model import Target
 from tests.fakes.kube_api import FakeKubeAPI
 from tests.kube.conftest import GatedClock, StepClock, backend_settings
 

@@ -7,7 +7,8 @@ from collections.abc import Callable
 import pytest
 
 from remediation.backends.kubernetes import RESTARTED_AT, KubernetesBackend
-from remediation.model import PermanentError, Target, TemporaryError
+from remediation.errors import PermanentError, TemporaryError
+from remediation.model import Target
 from tests.fakes.kube_api import FakeKubeAPI
 from tests.kube.conftest import StepClock, backend_settings
 

@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 
 from remediation.backends.kubernetes import settings_from_mapping
+from remediation.errors import TemporaryError
 from remediation.kube.client import KubeClientSettings
 from remediation.kube.leader import LeaderElectionSettings
 from remediation.kube.runtime import connect
-from remediation.model import Target, TemporaryError
+from remediation.model import Target
 from tests.fakes.kube_api import FakeKubeAPI
 
 

@@ -11,11 +11,12 @@ import pytest
 
 from remediation.backends.kubernetes import KubernetesBackend
 from remediation.engine import RemediationEngine, build_engine
-from remediation.engine_config import EngineSettings, ScopeSettings
-from remediation.kube.client import KubeClient, KubeUnavailable
+from remediation.errors import KubeUnavailable
+from remediation.kube.client import KubeClient
 from remediation.kube.nodelabels import KubeNodeLabels
 from remediation.metrics import RemediationMetrics
 from remediation.model import AlertEvent
+from remediation.settings import EngineSettings, ScopeSettings
 from tests.fakes.clock import FakeClock
 from tests.fakes.kube_api import FakeKubeAPI
 from tests.fakes.pager_sink import RecordingPager

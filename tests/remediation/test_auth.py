@@ -14,7 +14,7 @@ import pytest
 from aiohttp import web
 
 from remediation.auth import PUBLIC_PATHS, TokenAuth, auth_middleware, build_ssl_context, load_token
-from remediation.config import ConfigError
+from remediation.errors import ConfigError
 
 
 @pytest.mark.parametrize(

@@ -12,15 +12,10 @@ from pathlib import Path
 import pytest
 
 from remediation.backends.local import LocalBackend
-from remediation.backends.pager import (
-    PagerDutyPager,
-    PagerError,
-    SlackPager,
-    WebhookPager,
-    pager_from_settings,
-)
-from remediation.engine_config import EnginePagerSettings, LocalBackendSettings
-from remediation.model import Page, PermanentError, Target, TemporaryError
+from remediation.backends.pager import PagerDutyPager, SlackPager, WebhookPager, pager_from_settings
+from remediation.errors import PagerError, PermanentError, TemporaryError
+from remediation.model import Page, Target
+from remediation.settings import EnginePagerSettings, LocalBackendSettings
 from tests.fakes.pager_sink import PagerSink
 
 HOSTILE = Target(

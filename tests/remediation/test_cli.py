@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 import pytest
 
 from gpupulse.durations import parse_flag_duration
 from remediation.cli import SERVE_FLAGS, build_parser, main, settings_from_flags
-from remediation.config import ConfigError, Settings
+from remediation.errors import ConfigError
+from remediation.settings import Settings
 
 
 def _settings(argv: list[str], env: dict[str, str] | None = None) -> Settings:
@@ -177,6 +179,16 @@ def test_mutual_tls_client_ca_counts_as_authentication(tmp_path: Path) -> None:
         ]
     )
     assert s.tls_enabled and s.auth_token == ""
+
+
+def test_flag_defaults_are_the_settings_defaults() -> None:
+    """With no flags and no environment, serve runs on exactly the defaults of remediation/settings.py
+    (the flags write durations in their own grammar; this holds the two to one value)."""
+    env = {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "POD_NAME": "", "POD_NAMESPACE": ""}
+    got = _settings(["--insecure-no-auth"], env)
+    expected = Settings(insecure_no_auth=True)
+    # the replica's name falls back to the hostname: the one default that is not a constant
+    assert dataclasses.replace(got, kube=dataclasses.replace(got.kube, identity="")) == expected
 
 
 def test_duration_flags_take_the_shared_grammar_from_flags_and_environment() -> None:

@@ -14,8 +14,10 @@ from pathlib import Path
 import pytest
 
 from bench.proofs.harness import TOKEN, FakeKube, Serve, alert, notification, post, wait_until
-from remediation.cli import LeadershipLost, build_parser, serve_kubernetes, settings_from_flags
-from remediation.config import ConfigError, Settings
+from remediation.cli import build_parser, settings_from_flags
+from remediation.errors import ConfigError, LeadershipLost
+from remediation.kube.serve import serve_kubernetes
+from remediation.settings import Settings
 from tests.fakes.kube_api import FakeKubeAPI
 
 NO_AUTH = ["--insecure-no-auth", "--backend=kubernetes"]

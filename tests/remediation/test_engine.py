@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from remediation.engine_config import EngineSettings
+from remediation.settings import EngineSettings
 from tests.remediation.test_engine_support import (
     CORRUPT_MODEL,
     LEAK,
@@ -153,7 +153,7 @@ async def test_unknown_alerts_on_one_target_page_separately(rig: Rig) -> None:
 async def test_failed_action_after_alert_resolved_does_not_escalate(rig: Rig) -> None:
     import asyncio
 
-    from remediation.model import PermanentError
+    from remediation.errors import PermanentError
 
     rig.backend.gate = asyncio.Event()
     rig.backend.errors["restart"] = [PermanentError("pod has no owner")]
@@ -216,7 +216,7 @@ async def test_resolve_page_sent_when_paged_incident_resolves(rig: Rig) -> None:
 
 
 async def test_temporary_error_retries_same_rung_then_permanent_moves_on(rig: Rig) -> None:
-    from remediation.model import PermanentError, TemporaryError
+    from remediation.errors import PermanentError, TemporaryError
 
     rig.backend.errors["restart"] = [TemporaryError("api timeout", delay_seconds=10)]
     await rig.fire(LEAK)
@@ -267,9 +267,9 @@ def test_invalid_settings_and_signatures_refuse_to_build(tmp_path: Path) -> None
     from dataclasses import replace
 
     from remediation.engine import build_engine
-    from remediation.engine_config import BudgetSettings
+    from remediation.errors import SignatureError
     from remediation.metrics import RemediationMetrics
-    from remediation.signatures import SignatureError
+    from remediation.settings import BudgetSettings
 
     bad = replace(EngineSettings(), budgets=BudgetSettings(max_concurrent_actions=0))
     with pytest.raises(ValueError, match="max_concurrent_actions"):

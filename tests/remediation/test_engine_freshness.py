@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from remediation.engine_config import EngineSettings
+from remediation.settings import EngineSettings
 from tests.remediation.test_engine_support import LEAK, Rig, events
 
 THERMAL = {

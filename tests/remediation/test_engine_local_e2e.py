@@ -9,8 +9,8 @@ from typing import cast
 import pytest
 
 from remediation.engine import RemediationEngine, build_engine
-from remediation.engine_config import EnginePagerSettings, EngineSettings, LocalBackendSettings
 from remediation.metrics import RemediationMetrics
+from remediation.settings import EnginePagerSettings, EngineSettings, LocalBackendSettings
 from tests.fakes.clock import FakeClock
 from tests.fakes.pager_sink import PagerSink
 from tests.remediation.test_engine_support import CORRUPT_MODEL, LEAK, Rig

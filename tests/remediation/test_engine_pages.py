@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from remediation.engine_config import BudgetSettings, EngineSettings
+from remediation.settings import BudgetSettings, EngineSettings
 from tests.remediation.test_engine_support import Rig
 
 # XID 79 as a rule that is not ours sends it (DCGM-style): no target_kind, no fault_class

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from remediation.engine_config import EngineSettings
+from remediation.settings import EngineSettings
 from tests.remediation.test_engine_support import CORRUPT_MODEL, LEAK, Rig, events, statuses
 
 

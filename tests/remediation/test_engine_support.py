@@ -15,9 +15,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from remediation.engine import RemediationEngine, build_engine
-from remediation.engine_config import EngineSettings
 from remediation.metrics import RemediationMetrics
 from remediation.model import ActionResult, AlertEvent, Target
+from remediation.settings import EngineSettings
 from remediation.signatures import SignatureLibrary
 from tests.fakes.clock import FakeClock
 from tests.fakes.pager_sink import RecordingPager

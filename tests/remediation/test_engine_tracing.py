@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from remediation.engine_config import EngineSettings
+from remediation.settings import EngineSettings
 from tests.remediation.test_engine_support import LEAK, Rig
 
 

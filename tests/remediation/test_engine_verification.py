@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from remediation.engine_config import BudgetSettings, EngineSettings
-from remediation.model import PermanentError
-from remediation.signatures import SignatureError, load_library, parse_document
+from remediation.errors import PermanentError, SignatureError
+from remediation.settings import BudgetSettings, EngineSettings
+from remediation.signatures import load_library, parse_document
 from tests.remediation.test_engine_support import LEAK, Rig, events
 
 REPO = Path(__file__).resolve().parents[2]

@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from remediation.engine_config import EngineSettings
+from remediation.errors import VerifyError
+from remediation.settings import EngineSettings
 from remediation.signatures import SignatureLibrary, load_library, parse_document
-from remediation.verify import PromQLVerifier, VerifyError, render_query
+from remediation.verify import PromQLVerifier, render_query
 from tests.remediation.test_engine_support import LEAK, Rig, events
 
 VERIFIED_LEAK = """

@@ -9,14 +9,13 @@ from pathlib import Path
 
 import aiohttp
 
-from remediation.config import Settings
 from remediation.engine import build_engine
-from remediation.engine_config import EngineSettings
+from remediation.inbox import Inbox
 from remediation.intake import parse_notification
 from remediation.metrics import RemediationMetrics
 from remediation.model import Engine
 from remediation.server import start_service
-from remediation.store import Inbox
+from remediation.settings import EngineSettings, Settings
 from tests.fakes.clock import FakeClock
 from tests.fakes.intake import alert, count_rows, make_settings, notification
 from tests.fakes.pager_sink import RecordingPager

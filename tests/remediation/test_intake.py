@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from remediation.store import Inbox
+from remediation.inbox import Inbox
 from tests.fakes.intake import (
     FIXTURES,
     TOKEN,

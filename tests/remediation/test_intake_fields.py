@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from remediation.intake import MAX_FINGERPRINT_CHARS, PayloadError, parse_notification, parse_rfc3339
+from remediation.errors import PayloadError
+from remediation.intake import MAX_FINGERPRINT_CHARS, parse_notification, parse_rfc3339
 from tests.fakes.intake import alert, notification
 
 

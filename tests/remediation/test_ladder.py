@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from remediation.engine_config import EngineSettings
 from remediation.ladder import first_step, incident_identity, loop_identity, next_step, target_from_labels
 from remediation.model import Target
+from remediation.settings import EngineSettings
 from remediation.signatures import LadderSpec
 from tests.remediation.test_engine_support import XID_RESET, Rig
 

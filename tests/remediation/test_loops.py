@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from remediation.engine_config import EngineSettings, LoopSettings
 from remediation.ladder import loop_identity, target_from_labels, workload_name
 from remediation.ledger import Ledger, connect
 from remediation.loops import LoopDetector
+from remediation.settings import EngineSettings, LoopSettings
 from remediation.signatures import load_library, parse_document
 from tests.remediation.test_engine_support import LEAK, Rig, events, pod
 

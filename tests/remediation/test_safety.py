@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from remediation.engine_config import BudgetSettings, EngineSettings, ScopeSettings
+from remediation.settings import BudgetSettings, EngineSettings, ScopeSettings
 from tests.remediation.test_engine_support import CORRUPT_MODEL, LEAK, XID_RESET, Rig, statuses
 
 

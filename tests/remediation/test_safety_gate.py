@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from remediation.engine_config import BudgetSettings
 from remediation.ledger import Ledger, connect
 from remediation.model import Target
 from remediation.safety import SafetyGate
+from remediation.settings import BudgetSettings
 
 NOW = 1_780_000_000.0
 GPU = Target("gpu", "n1", uuid="GPU-1")

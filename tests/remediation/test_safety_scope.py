@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from remediation.engine_config import ScopeSettings
 from remediation.model import Target
 from remediation.safety import in_scope
+from remediation.settings import ScopeSettings
 
 _PROD = ScopeSettings(namespaces=("prod",))
 _POOL = ScopeSettings(node_selector="nodepool=inference")

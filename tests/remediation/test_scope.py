@@ -11,9 +11,10 @@ from typing import cast
 import pytest
 
 from remediation.engine import RemediationEngine, build_engine
-from remediation.engine_config import EngineSettings, ScopeSettings
+from remediation.errors import SelectorError
 from remediation.metrics import RemediationMetrics
-from remediation.selector import SelectorError, parse_selector
+from remediation.selector import parse_selector
+from remediation.settings import EngineSettings, ScopeSettings
 from tests.remediation.test_engine_support import LEAK, XID_RESET, Rig
 
 NODE_DOWN = {

@@ -12,12 +12,8 @@ import pytest
 import yaml
 
 from remediation import signatures_cli
-from remediation.signatures import (
-    KNOWN_FAULT_CLASSES,
-    SignatureError,
-    load_library,
-    parse_document,
-)
+from remediation.errors import SignatureError
+from remediation.signatures import KNOWN_FAULT_CLASSES, load_library, parse_document
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -267,7 +263,7 @@ def test_cli_add_from_flags_then_test_uses_it(tmp_path: Path) -> None:
 
 
 async def test_cli_add_from_resolved_incident(tmp_path: Path) -> None:
-    from remediation.engine_config import EngineSettings
+    from remediation.settings import EngineSettings
     from tests.remediation.test_engine_support import Rig
 
     rig = Rig(tmp_path, EngineSettings())

@@ -16,10 +16,12 @@ from pathlib import Path
 import pytest
 
 from remediation.engine import build_engine
-from remediation.engine_config import EngineSettings
+from remediation.errors import StoreCorrupt, StoreError
+from remediation.inbox import Inbox
 from remediation.intake import parse_notification
 from remediation.metrics import RemediationMetrics
-from remediation.store import Inbox, StoreCorrupt, StoreError, is_corruption
+from remediation.settings import EngineSettings
+from remediation.sqlitedb import is_corruption
 from tests.fakes.clock import FakeClock
 from tests.fakes.intake import (
     FakeEngine,

@@ -6,9 +6,9 @@ import asyncio
 import sqlite3
 from pathlib import Path
 
+from remediation.inbox import Inbox, InboxRow
 from remediation.intake import parse_notification
 from remediation.metrics import RemediationMetrics
-from remediation.store import Inbox, InboxRow
 from remediation.worker import Worker, WorkerSettings, backoff_seconds
 from tests.fakes.clock import FakeClock
 from tests.fakes.intake import FakeEngine, alert, count_rows, make_settings, notification, start_harness

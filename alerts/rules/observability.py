@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from dashboards.alertconfig import RulesConfig
-from dashboards.rules.common import alert
-from dashboards.rules.model import Group, RuleFile
-from dashboards.rules.promql import num
+from alerts.config import RulesConfig
+from alerts.rules.common import alert
+from alerts.rules.model import Group, RuleFile
+from alerts.rules.promql import num
 
 _TARGET = "node, instance, job"
 

@@ -3,9 +3,9 @@ fragmentation."""
 
 from __future__ import annotations
 
-from dashboards.alertconfig import RulesConfig
-from dashboards.rules.model import Group, Record, RuleFile
-from dashboards.rules.promql import num
+from alerts.config import RulesConfig
+from alerts.rules.model import Group, Record, RuleFile
+from alerts.rules.promql import num
 
 # Names other rule files and the dashboards join on.
 SM_ACTIVITY = "uuid:gpu_sm_activity:ratio"

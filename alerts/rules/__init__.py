@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 
-from dashboards.alertconfig import ConfigError, RulesConfig
-from dashboards.rules.hardware import hardware_file
-from dashboards.rules.model import Alert, Group, Record, RuleFile
-from dashboards.rules.observability import observability_file
-from dashboards.rules.promql import with_cluster_label
-from dashboards.rules.recording import recording_file
-from dashboards.rules.serving import serving_file
-from dashboards.rules.usage import usage_file
+from alerts.config import ConfigError, RulesConfig
+from alerts.rules.hardware import hardware_file
+from alerts.rules.model import Alert, Group, Record, RuleFile
+from alerts.rules.observability import observability_file
+from alerts.rules.promql import with_cluster_label
+from alerts.rules.recording import recording_file
+from alerts.rules.serving import serving_file
+from alerts.rules.usage import usage_file
 
 __all__ = ["Alert", "Group", "Record", "RuleFile", "rule_files"]
 

@@ -17,7 +17,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
-from dashboards.alertconfig import Cost, RulesConfig, Thresholds, Windows
+from alerts.config import Cost, RulesConfig, Thresholds, Windows
 
 TOKEN = re.compile(r"__gpupulse_([a-z_]+?)__([A-Za-z0-9_]+?)__")
 

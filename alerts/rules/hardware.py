@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from dashboards.alertconfig import RulesConfig
-from dashboards.rules.common import alert
-from dashboards.rules.model import Group, RuleFile
-from dashboards.rules.promql import num
-from dashboards.rules.recording import ALLOCATION_SOLE
+from alerts.config import RulesConfig
+from alerts.rules.common import alert
+from alerts.rules.model import Group, RuleFile
+from alerts.rules.promql import num
+from alerts.rules.recording import ALLOCATION_SOLE
 from gpupulse.xid import XidClass, xid_class
 
 GPU_BY = "node, uuid, gpu"

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from dashboards.alertconfig import RulesConfig
-from dashboards.rules.common import alert
-from dashboards.rules.model import Group, RuleFile
-from dashboards.rules.promql import num
-from dashboards.rules.recording import KV_HIT_RATIO_POD, SM_ACTIVITY, latency_quantile_name
+from alerts.config import RulesConfig
+from alerts.rules.common import alert
+from alerts.rules.model import Group, RuleFile
+from alerts.rules.promql import num
+from alerts.rules.recording import KV_HIT_RATIO_POD, SM_ACTIVITY, latency_quantile_name
 
 _POD_TEXT = "Pod {{ $labels.namespace }}/{{ $labels.pod }}"
 _MODEL_TEXT = _POD_TEXT + " (model {{ $labels.model }})"

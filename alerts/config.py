@@ -12,8 +12,8 @@ import yaml
 
 from gpupulse.durations import DurationError, parse_duration
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_CONFIG_PATH = REPO_ROOT / "alerts" / "config.yaml"
+# Beside this module, so an installed package finds it as well as a checkout does (the demo reads it).
+DEFAULT_CONFIG_PATH = Path(__file__).resolve().parent / "config.yaml"
 
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from remediation.intake import PayloadError, decode_json, parse_notification, parse_rfc3339
-from remediation.store import Inbox, StoreError, canonical_json
+from remediation.errors import PayloadError, StoreError
+from remediation.inbox import Inbox, canonical_json
+from remediation.intake import decode_json, parse_notification, parse_rfc3339
 from tests.fakes.intake import alert, notification
 
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dashboards.alertconfig import RulesConfig
-from dashboards.rules.model import Alert
+from alerts.config import RulesConfig
+from alerts.rules.model import Alert
 from gpupulse.contract import Layer, Severity, TargetKind
 
 

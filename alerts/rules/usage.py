@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from dashboards.alertconfig import RulesConfig
-from dashboards.rules.common import alert
-from dashboards.rules.model import Group, RuleFile
-from dashboards.rules.promql import num
-from dashboards.rules.recording import ALLOCATION_SHARE, HARD_LIMIT, POD_MEMORY, SM_ACTIVITY, SOFT_LIMIT
+from alerts.config import RulesConfig
+from alerts.rules.common import alert
+from alerts.rules.model import Group, RuleFile
+from alerts.rules.promql import num
+from alerts.rules.recording import ALLOCATION_SHARE, HARD_LIMIT, POD_MEMORY, SM_ACTIVITY, SOFT_LIMIT
 
 _POD_TEXT = "Pod {{ $labels.namespace }}/{{ $labels.pod }}"
 

@@ -1,0 +1,133 @@
+"""The pages a human receives: one incident's, the summary of a storm, the breaker's group; the budget."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import urlencode
+
+from remediation.ladder import incident_identity
+from remediation.model import Page, Target
+from remediation.records import Incident
+from remediation.settings import BudgetSettings
+from remediation.signatures import Signature
+
+# a summary page names this many targets, then counts the rest
+SUMMARY_TARGETS = 10
+
+
+def runbook_for(base_url: str, name: str) -> str:
+    return f"{base_url.rstrip('/')}/{name}.md"
+
+
+def page_budget_spent(paged: int, budgets: BudgetSettings) -> str:
+    """Why no further incident may page on its own ("" while the budget lasts); `paged` counts the
+    incidents that paged within the budget's window."""
+    if paged < budgets.max_pages_per_window:
+        return ""
+    return (
+        f"page budget spent: {paged} incidents paged within {budgets.page_window_seconds:.0f} s "
+        f"(limit {budgets.max_pages_per_window})"
+    )
+
+
+def incident_page(
+    inc: Incident, sig: Signature, history: Sequence[Mapping[str, Any]], runbook_base_url: str, resolved: bool
+) -> Page:
+    """One incident's own page (or its resolve)."""
+    runbook = (
+        inc.annotations.get("runbook_url")
+        or sig.runbook_url
+        or runbook_for(runbook_base_url, sig.fault_class)
+    )
+    summary = inc.annotations.get("summary") or inc.alertname or sig.fault_class
+    return Page(
+        dedup_key=f"gpupulse-incident-{inc.id}",
+        summary=f"{summary} on {incident_identity(inc.target)}: {inc.reason or sig.reason}",
+        severity=sig.page_severity or inc.labels.get("severity", "") or "critical",
+        fault_class=sig.fault_class,
+        signature=sig.name,
+        runbook_url=runbook,
+        target=inc.target,
+        history=history,
+        resolved=resolved,
+    )
+
+
+def summary_page(
+    state: Mapping[str, Any],
+    members: Sequence[Incident],
+    sig: Signature,
+    budgets: BudgetSettings,
+    external_url: str,
+    runbook_base_url: str,
+    resolved: bool,
+) -> Page:
+    """The page that speaks for the incidents of one signature that paged over the budget."""
+    signature = str(state["signature"])
+    targets = [incident_identity(m.target) for m in members]
+    first = ", ".join(targets[:SUMMARY_TARGETS])
+    more = f" and {len(targets) - SUMMARY_TARGETS} more" if len(targets) > SUMMARY_TARGETS else ""
+    query = urlencode({"signature": signature, "state": "active"})
+    link = f"{external_url.rstrip('/')}/api/v1/incidents?{query}"
+    since = datetime.fromtimestamp(float(state["started_at"]), tz=UTC).isoformat(timespec="seconds")
+    summary = (
+        f"{len(members)} incidents of {signature} ({sig.fault_class}) since {since}; the page budget "
+        f"({budgets.max_pages_per_window} per {budgets.page_window_seconds:.0f} s) is spent, so they share "
+        f"this page. First targets: {first}{more}. All of them: {link}"
+    )
+    history = [
+        {
+            "incident_id": m.id,
+            "target": incident_identity(m.target),
+            "alertname": m.alertname,
+            "state": m.state,
+            "opened_at": m.opened_at,
+            "reason": m.reason,
+        }
+        for m in members[:SUMMARY_TARGETS]
+    ]
+    return Page(
+        dedup_key=f"gpupulse-{state['group']}",
+        summary=summary,
+        severity=sig.page_severity or "critical",
+        fault_class=sig.fault_class,
+        signature=signature,
+        runbook_url=sig.runbook_url or runbook_for(runbook_base_url, sig.fault_class),
+        target=members[0].target if members else Target(kind="node"),
+        history=history,
+        resolved=resolved,
+    )
+
+
+def breaker_page(
+    breaker: Mapping[str, Any], group: str, members: Sequence[Incident], runbook_base_url: str
+) -> Page:
+    """The grouped page of every incident that met the open breaker."""
+    history = [
+        {
+            "incident_id": m.id,
+            "signature": m.signature,
+            "fault_class": m.fault_class,
+            "alertname": m.alertname,
+            "target": incident_identity(m.target),
+            "opened_at": m.opened_at,
+            # a member drained before the breaker opened says what a human must still do
+            "reason": m.reason,
+        }
+        for m in members
+    ]
+    return Page(
+        dedup_key=f"gpupulse-{group}",
+        summary=(
+            f"Remediation breaker open ({breaker.get('reason', '')}): {len(members)} incidents "
+            "need a human; automation stopped until someone resets the breaker"
+        ),
+        severity="critical",
+        fault_class="breaker",
+        signature="safety-breaker",
+        runbook_url=runbook_for(runbook_base_url, "remediation-breaker"),
+        target=Target(kind="node"),
+        history=history,
+    )

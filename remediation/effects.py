@@ -1,0 +1,53 @@
+"""The effects a decision asks for: what the runner (remediation/runner.py) carries out after commit.
+
+A decision records its intent in the ledger and returns these; nothing here does I/O. Each effect's
+outcome comes back to the transitions as another decision (remediation/transitions/outcomes.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from remediation.model import Page, Rung, Target
+
+
+@dataclass(frozen=True)
+class Act:
+    """Run one rung (restart or migrate) through the backend; `entry_id` is its `started` entry."""
+
+    entry_id: int
+    incident_id: int
+    rung: Rung
+    target: Target
+    reason: str
+
+
+@dataclass(frozen=True)
+class SendPage:
+    """Send (or resolve) one incident's own page."""
+
+    incident_id: int
+    entry_id: int
+    page: Page
+
+
+@dataclass(frozen=True)
+class SendGroupPage:
+    """Send one page that speaks for many incidents (the breaker's group, or a summary page)."""
+
+    group: str
+    page: Page
+    member_ids: tuple[int, ...]
+    # the rem_state row that schedules this group's pages (the breaker's, or a summary's)
+    state_key: str = "breaker"
+
+
+@dataclass(frozen=True)
+class CheckPromQL:
+    """Ask Prometheus whether a resolved incident's verify query is healthy."""
+
+    incident_id: int
+    query: str
+
+
+Effect = Act | SendPage | SendGroupPage | CheckPromQL

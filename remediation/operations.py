@@ -1,0 +1,105 @@
+"""The operator's side of the engine: incident and signature reads, statistics, pause/resume, breaker reset.
+
+These run on the event loop over their own read connection (the decisions own the other one); the
+rare operator writes are single short transactions. remediation/api.py serves them over HTTP.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gpupulse.clock import Clock
+from remediation.ledger import Ledger
+from remediation.metrics import RemediationMetrics
+from remediation.safety import BREAKER, PAUSE, SafetyGate
+from remediation.settings import EngineSettings
+from remediation.signatures import SignatureLibrary
+
+log = logging.getLogger("remediation.engine")
+
+
+class Operations:
+    """What an operator reads and switches (the sync half of remediation.model.Engine)."""
+
+    def __init__(
+        self,
+        settings: EngineSettings,
+        ledger: Ledger,
+        library: SignatureLibrary,
+        clock: Clock,
+        metrics: RemediationMetrics,
+    ) -> None:
+        self.settings = settings
+        self.library = library
+        self.clock = clock
+        self.metrics = metrics
+        self._ro = ledger
+
+    def list_incidents(
+        self, state: str | None = None, limit: int = 100, signature: str | None = None
+    ) -> Sequence[Mapping[str, Any]]:
+        """Incidents, newest first; state filters one state ("active": all open ones), signature one
+        signature (the link a summary page carries)."""
+        rows = self._ro.list_incidents(state, max(1, min(limit, 10_000)), signature)
+        return [r.to_dict() for r in rows]
+
+    def get_incident(self, incident_id: int) -> Mapping[str, Any] | None:
+        """One incident with its full ledger history."""
+        row = self._ro.incident(incident_id)
+        if row is None:
+            return None
+        out = row.to_dict()
+        out["history"] = self._ro.history(incident_id)
+        return out
+
+    def list_signatures(self) -> Sequence[Mapping[str, Any]]:
+        """The loaded signature library."""
+        return [{**s.to_dict(), "origin": s.origin, "path": s.path} for s in self.library]
+
+    def stats(self) -> Mapping[str, Any]:
+        """Incident counts by resolution and the share handled without a human."""
+        counts = self._ro.resolution_counts()
+        automated = counts.get("automated", 0)
+        human = counts.get("human", 0)
+        unresolved = counts.get("unresolved", 0)
+        acted = automated + human + unresolved
+        breaker = self._ro.get_state(BREAKER)
+        return {
+            "incidents_open": self._ro.count_open(),
+            "incidents_closed": counts,
+            # of the incidents that needed someone to act, the share the ladder fixed on its own
+            "automated_ratio": (automated / acted) if acted else None,
+            "by_signature": self._ro.resolution_by_signature(),
+            "loops_detected": self._ro.count_loops(),
+            # alerts recorded and never acted on (out_of_order, expired, too_old)
+            "stale_alerts": self._ro.stale_counts(),
+            "breaker": breaker or {"open": False},
+            "paused": self._ro.get_state(PAUSE) or {"paused": False},
+            "dry_run": self.settings.dry_run,
+            "signatures": len(self.library),
+        }
+
+    def pause(self, by: str) -> None:
+        """Stop taking actions (new actions are blocked and their incidents page) until resume()."""
+        with self._ro.transaction():
+            self._ro.set_state(PAUSE, {"paused": True, "by": by, "at": self.clock.time()})
+        self.metrics.paused.set(1)
+        log.warning("remediation paused by %s", by)
+
+    def resume(self, by: str) -> None:
+        """Allow actions again."""
+        with self._ro.transaction():
+            self._ro.set_state(PAUSE, {"paused": False, "by": by, "at": self.clock.time()})
+        self.metrics.paused.set(0)
+        log.warning("remediation resumed by %s", by)
+
+    def reset_breaker(self, by: str) -> None:
+        """A human closes the breaker; incidents already paged stay with humans."""
+        with self._ro.transaction():
+            SafetyGate(self._ro, self.settings.budgets, self.settings.cluster_node_count).close_breaker(
+                by, self.clock.time()
+            )
+        self.metrics.breaker_open.set(0)
+        log.warning("remediation breaker reset by %s", by)

@@ -1,0 +1,143 @@
+"""The effect runner: carries out what a committed decision asked for and reports each outcome back.
+
+Actions go to the backend (with a deadline), pages to the pager (one lock per page dedup key, so a
+resolve never overtakes the trigger it resolves), checks to Prometheus. Every outcome is recorded by
+another decision (`record`, which the engine runs on its decision thread); a failure here is logged
+and left to the ledger, where the next start or tick picks it up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+from remediation.effects import Act, CheckPromQL, Effect, SendGroupPage, SendPage
+from remediation.errors import PermanentError, TemporaryError, VerifyError
+from remediation.metrics import RemediationMetrics
+from remediation.model import ActionBackend, Pager
+from remediation.transitions import Transitions
+from remediation.verify import PromQLVerifier
+
+log = logging.getLogger("remediation.engine")
+
+Record = Callable[[Callable[[Transitions], list[Effect]]], Awaitable[None]]
+
+
+class EffectRunner:
+    """Runs effects as asyncio tasks and hands their outcomes to `record`."""
+
+    def __init__(
+        self,
+        backend: ActionBackend,
+        pager: Pager,
+        verifier: PromQLVerifier | None,
+        metrics: RemediationMetrics,
+        action_timeout_seconds: float,
+        record: Record,
+    ) -> None:
+        self.backend = backend
+        self.pager = pager
+        self.verifier = verifier
+        self.metrics = metrics
+        self.action_timeout_seconds = action_timeout_seconds
+        self._record = record
+        self._tasks: set[asyncio.Task[None]] = set()
+        # one lock per page dedup key: a resolve never overtakes the trigger it resolves
+        self._page_locks: dict[str, asyncio.Lock] = {}
+
+    async def wait_idle(self) -> None:
+        """Wait until every effect started so far (and their follow-ups) finished."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    async def stop(self, grace_seconds: float) -> None:
+        """Let in-flight effects finish for up to grace_seconds, then cancel them."""
+        if self._tasks and grace_seconds > 0:
+            await asyncio.wait(list(self._tasks), timeout=grace_seconds)
+
+    async def cancel(self) -> None:
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def dispatch(self, effects: Sequence[Effect]) -> None:
+        for eff in effects:
+            coro: Awaitable[None]
+            if isinstance(eff, Act):
+                coro = self._run_action(eff)
+            elif isinstance(eff, SendPage):
+                coro = self._run_page(eff)
+            elif isinstance(eff, SendGroupPage):
+                coro = self._run_group_page(eff)
+            else:
+                coro = self._run_promql(eff)
+            task = asyncio.ensure_future(coro)
+            self._tasks.add(task)
+            task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            # the ledger still says `started`/`page_pending`: the next start or tick picks it up
+            log.error("engine effect failed", exc_info=task.exception())
+
+    async def _run_action(self, eff: Act) -> None:
+        started = time.monotonic()
+        delay = 0.0
+        details: Mapping[str, Any] = {}
+        try:
+            call = self.backend.restart if eff.rung == "restart" else self.backend.migrate
+            result = await asyncio.wait_for(call(eff.target, eff.reason), self.action_timeout_seconds)
+            outcome = "success" if result.done else "failed"
+            summary, details = result.summary, result.details
+        except TemporaryError as exc:
+            outcome, summary, delay = "temporary", str(exc), exc.delay_seconds
+        except PermanentError as exc:
+            outcome, summary = "failed", str(exc)
+        except TimeoutError:
+            outcome, summary, delay = (
+                "temporary",
+                f"timed out after {self.action_timeout_seconds} s",
+                5.0,
+            )
+        except Exception as exc:  # a backend bug must not stall the ladder: treat as a failed rung
+            log.exception("backend %s raised on %s", getattr(self.backend, "name", "?"), eff.rung)
+            outcome, summary = "failed", f"{type(exc).__name__}: {exc}"
+        duration = time.monotonic() - started
+        self.metrics.action_duration.labels(rung=eff.rung).observe(duration)
+        await self._record(lambda t: t.on_action_done(eff, outcome, summary, details, delay))
+
+    async def _run_page(self, eff: SendPage) -> None:
+        error = ""
+        lock = self._page_locks.setdefault(eff.page.dedup_key, asyncio.Lock())
+        try:
+            async with lock:
+                await self.pager.send(eff.page)
+        except Exception as exc:  # any pager failure is retried from the tick; never lost
+            log.warning("page %s failed: %s", eff.page.dedup_key, exc)
+            error = f"{type(exc).__name__}: {exc}"
+        if eff.page.resolved and not lock.locked():
+            self._page_locks.pop(eff.page.dedup_key, None)
+        await self._record(lambda t: t.on_page_done(eff, error))
+
+    async def _run_group_page(self, eff: SendGroupPage) -> None:
+        error = ""
+        try:
+            await self.pager.send(eff.page)
+        except Exception as exc:
+            log.warning("grouped page %s failed: %s", eff.group, exc)
+            error = f"{type(exc).__name__}: {exc}"
+        await self._record(lambda t: t.on_group_page_done(eff, error))
+
+    async def _run_promql(self, eff: CheckPromQL) -> None:
+        assert self.verifier is not None
+        try:
+            healthy = await self.verifier.healthy(eff.query)
+            detail = "healthy" if healthy else "not healthy yet"
+        except VerifyError as exc:
+            healthy, detail = False, str(exc)
+        await self._record(lambda t: t.on_promql(eff, healthy, detail))

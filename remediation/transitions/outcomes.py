@@ -1,0 +1,102 @@
+"""Outcome transitions: what an effect's result (an action, a page, a PromQL check) does to its incident."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from remediation.effects import Act, CheckPromQL, Effect, SendGroupPage, SendPage
+from remediation.safety import BREAKER
+from remediation.transitions.timers import TimerTransitions
+
+
+class Transitions(TimerTransitions):
+    """Every transition of the engine's state machine; the runner reports outcomes through these."""
+
+    def on_action_done(
+        self, eff: Act, outcome: str, summary: str, details: Mapping[str, Any], delay: float
+    ) -> list[Effect]:
+        now = self.clock.time()
+        entry = self._db.entry(eff.entry_id)
+        if entry is None or entry.status != "started":
+            return []
+        self._db.finish_entry(eff.entry_id, outcome, now, summary, details)
+        metric_outcome = "success" if outcome == "success" else "failed"
+        self._later(lambda: self.metrics.actions.labels(rung=eff.rung, outcome=metric_outcome).inc())
+        inc = self._row(eff.incident_id)
+        if inc.state != "acting":
+            return []
+        if outcome == "success":
+            return self._after_success(eff.incident_id, eff.rung, now)
+        if outcome == "temporary" and inc.temp_retries < self.settings.max_temporary_retries:
+            self._set(
+                eff.incident_id,
+                state="retry_wait",
+                temp_retries=inc.temp_retries + 1,
+                next_at=now + max(0.0, delay),
+            )
+            return []
+        rung = eff.rung
+        if not inc.firing_fps:
+            # the alert resolved while the failed action ran: nothing left to fix
+            return self._close(eff.incident_id, "self_resolved", now)
+        why = f"{rung} failed: {summary}"
+        return self._escalate(eff.incident_id, now, why, frozenset({rung}))
+
+    def on_page_done(self, eff: SendPage, error: str) -> list[Effect]:
+        now = self.clock.time()
+        entry = self._db.entry(eff.entry_id)
+        if entry is None or entry.status != "started":
+            return []
+        inc = self._row(eff.incident_id)
+        status = "failed" if error else "success"
+        summary = f"{'resolve page' if eff.page.resolved else 'page'} via {self.pager_name}"
+        self._db.finish_entry(eff.entry_id, status, now, summary + (f": {error}" if error else ""), {})
+        self._later(lambda: self.metrics.actions.labels(rung="page", outcome=status).inc())
+        if eff.page.resolved:
+            return []
+        if error:
+            self._set(eff.incident_id, page_next_at=now + self.settings.page_retry_seconds)
+            return []
+        self._set(eff.incident_id, page_pending=0)
+        if inc.state == "paged":
+            self._conclude_rung(self._row(eff.incident_id), "success", f"paged via {self.pager_name}")
+        return []
+
+    def on_group_page_done(self, eff: SendGroupPage, error: str) -> list[Effect]:
+        now = self.clock.time()
+        status = "failed" if error else "success"
+        self._later(lambda: self.metrics.actions.labels(rung="page", outcome=status).inc())
+        for incident_id in eff.member_ids:
+            inc = self._row(incident_id)
+            self._entry(
+                inc,
+                "action",
+                status,
+                f"grouped page {eff.group} via {self.pager_name} {error}".strip(),
+                rung="page",
+                finished_at=now,
+            )
+            if error:
+                self._set(incident_id, group_sent=0)
+            else:
+                self._conclude_rung(inc, "success", f"grouped page {eff.group}")
+        if error and eff.state_key == BREAKER:
+            breaker = self._safety.breaker()
+            if breaker.get("open"):
+                self._db.set_state(BREAKER, {**breaker, "last_group_page_at": 0.0})
+        elif error:  # a summary page: the next tick sends it again
+            state = self._db.get_state(eff.state_key)
+            if state:
+                self._db.set_state(eff.state_key, {**state, "last_page_at": 0.0})
+        return []
+
+    def on_promql(self, eff: CheckPromQL, healthy: bool, detail: str) -> list[Effect]:
+        now = self.clock.time()
+        inc = self._row(eff.incident_id)
+        if inc.state != "verifying" or inc.resolved_at is None:
+            return []
+        self._entry(inc, "event", "promql", f"{eff.query}: {detail}")
+        if healthy:
+            self._enter_cooldown(eff.incident_id, now)
+        return []
