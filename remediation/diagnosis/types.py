@@ -22,7 +22,8 @@ NO_PROMETHEUS = "no_prometheus"
 PROMETHEUS_UNAVAILABLE = "prometheus_unavailable"
 SIGNALS_MISSING = "signals_missing"
 NOTHING_LINES_UP = "nothing_lines_up"
-NO_SYMPTOM_ONSET = "no_symptom_onset"
+DIAGNOSIS_BUSY = "busy"
+DIAGNOSIS_FAILED = "failed"
 
 
 @dataclass(frozen=True)
