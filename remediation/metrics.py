@@ -47,6 +47,13 @@ class RemediationMetrics:
         self.queue_depth = Gauge(
             "gpupulse_remediation_queue_depth", "Accepted alerts not yet processed by the engine.", registry=r
         )
+        self.diagnoses = Counter(
+            "gpupulse_remediation_diagnoses_total",
+            "Incident diagnoses, by the layer and cause they name (none: no diagnosis) and whether "
+            "they were confident; the dashboards' diagnosis annotations.",
+            ["layer", "cause", "confident"],
+            registry=r,
+        )
         self.actions = Counter(
             "gpupulse_remediation_actions_total",
             "Ladder actions, by rung (restart, migrate, page) and outcome "

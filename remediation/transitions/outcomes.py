@@ -24,6 +24,12 @@ class Transitions(TimerTransitions):
         self._db.add_diagnosis(incident_id, now, trigger, diagnosis)
         when = "refreshed before paging" if trigger == "page" else "on open"
         self._entry(inc, "event", "diagnosed", f"{diagnosis.headline} ({when})")
+        top = diagnosis.top
+        layer, cause = (top.layer, top.cause) if top is not None else ("none", "none")
+        confident = "true" if diagnosis.confident else "false"
+        self._later(
+            lambda: self.metrics.diagnoses.labels(layer=layer, cause=cause, confident=confident).inc()
+        )
         waiting = inc.state == "open" and inc.next_at is not None and inc.firing_fps and not inc.held
         if trigger != "open" or not waiting:
             return []

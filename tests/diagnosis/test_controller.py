@@ -112,6 +112,9 @@ async def test_page_cache_eviction_is_not_answered_by_a_restart(tmp_path: Path, 
         # the list view carries the headline
         (listed,) = rig.incidents()
         assert listed["diagnosis"]["headline"] == "host: page-cache eviction"
+        # counted for the dashboards' annotations, once per run
+        labels = {"layer": "host", "cause": "host.page_cache_eviction", "confident": "true"}
+        assert rig.metric("gpupulse_remediation_diagnoses_total", **labels) == 2
     finally:
         await rig.engine.aclose()
 
@@ -296,3 +299,18 @@ async def test_a_page_only_symptom_pages_with_its_diagnosis(tmp_path: Path, prom
         assert page.diagnosis is not None and page.diagnosis["layers"]["hardware"].startswith("cause:")
     finally:
         await rig.engine.aclose()
+
+
+async def test_the_dashboards_annotate_confident_diagnoses(prom: PromHandle) -> None:
+    from alerts.config import load_config
+    from dashboards.boards import annotations, node, remediation, serving
+
+    assert annotations.DIAGNOSES.expr.startswith(
+        "sum by (layer, cause) (increase(gpupulse_remediation_diagnoses_total"
+    )
+    config = load_config()
+    for board in (serving.dashboard(config), node.dashboard(config), remediation.dashboard()):
+        (mark,) = board.render()["annotations"]["list"]
+        assert mark["expr"] == annotations.DIAGNOSES.expr and mark["datasource"]["uid"] == "${datasource}"
+    # the expression is PromQL the real server accepts
+    assert await prom.query(annotations.DIAGNOSES.expr) == []
