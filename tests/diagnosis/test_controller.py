@@ -314,3 +314,53 @@ async def test_the_dashboards_annotate_confident_diagnoses(prom: PromHandle) -> 
         assert mark["expr"] == annotations.DIAGNOSES.expr and mark["datasource"]["uid"] == "${datasource}"
     # the expression is PromQL the real server accepts
     assert await prom.query(annotations.DIAGNOSES.expr) == []
+
+
+async def test_past_the_queue_limit_an_incident_gets_no_diagnosis_busy(tmp_path: Path) -> None:
+    release = asyncio.Event()
+
+    async def hang(request: web.Request) -> web.Response:
+        await release.wait()
+        return web.json_response({"status": "error", "error": "late"}, status=503)
+
+    app = web.Application()
+    app.router.add_get("/api/v1/query_range", hang)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    rig = _rig(tmp_path, url, max_queued=1, max_concurrent=1, deadline_seconds=60.0)
+    try:
+        await rig.engine.handle(rig.event(_alert("evicted")))  # its diagnosis hangs, holding the queue
+        await rig.engine.handle(rig.event(_alert("spike")))
+        await asyncio.wait_for(rig.backend.entered.wait(), 10)
+        # the second did not queue behind the first: no diagnosis, and its ladder ran at once
+        (target,) = [t for _, t in rig.backend.calls]
+        assert target.pod == "search-0"
+        spike = next(i for i in rig.incidents() if i["target_pod"] == "search-0")
+        assert spike["diagnosis"]["reason_code"] == "busy"
+    finally:
+        release.set()
+        await rig.engine.aclose(grace_seconds=5)
+        await runner.cleanup()
+
+
+async def test_a_diagnosis_that_raises_never_stops_the_page(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from remediation.diagnosis.diagnose import Diagnoser
+
+    async def broken(self: Diagnoser, labels: object, fired_at: float) -> None:
+        raise RuntimeError("bug in the diagnosis")
+
+    monkeypatch.setattr(Diagnoser, "diagnose", broken)
+    rig = _rig(tmp_path, f"http://127.0.0.1:{free_port()}", signatures="signatures: []\n")
+    try:
+        await rig.fire(_alert("thermal"))  # page-only: the refresh before the page raises
+        (page,) = rig.pager.pages
+        assert page.summary.endswith(
+            "| diagnosis: no diagnosis: the diagnosis failed: RuntimeError: bug in the diagnosis"
+        )
+        assert rig.only_incident()["diagnosis"]["reason_code"] == "failed"
+    finally:
+        await rig.engine.aclose()
