@@ -28,6 +28,8 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from gpupulse.clock import Clock, SystemClock
 from remediation.backends import LogPager, NoBackend
+from remediation.diagnosis.diagnose import Diagnoser, DiagnosisSettings
+from remediation.diagnosis.prom import PrometheusRangeClient
 from remediation.effects import Effect
 from remediation.ladder import target_from_labels
 from remediation.ledger import Ledger, connect
@@ -59,6 +61,7 @@ class RemediationEngine:
         tracer: IncidentTracer,
         verifier: PromQLVerifier | None,
         node_labels: NodeLabels | None = None,
+        diagnoser: Diagnoser | None = None,
     ) -> None:
         self.settings = settings
         self.node_labels = node_labels
@@ -80,9 +83,17 @@ class RemediationEngine:
             tracer,
             verifying=verifier is not None,
             pager_name=pager.name,
+            diagnosing=diagnoser is not None,
         )
         self._runner = EffectRunner(
-            backend, pager, verifier, metrics, settings.action_timeout_seconds, self._decide
+            backend,
+            pager,
+            verifier,
+            metrics,
+            settings.action_timeout_seconds,
+            self._decide,
+            diagnoser,
+            settings.diagnosis,
         )
         self._operations = Operations(settings, self._ro, library, clock, metrics)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpupulse-engine")
@@ -215,6 +226,25 @@ def build_engine(
         if settings.prometheus_url
         else None,
         node_labels=node_labels,
+        diagnoser=diagnoser_from_settings(settings, clock or SystemClock()),
+    )
+
+
+def diagnoser_from_settings(settings: EngineSettings, clock: Clock) -> Diagnoser | None:
+    """The diagnosis step when it is enabled and has a Prometheus to read (None otherwise: incidents
+    then record "no diagnosis" and why, and the ladder runs as without diagnosis)."""
+    d = settings.diagnosis
+    url = settings.diagnosis_prometheus_url
+    if not d.enabled or not url:
+        return None
+    return Diagnoser(
+        PrometheusRangeClient(url, d.query_timeout_seconds),
+        DiagnosisSettings(
+            lookback_seconds=d.lookback_seconds,
+            step_seconds=d.step_seconds,
+            deadline_seconds=d.deadline_seconds,
+        ),
+        clock,
     )
 
 

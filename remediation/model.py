@@ -86,6 +86,9 @@ class Page:
     target: Target
     history: Sequence[Mapping[str, Any]]  # the ladder so far, oldest first
     resolved: bool = False
+    # what changed when the symptom began: headline, top cause, evidence, dashboard link
+    # (remediation/decide/pages.py page_diagnosis); None for grouped pages
+    diagnosis: Mapping[str, Any] | None = None
 
 
 class NodeLabels(Protocol):
