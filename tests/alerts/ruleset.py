@@ -70,8 +70,10 @@ def known_metrics() -> set[str]:
         names = set(CONTRACT_METRICS)
     from prometheus_client import CollectorRegistry
 
+    from alerts.rules.training import TRAINING_SERIES
     from remediation.metrics import RemediationMetrics
 
+    names |= set(TRAINING_SERIES)  # until the metric catalog declares them (issue 13, exporter side)
     registry = CollectorRegistry()
     RemediationMetrics(registry)
     for family in registry.collect():
