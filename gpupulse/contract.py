@@ -58,6 +58,7 @@ JOB_KINDS: tuple[str, ...] = (
     "Job.batch",
     "LeaderWorkerSet.leaderworkerset.x-k8s.io",
     "StatefulSet.apps",
+    "torchrun",  # no Kubernetes owner: named by its rendezvous endpoint (MASTER_ADDR:MASTER_PORT)
 )
 
 
