@@ -115,7 +115,7 @@ class RemediationEngine:
         if not self.settings.scope.node_selector or event.status != "firing" or self.node_labels is None:
             return None
         target, _ = target_from_labels(event.labels)
-        if target.kind not in ("gpu", "node") or not target.node:
+        if target.kind not in ("gpu", "node", "job") or not target.node:
             return None
         return await self.node_labels.labels(target.node)
 

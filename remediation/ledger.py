@@ -412,7 +412,7 @@ class Ledger:
         sm = ", ".join("?" for _ in REAL_ACTION_STATUSES)
         rows = self.conn.execute(
             f"SELECT DISTINCT node FROM rem_ledger WHERE kind = 'action' AND rung = 'migrate' "
-            f"AND target_kind IN ('gpu', 'node') AND node != '' AND status IN ({sm}) AND at >= ?",
+            f"AND target_kind IN ('gpu', 'node', 'job') AND node != '' AND status IN ({sm}) AND at >= ?",
             (*REAL_ACTION_STATUSES, since),
         )
         return {str(r[0]) for r in rows}

@@ -21,6 +21,8 @@ CREATE TABLE IF NOT EXISTS rem_incidents (
     target_namespace TEXT NOT NULL,
     target_pod TEXT NOT NULL,
     target_uuid TEXT NOT NULL,
+    target_training_job_kind TEXT NOT NULL DEFAULT '',
+    target_training_job TEXT NOT NULL DEFAULT '',
     loop_key TEXT NOT NULL,
     state TEXT NOT NULL,
     rung TEXT NOT NULL DEFAULT '',
@@ -131,4 +133,6 @@ ADDED_COLUMNS = (
     ("rem_incidents", "held", "INTEGER NOT NULL DEFAULT 0"),
     ("rem_handled", "stale", "INTEGER NOT NULL DEFAULT 0"),
     ("rem_incidents", "page_sticky", "INTEGER NOT NULL DEFAULT 0"),
+    ("rem_incidents", "target_training_job_kind", "TEXT NOT NULL DEFAULT ''"),
+    ("rem_incidents", "target_training_job", "TEXT NOT NULL DEFAULT ''"),
 )

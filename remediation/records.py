@@ -31,6 +31,8 @@ def target_columns(target: Target) -> dict[str, str]:
         "target_namespace": target.namespace,
         "target_pod": target.pod,
         "target_uuid": target.uuid,
+        "target_training_job_kind": target.training_job_kind,
+        "target_training_job": target.training_job,
     }
 
 
@@ -103,6 +105,8 @@ class Incident:
                 namespace=row["target_namespace"],
                 pod=row["target_pod"],
                 uuid=row["target_uuid"],
+                training_job_kind=row["target_training_job_kind"],
+                training_job=row["target_training_job"],
             ),
             loop_key=row["loop_key"],
             state=row["state"],

@@ -37,6 +37,8 @@ def page_to_dict(page: Page) -> dict[str, Any]:
             "namespace": page.target.namespace,
             "pod": page.target.pod,
             "uuid": page.target.uuid,
+            "training_job_kind": page.target.training_job_kind,
+            "training_job": page.target.training_job,
         },
         "history": [dict(h) for h in page.history],
         "diagnosis": dict(page.diagnosis) if page.diagnosis is not None else None,

@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlencode
 
+from gpupulse.contract import RANK_LABEL, SIGNAL_LABEL
 from remediation.diagnosis.types import Diagnosis
 from remediation.ladder import incident_identity
 from remediation.model import Page, Target
@@ -34,6 +35,24 @@ def page_budget_spent(paged: int, budgets: BudgetSettings) -> str:
     )
 
 
+def job_evidence(target: Target, labels: Mapping[str, str]) -> str:
+    """What names the suspect of a job incident: its rank, pod, GPU, node and the signal (or "")."""
+    if target.kind != "job":
+        return ""
+    parts = []
+    if labels.get(RANK_LABEL):
+        parts.append(f"rank {labels[RANK_LABEL]}")
+    if target.pod:
+        parts.append(f"pod {target.namespace}/{target.pod}")
+    if target.uuid or labels.get("gpu"):
+        parts.append(f"GPU {labels.get('gpu', '?')} ({target.uuid or '?'})")
+    if target.node:
+        parts.append(f"node {target.node}")
+    if labels.get(SIGNAL_LABEL):
+        parts.append(f"signal {labels[SIGNAL_LABEL]}")
+    return f" (suspect: {', '.join(parts)})" if parts else " (no single rank is suspect)"
+
+
 def incident_page(
     inc: Incident,
     sig: Signature,
@@ -50,9 +69,10 @@ def incident_page(
         or runbook_for(runbook_base_url, sig.fault_class)
     )
     summary = inc.annotations.get("summary") or inc.alertname or sig.fault_class
+    evidence = job_evidence(inc.target, inc.labels)
     page = Page(
         dedup_key=f"gpupulse-incident-{inc.id}",
-        summary=f"{summary} on {incident_identity(inc.target)}: {inc.reason or sig.reason}",
+        summary=f"{summary} on {incident_identity(inc.target)}{evidence}: {inc.reason or sig.reason}",
         severity=sig.page_severity or inc.labels.get("severity", "") or "critical",
         fault_class=sig.fault_class,
         signature=sig.name,

@@ -48,19 +48,22 @@ class LadderTransitions(PagingTransitions):
                 self._entry(inc, "action", "skipped", vetoed, rung=rung, attempt=attempt, finished_at=now)
                 self._conclude_rung(self._row(incident_id), "skipped", vetoed)
                 return self._page(incident_id, now, vetoed)
-        if rung == "restart":
-            loop = self._loops.restart_loop(inc.loop_key, now)
+        job = target.kind == "job"
+        if rung == "restart" or (job and rung == "migrate"):
+            loop = self._loops.restart_loop(inc.loop_key, now, job=job)
             if loop:
+                # a job whose restarts do not hold is not restarted by the other rung either
+                skip: frozenset[Rung] = frozenset({"restart", "migrate"}) if job else frozenset({"restart"})
                 self._record_loop(inc, loop, now)
                 self._later(self.metrics.loops.inc)
-                self._later(lambda: self.metrics.actions.labels(rung="restart", outcome="skipped").inc())
+                self._later(lambda: self.metrics.actions.labels(rung=rung, outcome="skipped").inc())
                 self._entry(
-                    inc, "action", "skipped", loop.detail, rung="restart", attempt=attempt, finished_at=now
+                    inc, "action", "skipped", loop.detail, rung=rung, attempt=attempt, finished_at=now
                 )
                 self._set(incident_id, reason=loop.detail)
                 self._conclude_rung(self._row(incident_id), "skipped", loop.detail)
-                nxt, nxt_attempt = next_step(sig.ladder, "restart", attempt, blocked | {"restart"})
-                return self._start(incident_id, nxt, nxt_attempt, now, blocked | {"restart"})
+                nxt, nxt_attempt = next_step(sig.ladder, rung, attempt, blocked | skip)
+                return self._start(incident_id, nxt, nxt_attempt, now, blocked | skip)
         common: dict[str, Any] = {
             "rung": rung,
             "attempt": attempt,

@@ -2,7 +2,12 @@
 
 Served: pods get/list/watch/delete (DeleteOptions preconditions), pods/eviction (policy/v1, PDB evaluation),
 nodes get/patch (merge and strategic-merge patch, resourceVersion conflicts), Leases get/create/replace,
-ReplicaSets get, Deployments get/patch, PodDisruptionBudgets list. Errors are real `Status` bodies.
+ReplicaSets get, Deployments get/patch, PodDisruptionBudgets list, and the training-job owners: batch/v1
+Jobs and the custom resources of `SERVED` (JobSet, PyTorchJob, Volcano Job and Command,
+LeaderWorkerSet) get/list/create/delete, with labelSelector on lists, generateName and AlreadyExists on
+create, and DeleteOptions preconditions and propagationPolicy (Foreground and Background delete the
+pods the object controls, as the garbage collector would; Orphan leaves them). A group/version/plural
+outside `SERVED` answers 404, as an API server without that CRD does. Errors are real `Status` bodies.
 Tests reach it through kubernetes_asyncio with a kubeconfig written by `write_kubeconfig`.
 
 Pods (all namespaces or one) can be listed and watched, as the exporter does. Watches follow the API
@@ -42,6 +47,54 @@ JSON = dict[str, Any]
 Key = tuple[str, str]
 
 MERGE_PATCH_TYPES = ("application/merge-patch+json", "application/strategic-merge-patch+json")
+
+# (group/version, plural) -> kind of the workload objects served besides the core ones
+SERVED: dict[tuple[str, str], str] = {
+    ("batch/v1", "jobs"): "Job",
+    ("jobset.x-k8s.io/v1alpha2", "jobsets"): "JobSet",
+    ("kubeflow.org/v1", "pytorchjobs"): "PyTorchJob",
+    ("batch.volcano.sh/v1alpha1", "jobs"): "Job",
+    ("bus.volcano.sh/v1alpha1", "commands"): "Command",
+    ("leaderworkerset.x-k8s.io/v1", "leaderworkersets"): "LeaderWorkerSet",
+}
+ObjKey = tuple[str, str, str, str]  # (group/version, plural, namespace, name)
+_SELECTOR_TERM = re.compile(r"^\s*(!?)([A-Za-z0-9._/-]+)\s*(?:(==|=|!=)\s*([A-Za-z0-9._-]*))?\s*$")
+
+
+def parse_label_selector(text: str) -> list[tuple[str, str, str]]:
+    """(op, key, value) terms of an equality-based selector (`a=b,c!=d,e,!f`); 400 on anything else."""
+    terms = []
+    for part in [p for p in text.split(",") if p.strip()]:
+        m = _SELECTOR_TERM.match(part)
+        if m is None:
+            raise ApiError(400, "BadRequest", f"unable to parse requirement: {part!r}")
+        neg, key, op, value = m.groups()
+        if neg and op:
+            raise ApiError(400, "BadRequest", f"unable to parse requirement: {part!r}")
+        terms.append(("!" if neg else (op.replace("==", "=") if op else "exists"), key, value or ""))
+    return terms
+
+
+def selector_matches(terms: list[tuple[str, str, str]], labels: JSON) -> bool:
+    for op, key, value in terms:
+        have = labels.get(key)
+        if (op == "=" and have != value) or (op == "!=" and have == value):
+            return False
+        if (op == "exists" and have is None) or (op == "!" and have is not None):
+            return False
+    return True
+
+
+def owner_ref(obj: JSON) -> JSON:
+    """A controller ownerReference to `obj`."""
+    return {
+        "apiVersion": obj["apiVersion"],
+        "kind": obj["kind"],
+        "name": obj["metadata"]["name"],
+        "uid": obj["metadata"]["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
 
 
 def status_body(code: int, reason: str, message: str, details: JSON | None = None) -> JSON:
@@ -173,6 +226,7 @@ class FakeKubeAPI:
     replicasets: dict[Key, JSON] = field(default_factory=dict)
     deployments: dict[Key, JSON] = field(default_factory=dict)
     pdbs: dict[Key, JSON] = field(default_factory=dict)
+    objects: dict[ObjKey, JSON] = field(default_factory=dict)  # Jobs and the custom resources of SERVED
     requests: list[Recorded] = field(default_factory=list)
     deleted: list[tuple[str, str, str]] = field(default_factory=list)  # (ns/name, uid, "delete"|"eviction")
     faults: list[Fault] = field(default_factory=list)
@@ -211,6 +265,11 @@ class FakeKubeAPI:
         r.add_get("/apis/apps/v1/namespaces/{ns}/deployments/{name}", self._get_deployment)
         r.add_patch("/apis/apps/v1/namespaces/{ns}/deployments/{name}", self._patch_deployment)
         r.add_get("/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets", self._list_pdbs)
+        objects = "/apis/{group}/{version}/namespaces/{ns}/{plural}"
+        r.add_get(objects, self._list_objects)
+        r.add_post(objects, self._create_object)
+        r.add_get(objects + "/{name}", self._get_object)
+        r.add_delete(objects + "/{name}", self._delete_object)
         r.add_get("/_fake/requests", self._debug_requests)
         r.add_get("/_fake/state", self._debug_state)
         # a client that goes away ends its handler (a watch), as the API server cancels the request context
@@ -287,10 +346,14 @@ class FakeKubeAPI:
         annotations: dict[str, str] | None = None,
         gpus: int = 0,
         phase: str = "Running",
+        controller: JSON | None = None,
     ) -> JSON:
-        """A pod bound to `node`; owner is (kind, name) of its controller."""
+        """A pod bound to `node`; owner is (kind, name) of its controller, or `controller` an object
+        added with add_object (its ownerReference, uid included)."""
         owners = None
-        if owner is not None:
+        if controller is not None:
+            owners = [owner_ref(controller)]
+        elif owner is not None:
             api = "v1" if owner[0] == "ReplicationController" else "apps/v1"
             api = "batch/v1" if owner[0] == "Job" else api
             owners = [
@@ -431,6 +494,37 @@ class FakeKubeAPI:
         self.pdbs[(namespace, name)] = pdb
         return pdb
 
+    def add_object(
+        self,
+        api_version: str,
+        plural: str,
+        namespace: str,
+        name: str,
+        spec: JSON | None = None,
+        labels: dict[str, str] | None = None,
+        controller: JSON | None = None,
+    ) -> JSON:
+        """A Job or custom resource of SERVED, optionally controlled by another object."""
+        kind = SERVED[(api_version, plural)]
+        owners = [owner_ref(controller)] if controller is not None else None
+        body: JSON = dict(spec or {})
+        obj: JSON = {
+            "apiVersion": api_version,
+            "kind": kind,
+            "metadata": self._meta(name, namespace, labels=labels, ownerReferences=owners),
+            "spec": body,
+        }
+        if api_version == "batch/v1":  # the API server defaults and requires these on every Job
+            body.setdefault("completionMode", "NonIndexed")
+            body.setdefault(
+                "template", {"spec": {"containers": [{"name": "main", "image": "registry.example/train:1"}]}}
+            )
+        self.objects[(api_version, plural, namespace, name)] = obj
+        return obj
+
+    def objects_of(self, api_version: str, plural: str) -> list[JSON]:
+        return [o for (av, pl, _, _), o in self.objects.items() if (av, pl) == (api_version, plural)]
+
     def seed(self, doc: dict[str, Any]) -> None:
         """Load nodes, pods, ReplicaSets, Deployments and PDBs from a JSON-shaped document."""
         for n in doc.get("nodes") or []:
@@ -551,10 +645,13 @@ class FakeKubeAPI:
         node = _node_selector(request) if resource == "pods" else None
         if parse_bool(request.query.get("watch")):
             return await self._watch(request, resource, namespace, node)
+        terms = parse_label_selector(request.query.get("labelSelector", ""))
         items = [
             o
             for (ns, _), o in self._store(resource).items()
-            if (namespace is None or ns == namespace) and (node is None or _pod_node(o) == node)
+            if (namespace is None or ns == namespace)
+            and (node is None or _pod_node(o) == node)
+            and selector_matches(terms, o["metadata"].get("labels") or {})
         ]
         return self._list("PodList", copy.deepcopy(items), str(self._rv))
 
@@ -797,6 +894,80 @@ class FakeKubeAPI:
         ns = request.match_info["ns"]
         items = [p for (pns, _), p in self.pdbs.items() if pns == ns]
         return self._list("PodDisruptionBudgetList", copy.deepcopy(items), str(self._rv))
+
+    # --- batch Jobs and custom resources
+
+    @staticmethod
+    def _served(request: web.Request) -> tuple[str, str, str]:
+        m = request.match_info
+        api_version = f"{m['group']}/{m['version']}"
+        if (api_version, m["plural"]) not in SERVED:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        return api_version, m["plural"], m["ns"]
+
+    def _object(self, request: web.Request) -> tuple[ObjKey, JSON]:
+        api_version, plural, ns = self._served(request)
+        key = (api_version, plural, ns, request.match_info["name"])
+        if key not in self.objects:
+            raise self._not_found(f"{plural}.{request.match_info['group']}", key[3])
+        return key, self.objects[key]
+
+    async def _list_objects(self, request: web.Request) -> web.Response:
+        api_version, plural, ns = self._served(request)
+        terms = parse_label_selector(request.query.get("labelSelector", ""))
+        items = [
+            o
+            for (av, pl, ons, _), o in self.objects.items()
+            if (av, pl, ons) == (api_version, plural, ns)
+            and selector_matches(terms, o["metadata"].get("labels") or {})
+        ]
+        kind = SERVED[(api_version, plural)]
+        return web.json_response(
+            {
+                "kind": f"{kind}List",
+                "apiVersion": api_version,
+                "metadata": {"resourceVersion": str(self._rv)},
+                "items": copy.deepcopy(items),
+            }
+        )
+
+    async def _get_object(self, request: web.Request) -> web.Response:
+        return web.json_response(self._object(request)[1])
+
+    async def _create_object(self, request: web.Request) -> web.Response:
+        api_version, plural, ns = self._served(request)
+        body = await _body(request)
+        if not isinstance(body, dict) or body.get("apiVersion") != api_version:
+            raise ApiError(400, "BadRequest", f"the body is not a {api_version} object")
+        meta = dict(body.get("metadata") or {})
+        name = meta.get("name") or ""
+        if not name and meta.get("generateName"):
+            name = f"{meta['generateName']}{uuid.uuid4().hex[:5]}"
+        if not name:
+            raise ApiError(422, "Invalid", "metadata.name: Required value: name or generateName is required")
+        if (api_version, plural, ns, name) in self.objects:
+            raise ApiError(409, "AlreadyExists", f'{plural} "{name}" already exists', {"name": name})
+        obj = dict(body)
+        obj["metadata"] = {**meta, **self._meta(name, ns)}
+        self.objects[(api_version, plural, ns, name)] = obj
+        return web.json_response(obj, status=201)
+
+    async def _delete_object(self, request: web.Request) -> web.Response:
+        key, obj = self._object(request)
+        options = await _body(request)
+        self._check_preconditions(obj, options)
+        policy = (options or {}).get("propagationPolicy") or "Background"
+        del self.objects[key]
+        uid = obj["metadata"]["uid"]
+        self.deleted.append((f"{key[2]}/{key[3]}", uid, f"delete {key[1]} {policy}"))
+        if policy in ("Foreground", "Background"):
+            for pod in [
+                p
+                for p in self.pods.values()
+                if any(o.get("uid") == uid for o in p["metadata"].get("ownerReferences") or [])
+            ]:
+                self._remove_pod(pod, f"garbage-collected ({policy})")
+        return web.json_response(obj)
 
     # --- debug endpoints for out-of-process proofs
 
