@@ -71,5 +71,8 @@ def test_recording_rules_have_value_tests() -> None:
         "namespace_workload:gpu_process_memory_hard_limit_bytes:quantile",
         "namespace_pod_model:inference_kv_cache_hit_ratio:rate",
         "namespace_model:inference_time_to_first_token_seconds:p50",
+        "uuid_namespace_pod_model:inference_engine_gpu:share",
+        "round(namespace_model:gpu_energy_joules_per_generated_token:ratio",
+        "round(namespace_model:gpu_cost_per_million_generated_tokens:ratio",
     ):
         assert family in tested
