@@ -11,6 +11,7 @@ from alerts.rules.promql import num
 SM_ACTIVITY = "uuid:gpu_sm_activity:ratio"
 ALLOCATION_SHARE = "uuid_namespace_pod:gpu_allocation:share"
 ALLOCATION_SOLE = "uuid_namespace_pod:gpu_allocation:sole"
+USAGE_SHARE = "uuid_namespace_pod:gpu_usage:share"
 POD_MEMORY = "namespace_workload_pod:gpu_process_memory_used_bytes:sum"
 SOFT_LIMIT = "namespace_workload:gpu_process_memory_soft_limit_bytes:quantile"
 HARD_LIMIT = "namespace_workload:gpu_process_memory_hard_limit_bytes:quantile"
@@ -82,6 +83,33 @@ def _activity(c: RulesConfig) -> Group:
             ),
             Record(ALLOCATION_SOLE, f"{ALLOCATION_SHARE} == 1"),
             Record(
+                USAGE_SHARE,
+                # Who pays for a shared GPU: each holding pod's part of the GPU's summed per-process SM
+                # utilization where NVML reports it (a holder without a running process gets 0), else
+                # (no process samples, MIG, or all idle) the even allocation share. Sums stay GPUs.
+                f"""
+                (
+                  (
+                    group by (node, uuid, namespace, pod) (gpu_allocation_info)
+                    * on(uuid, namespace, pod) group_left()
+                    sum by (uuid, namespace, pod) (gpu_process_sm_utilization_ratio{{pod!=""}})
+                  )
+                  or
+                  group by (node, uuid, namespace, pod) (gpu_allocation_info) * 0
+                )
+                / on(uuid) group_left()
+                (
+                  sum by (uuid) (
+                    group by (node, uuid, namespace, pod) (gpu_allocation_info)
+                    * on(uuid, namespace, pod) group_left()
+                    sum by (uuid, namespace, pod) (gpu_process_sm_utilization_ratio{{pod!=""}})
+                  ) > 0
+                )
+                or on(uuid, namespace, pod)
+                sum by (node, uuid, namespace, pod) ({ALLOCATION_SHARE})
+                """,
+            ),
+            Record(
                 "namespace:gpu_sm_activity:avg",
                 f"""
                 avg by (namespace, source) (
@@ -90,12 +118,12 @@ def _activity(c: RulesConfig) -> Group:
                 )
                 """,
             ),
-            Record("namespace:gpu_allocated:sum", f"sum by (namespace) ({ALLOCATION_SHARE})"),
+            Record("namespace:gpu_allocated:sum", f"sum by (namespace) ({USAGE_SHARE})"),
             Record(
                 "namespace:gpu_idle_allocated:sum",
                 f"""
                 sum by (namespace) (
-                  {ALLOCATION_SHARE}
+                  {USAGE_SHARE}
                   * on(uuid) group_left() ({SM_ACTIVITY} < bool {num(t.idle_sm_activity_ratio)})
                 )
                 """,
@@ -284,7 +312,7 @@ def _tokens(c: RulesConfig) -> Group:
                 (
                   {engine_gpu}
                   * on(namespace, pod, uuid) group_left()
-                  sum by (namespace, pod, uuid) ({ALLOCATION_SHARE})
+                  sum by (namespace, pod, uuid) ({USAGE_SHARE})
                 )
                 or
                 (
