@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from exporter.attribution.collector import AttributionCollector, AttributionSettings
 from exporter.attribution.devices import allocations_from_pods, resolve, resource_matcher
@@ -21,9 +22,13 @@ from exporter.attribution.podresources_proto import (
 )
 from exporter.attribution.slices import ResourceSliceSource, SliceSettings, index_slices
 from exporter.collectors.base import GpuRef, NodeState
+from exporter.host.procfs import Procfs
 from tests.attribution.conftest import GPU_UUIDS, MIG_UUIDS
-from tests.fakes.kube_api import FakeKubeAPI
-from tests.fakes.kubelet import FakeKubelet
+from tests.attribution.helpers import ProcfsTree, procfs_from_scenario
+from tests.attribution.test_end_to_end import series
+from tests.exporter.harness import simulated_exporter
+from tests.fakes.kube_api import FakeKubeAPI, resourceslices_from_scenario
+from tests.fakes.kubelet import FakeKubelet, pods_from_scenario
 
 DRIVER = "gpu.nvidia.com"
 NODE = "node-a"
@@ -303,3 +308,58 @@ async def test_collector_without_slices_reports_claims_without_uuid_as_a_partial
         await collector.close()
     (info,) = [m for m in err.value.families if m.name == "gpu_allocation_info"]
     assert [(s.labels["pod"], s.labels["uuid"]) for s in info.samples] == [("llama-0", "")]
+
+
+DRA_SCENARIO = Path(__file__).resolve().parents[1] / "fixtures" / "attribution" / "dra-node.yaml"
+
+
+async def test_dra_node_end_to_end_every_gpu_reported_and_every_process_attributed(
+    api: FakeKubeAPI, kubelet: FakeKubelet, procfs: ProcfsTree, tmp_path: Path
+) -> None:
+    doc = yaml.safe_load(DRA_SCENARIO.read_text())
+    resourceslices_from_scenario(api, doc)
+    kubelet.pods = pods_from_scenario(doc)
+    procfs_from_scenario(procfs, tmp_path / "pods", doc)
+    settings = AttributionSettings(
+        interval_seconds=1.0,
+        kubelet_socket_path=kubelet.socket_path,
+        kubelet_pods_dir=str(tmp_path / "pods"),
+        procfs_path=str(procfs.root),
+        kubelet_first_wait_seconds=5,
+    )
+    attribution = AttributionCollector(settings, procfs=Procfs(str(procfs.root), 100))
+    token = tmp_path / "token"
+    token.write_text(api.token)
+    attribution.use_slices(
+        ResourceSliceSource(SliceSettings(str(doc["node"]), api.url, token_path=token, ca_path=None))
+    )
+    try:
+        async with simulated_exporter(
+            DRA_SCENARIO, collectors=["device", "processes", "mig"], extra=[attribution]
+        ) as h:
+            for _ in range(3):  # publish processes, attribute them, label them
+                await h.tick(1.0)
+            text = h.text()
+    finally:
+        await attribution.close()
+    uuids = [g["uuid"] for g in doc["gpus"]]
+    # every GPU is reported, the one nobody claimed included (dcgm-exporter lost them on DRA nodes)
+    assert {s["uuid"] for s in series(text, "gpu_info")} == set(uuids)
+    rows = {(s["pod"], s["gpu"], s["mig_uuid"], s["resource"]) for s in series(text, "gpu_allocation_info")}
+    mig0 = doc["gpus"][3]["mig"]["instances"][0]["uuid"]
+    assert rows == {
+        ("llama-0", "0", "", DRIVER),
+        ("embed-0", "1", "", DRIVER),
+        ("rerank-0", "1", "", DRIVER),
+        ("nb-0", "3", mig0, DRIVER),
+        ("train-0", "4", "", "nvidia.com/gpu"),
+    }
+    memory = {s["pid"]: s["pod"] for s in series(text, "gpu_process_memory_used_bytes")}
+    assert memory == {
+        "41001": "llama-0",
+        "42001": "embed-0",
+        "42002": "rerank-0",
+        "44001": "nb-0",
+        "45001": "train-0",
+    }
+    assert 'gpupulse_collector_success{collector="attribution"} 1.0' in text

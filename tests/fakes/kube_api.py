@@ -139,6 +139,29 @@ class _Watcher:
     version: str = ""  # the API version the watch asked for (ResourceSlices are converted to it)
 
 
+def resourceslices_from_scenario(
+    api: FakeKubeAPI, doc: dict[str, Any], driver: str = "gpu.nvidia.com"
+) -> JSON:
+    """Publish a scenario's GPUs as NVIDIA's DRA driver does: one slice for the node, pool = node
+    name, `gpu-<index>` per GPU and `gpu-<index>-mig-<n>` per MIG instance (type, uuid, parentUUID)."""
+    devices: list[JSON] = []
+    for index, gpu in enumerate(doc.get("gpus") or ()):
+        uuid_ = str(gpu.get("uuid", ""))
+        devices.append(
+            {"name": f"gpu-{index}", "attributes": {"type": {"string": "gpu"}, "uuid": {"string": uuid_}}}
+        )
+        for n, instance in enumerate(((gpu.get("mig") or {}).get("instances")) or ()):
+            attributes = {
+                "type": {"string": "mig"},
+                "uuid": {"string": str(instance["uuid"])},
+                "parentUUID": {"string": uuid_},
+                "profile": {"string": str(instance.get("profile", ""))},
+            }
+            devices.append({"name": f"gpu-{index}-mig-{n}", "attributes": attributes})
+    node = str(doc["node"])
+    return api.add_resourceslice(f"{node}-{driver}", node, driver, node, devices)
+
+
 def slice_as(version: str, obj: JSON) -> JSON:
     """A ResourceSlice stored in v1 form as the API server serves it in `version`."""
     out = copy.deepcopy(obj)
