@@ -227,14 +227,15 @@ class ResourceSliceSource:
                 self._resource_version, consistent = None, True
             except (KubeError, ApiException, aiohttp.ClientError, TimeoutError, ValueError) as exc:
                 self.stats.failures += 1
+                if str(exc) != self.error:  # once per change: a cluster without DRA would log forever
+                    log.warning(
+                        "ResourceSlices failed, keeping %d devices, retrying (backing off to %.0f s): %s",
+                        len(self._index),
+                        self._settings.retry_max_seconds,
+                        exc,
+                    )
                 self.error = str(exc)
                 self._notify()
-                log.warning(
-                    "ResourceSlices failed, keeping %d devices, retry in %.0f s: %s",
-                    len(self._index),
-                    delay,
-                    exc,
-                )
                 await self._sleep(delay)
                 delay = min(delay * 2, self._settings.retry_max_seconds)
 

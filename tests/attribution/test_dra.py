@@ -363,3 +363,19 @@ async def test_dra_node_end_to_end_every_gpu_reported_and_every_process_attribut
         "45001": "train-0",
     }
     assert 'gpupulse_collector_success{collector="attribution"} 1.0' in text
+
+
+async def test_a_cluster_without_dra_logs_the_failure_once(
+    api: FakeKubeAPI, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    api.resourceslice_versions = ()
+    source = source_for(api, tmp_path)
+    source.start()
+    try:
+        await source.wait_until(lambda: source.stats.failures >= 3, 10)
+    finally:
+        await source.close()
+    warnings = [
+        r for r in caplog.records if r.name == "exporter.attribution.slices" and r.levelname == "WARNING"
+    ]
+    assert len(warnings) == 1
