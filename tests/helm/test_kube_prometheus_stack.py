@@ -443,12 +443,20 @@ def test_extra_manifests_are_rendered_with_tpl_and_installed(installs: dict[str,
     assert engines is not None and engines["data"] == {"engines.yaml": "engines: []"}
 
 
-def test_exporter_may_list_and_watch_pods_and_nothing_else(inst: Installed) -> None:
+def test_exporter_may_list_and_watch_pods_and_resource_slices_and_nothing_else(inst: Installed) -> None:
     exporter = inst.values["exporter"]
     roles = [r for r in inst.of_kind("ClusterRole") if r["metadata"]["name"].endswith("-exporter")]
-    if not (exporter["enabled"] and exporter["engines"]["discoverPods"]):
+    want = []
+    if exporter["engines"]["discoverPods"]:
+        # exporter/engines/kube_pods.py: one LIST, then WATCHes, of its node's pods
+        want.append({"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]})
+    if exporter["dra"]["enabled"]:
+        # exporter/attribution/slices.py: the same for its node's ResourceSlices, in any served version
+        want.append(
+            {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"], "verbs": ["list", "watch"]}
+        )
+    if not (exporter["enabled"] and want):
         assert roles == []
         return
     (role,) = roles
-    # exporter/engines/kube_pods.py: one LIST, then WATCHes, of its node's pods
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}]
+    assert role["rules"] == want

@@ -138,7 +138,13 @@ imagePullSecrets:
 {{- $text := toString .text -}}
 {{- range $section, $values := .tokens -}}
 {{- range $name, $value := $values -}}
-{{- $text = replace (printf "__gpupulse_%s__%s__" $section $name) (toString $value) $text -}}
+{{- $s := toString $value -}}
+{{- /* Helm reads every YAML number as a float64, which toString writes as 1e+07: whole numbers are
+written as integers, as the rule generator writes them (PromQL reads both, the generated copy must match) */ -}}
+{{- if and (kindIs "float64" $value) (eq (float64 (int64 $value)) $value) -}}
+{{- $s = printf "%d" (int64 $value) -}}
+{{- end -}}
+{{- $text = replace (printf "__gpupulse_%s__%s__" $section $name) $s $text -}}
 {{- end -}}
 {{- end -}}
 {{- if contains "__gpupulse_" $text -}}
