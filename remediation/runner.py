@@ -37,6 +37,7 @@ class EffectRunner:
         metrics: RemediationMetrics,
         action_timeout_seconds: float,
         record: Record,
+        may_act: Callable[[], bool] | None = None,
     ) -> None:
         self.backend = backend
         self.pager = pager
@@ -44,6 +45,9 @@ class EffectRunner:
         self.metrics = metrics
         self.action_timeout_seconds = action_timeout_seconds
         self._record = record
+        # the fencing rule (cluster mode): checked before every effect; a fenced effect is not run and
+        # stays `started` / pending in the shared ledger, for the next leader to verify
+        self._may_act = may_act
         self._tasks: set[asyncio.Task[None]] = set()
         # one lock per page dedup key: a resolve never overtakes the trigger it resolves
         self._page_locks: dict[str, asyncio.Lock] = {}
@@ -64,7 +68,14 @@ class EffectRunner:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
+    def fenced(self) -> bool:
+        """True when this replica may no longer carry out effects."""
+        return self._may_act is not None and not self._may_act()
+
     def dispatch(self, effects: Sequence[Effect]) -> None:
+        if effects and self.fenced():
+            log.warning("fenced: %d effect(s) not run; the next leader verifies them", len(effects))
+            return
         for eff in effects:
             coro: Awaitable[None]
             if isinstance(eff, Act):
@@ -86,6 +97,9 @@ class EffectRunner:
             log.error("engine effect failed", exc_info=task.exception())
 
     async def _run_action(self, eff: Act) -> None:
+        if self.fenced():  # the lease may have lapsed since dispatch: never act beside a new leader
+            log.warning("fenced: %s of incident %s not run", eff.rung, eff.incident_id)
+            return
         started = time.monotonic()
         delay = 0.0
         details: Mapping[str, Any] = {}

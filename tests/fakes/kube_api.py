@@ -2,7 +2,10 @@
 
 Served: pods get/list/watch/delete (DeleteOptions preconditions), pods/eviction (policy/v1, PDB evaluation),
 nodes get/patch (merge and strategic-merge patch, resourceVersion conflicts), Leases get/create/replace,
-ReplicaSets get, Deployments get/patch, PodDisruptionBudgets list. Errors are real `Status` bodies.
+ReplicaSets get, Deployments get/patch, PodDisruptionBudgets list, and namespaced custom resources of
+the kinds registered in `crds` (create/get/list with limit+continue/replace/delete, and the status
+subresource: the main resource ignores status, status writes ignore everything else, an update needs
+metadata.resourceVersion and a stale one is a 409). Errors are real `Status` bodies.
 Tests reach it through kubernetes_asyncio with a kubeconfig written by `write_kubeconfig`.
 
 Pods (all namespaces or one) can be listed and watched, as the exporter does. Watches follow the API
@@ -173,6 +176,14 @@ class FakeKubeAPI:
     replicasets: dict[Key, JSON] = field(default_factory=dict)
     deployments: dict[Key, JSON] = field(default_factory=dict)
     pdbs: dict[Key, JSON] = field(default_factory=dict)
+    # custom resources: (group, plural) -> kind of each served CRD (status subresource on), and objects
+    crds: dict[tuple[str, str], str] = field(
+        default_factory=lambda: {
+            ("remediation.gpupulse.io", "gpuincidents"): "GpuIncident",
+            ("remediation.gpupulse.io", "gpuremediationstates"): "GpuRemediationState",
+        }
+    )
+    custom: dict[tuple[str, str, str, str], JSON] = field(default_factory=dict)  # (group, plural, ns, name)
     requests: list[Recorded] = field(default_factory=list)
     deleted: list[tuple[str, str, str]] = field(default_factory=list)  # (ns/name, uid, "delete"|"eviction")
     faults: list[Fault] = field(default_factory=list)
@@ -211,6 +222,13 @@ class FakeKubeAPI:
         r.add_get("/apis/apps/v1/namespaces/{ns}/deployments/{name}", self._get_deployment)
         r.add_patch("/apis/apps/v1/namespaces/{ns}/deployments/{name}", self._patch_deployment)
         r.add_get("/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets", self._list_pdbs)
+        custom_base = "/apis/{group}/{version}/namespaces/{ns}/{plural}"
+        r.add_post(custom_base, self._create_custom)
+        r.add_get(custom_base, self._list_custom)
+        r.add_get(custom_base + "/{name}", self._get_custom)
+        r.add_put(custom_base + "/{name}", self._replace_custom)
+        r.add_put(custom_base + "/{name}/status", self._replace_custom_status)
+        r.add_delete(custom_base + "/{name}", self._delete_custom)
         r.add_get("/_fake/requests", self._debug_requests)
         r.add_get("/_fake/state", self._debug_state)
         # a client that goes away ends its handler (a watch), as the API server cancels the request context
@@ -798,6 +816,114 @@ class FakeKubeAPI:
         items = [p for (pns, _), p in self.pdbs.items() if pns == ns]
         return self._list("PodDisruptionBudgetList", copy.deepcopy(items), str(self._rv))
 
+    # --- custom resources (CRDs with the status subresource), as the apiextensions server serves them
+
+    def _crd_kind(self, request: web.Request) -> tuple[str, str, str]:
+        group, plural = request.match_info["group"], request.match_info["plural"]
+        kind = self.crds.get((group, plural))
+        if kind is None or request.match_info["version"] != "v1":
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        return group, plural, kind
+
+    def _custom_obj(self, request: web.Request) -> tuple[tuple[str, str, str, str], JSON]:
+        group, plural, _ = self._crd_kind(request)
+        key = (group, plural, request.match_info["ns"], request.match_info["name"])
+        if key not in self.custom:
+            raise self._not_found(f"{plural}.{group}", key[3])
+        return key, self.custom[key]
+
+    async def _create_custom(self, request: web.Request) -> web.Response:
+        group, plural, kind = self._crd_kind(request)
+        ns = request.match_info["ns"]
+        body = copy.deepcopy(await _body(request) or {})
+        name = str((body.get("metadata") or {}).get("name") or "")
+        if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?", name):
+            raise ApiError(
+                422, "Invalid", f'{kind}.{group} "{name}" is invalid: metadata.name: Invalid value'
+            )
+        if (group, plural, ns, name) in self.custom:
+            raise ApiError(
+                409,
+                "AlreadyExists",
+                f'{plural}.{group} "{name}" already exists',
+                {"name": name, "group": group, "kind": plural},
+            )
+        body.pop("status", None)  # the status subresource: a create does not set status
+        meta = body.get("metadata") or {}
+        body["metadata"] = self._meta(
+            name, ns, labels=meta.get("labels"), annotations=meta.get("annotations")
+        )
+        body["metadata"]["generation"] = 1
+        self.custom[(group, plural, ns, name)] = body
+        return web.json_response(body, status=201)
+
+    async def _get_custom(self, request: web.Request) -> web.Response:
+        return web.json_response(self._custom_obj(request)[1])
+
+    async def _list_custom(self, request: web.Request) -> web.Response:
+        group, plural, kind = self._crd_kind(request)
+        ns = request.match_info["ns"]
+        names = sorted(n for (g, p, o, n) in self.custom if (g, p, o) == (group, plural, ns))
+        start = request.query.get("continue", "")
+        if start:
+            names = [n for n in names if n > start]
+        limit = int(request.query.get("limit", "0") or 0)
+        meta: JSON = {"resourceVersion": str(self._rv)}
+        if limit and len(names) > limit:
+            names = names[:limit]
+            meta["continue"] = names[-1]  # opaque to clients; the API server encodes a key
+        items = [self.custom[(group, plural, ns, n)] for n in names]
+        return web.json_response(
+            {"apiVersion": f"{group}/v1", "kind": f"{kind}List", "metadata": meta, "items": items}
+        )
+
+    def _check_update(self, current: JSON, body: JSON, resource: str) -> None:
+        wanted = (body.get("metadata") or {}).get("resourceVersion")
+        name = current["metadata"]["name"]
+        if not wanted:  # custom resources do not allow unconditional updates
+            raise ApiError(
+                422,
+                "Invalid",
+                f'{resource} "{name}" is invalid: metadata.resourceVersion: Invalid value: '
+                "0: must be specified for an update",
+            )
+        if wanted != current["metadata"]["resourceVersion"]:
+            raise self._conflict(resource, name)
+
+    async def _replace_custom(self, request: web.Request) -> web.Response:
+        key, current = self._custom_obj(request)
+        body = copy.deepcopy(await _body(request) or {})
+        self._check_update(current, body, f"{key[1]}.{key[0]}")
+        new = {**body, "status": copy.deepcopy(current.get("status")) if "status" in current else None}
+        if new["status"] is None:
+            new.pop("status")
+        meta = body.get("metadata") or {}
+        new["metadata"] = {
+            **current["metadata"],
+            "labels": meta.get("labels"),
+            "resourceVersion": self.next_rv(),
+        }
+        if body.get("spec") != current.get("spec"):
+            new["metadata"]["generation"] = current["metadata"].get("generation", 1) + 1
+        self.custom[key] = new
+        return web.json_response(new)
+
+    async def _replace_custom_status(self, request: web.Request) -> web.Response:
+        key, current = self._custom_obj(request)
+        body = copy.deepcopy(await _body(request) or {})
+        self._check_update(current, body, f"{key[1]}.{key[0]}")
+        new = copy.deepcopy(current)  # a status write changes only status
+        new["status"] = body.get("status") or {}
+        new["metadata"]["resourceVersion"] = self.next_rv()
+        self.custom[key] = new
+        return web.json_response(new)
+
+    async def _delete_custom(self, request: web.Request) -> web.Response:
+        key, current = self._custom_obj(request)
+        del self.custom[key]
+        # the API server answers a delete without finalizers with the object as it was
+        return web.json_response(current)
+
     # --- debug endpoints for out-of-process proofs
 
     async def _debug_requests(self, request: web.Request) -> web.Response:
@@ -813,6 +939,7 @@ class FakeKubeAPI:
                 "pods": {f"{ns}/{name}": p for (ns, name), p in self.pods.items()},
                 "leases": {f"{ns}/{name}": lease for (ns, name), lease in self.leases.items()},
                 "deleted": [list(d) for d in self.deleted],
+                "custom": {f"{p}/{ns}/{n}": o for (_, p, ns, n), o in self.custom.items()},
             }
         )
 
