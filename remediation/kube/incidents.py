@@ -12,6 +12,7 @@ errors are retried with backoff until the write deadline (the renew deadline), t
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -97,6 +98,9 @@ class IncidentStore:
         self._clock = clock or SystemClock()
         self._rv: dict[tuple[str, str], str] = {}
         self.counts = StoreCounts()
+        # the failure that ended this store's writes (the serving loop steps down on it)
+        self.lost: ReplicationLost | None = None
+        self.lost_event = asyncio.Event()
 
     def may_act(self) -> bool:
         """The fencing rule: effects and writes only while the lease is renewed within its deadline."""
@@ -129,6 +133,16 @@ class IncidentStore:
 
     async def write(self, snapshot: Snapshot) -> None:
         """Write each changed incident, then the switches; Fenced / ReplicationLost when it cannot."""
+        if self.lost is not None:
+            raise self.lost
+        try:
+            await self._write_all(snapshot)
+        except ReplicationLost as exc:
+            self.lost = exc
+            self.lost_event.set()
+            raise
+
+    async def _write_all(self, snapshot: Snapshot) -> None:
         for inc in snapshot.incidents:
             row = inc.row
             spec = {
