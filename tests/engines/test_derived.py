@@ -79,3 +79,16 @@ def test_a_counter_reset_rebaselines_instead_of_observing_a_negative_mean() -> N
     assert h.snapshot().count == 10.0 and counts(h)[0.1] == 10.0
     h.observe_counters(0.5, 30.0)  # busy seconds went back while steps went on: not a mean to trust
     assert h.snapshot().count == 10.0
+
+
+def test_the_edges_of_an_increase_one_step_zero_busy_time_and_a_small_busy_decrease() -> None:
+    h = DerivedHistogram()
+    h.observe_counters(10.0, 100.0)
+    h.observe_counters(10.02, 101.0)  # exactly one step of 20 ms is one observation
+    assert h.snapshot().count == 1.0 and counts(h)[0.02] == 1.0
+    # steps with no busy time measured (a coarse busy counter): observed as that many fast steps
+    h.observe_counters(10.02, 104.0)
+    assert h.snapshot().count == 4.0 and counts(h)[0.001] == 3.0
+    # busy seconds went back by less than a second (a restart caught early): re-baselined, not observed
+    h.observe_counters(9.52, 110.0)
+    assert h.snapshot().count == 4.0
