@@ -324,7 +324,14 @@ def test_leader_election_exactly_when_replicated(inst: Installed) -> None:
 def test_replicas_sharing_one_ledger_are_placed_on_one_node(inst: Installed) -> None:
     deployment = _controller(inst)
     affinity = deployment["spec"]["template"]["spec"].get("affinity", {})
-    if inst.values["controller"]["replicas"] > 1 and not inst.values["controller"]["affinity"]:
+    cluster = inst.values["controller"]["cluster"][
+        "enabled"
+    ]  # no shared ledger: tests/helm/test_cluster_mode.py
+    if (
+        inst.values["controller"]["replicas"] > 1
+        and not inst.values["controller"]["affinity"]
+        and not cluster
+    ):
         (term,) = affinity["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
         assert term["topologyKey"] == "kubernetes.io/hostname"
         assert term["labelSelector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
@@ -385,7 +392,10 @@ def test_controller_rbac_equals_docs_rbac(inst: Installed) -> None:
         want = [r for r in want if r["resources"] != ["deployments"]]
     assert role["rules"] == want
     (lease_role,) = inst.of_kind("Role")
-    assert lease_role["rules"] == doc["Role"]["rules"]
+    want_ns = doc["Role"]["rules"]
+    if not inst.values["controller"]["cluster"]["enabled"]:
+        want_ns = [r for r in want_ns if r["apiGroups"] != ["remediation.gpupulse.io"]]
+    assert lease_role["rules"] == want_ns
 
 
 # --- rules and dashboards

@@ -258,3 +258,20 @@ async def test_objects_of_a_newer_schema_are_read_without_their_unknown_fields(r
     await rig.lose_node()
     (inc,) = rig.engine.list_incidents()
     assert inc["state"] == "verifying" and "diagnosis_from_the_future" not in inc
+
+
+async def test_api_writes_per_incident_lifecycle(rig: ClusterRig) -> None:
+    """Fire, restart, resolve, cool down, close: one create plus one status write per decision."""
+    ev = rig.event(LEAK)
+    await rig.engine.handle(ev)
+    await rig.engine.wait_idle()
+    await rig.engine.handle(replace(ev, status="resolved"))
+    await rig.engine.wait_idle()
+    rig.clock.advance(901)
+    await rig.engine.tick()
+    await rig.engine.wait_idle()
+    assert rig.objects()[incident_name(1)]["status"]["state"] == "closed"
+    creates = rig.api.calls("POST", r"/gpuincidents$")
+    puts = rig.api.calls("PUT", r"/gpuincidents/incident-1/status$")
+    print(f"API writes for one incident lifecycle: {len(creates)} create + {len(puts)} status writes")
+    assert len(creates) == 1 and 1 <= len(puts) <= 6
