@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
 from remediation.effects import Act, CheckPromQL, Effect, SendGroupPage, SendPage
@@ -73,11 +73,8 @@ class EffectRunner:
         return self._may_act is not None and not self._may_act()
 
     def dispatch(self, effects: Sequence[Effect]) -> None:
-        if effects and self.fenced():
-            log.warning("fenced: %d effect(s) not run; the next leader verifies them", len(effects))
-            return
         for eff in effects:
-            coro: Awaitable[None]
+            coro: Coroutine[Any, Any, None]
             if isinstance(eff, Act):
                 coro = self._run_action(eff)
             elif isinstance(eff, SendPage):
@@ -86,7 +83,7 @@ class EffectRunner:
                 coro = self._run_group_page(eff)
             else:
                 coro = self._run_promql(eff)
-            task = asyncio.ensure_future(coro)
+            task = asyncio.ensure_future(self._unless_fenced(eff, coro))
             self._tasks.add(task)
             task.add_done_callback(self._task_done)
 
@@ -96,10 +93,15 @@ class EffectRunner:
             # the ledger still says `started`/`page_pending`: the next start or tick picks it up
             log.error("engine effect failed", exc_info=task.exception())
 
-    async def _run_action(self, eff: Act) -> None:
-        if self.fenced():  # the lease may have lapsed since dispatch: never act beside a new leader
-            log.warning("fenced: %s of incident %s not run", eff.rung, eff.incident_id)
+    async def _unless_fenced(self, eff: Effect, coro: Coroutine[Any, Any, None]) -> None:
+        # checked as each effect starts, not at dispatch: the lease may lapse in between
+        if self.fenced():
+            coro.close()
+            log.warning("fenced: %s not run; the next leader verifies it", type(eff).__name__)
             return
+        await coro
+
+    async def _run_action(self, eff: Act) -> None:
         started = time.monotonic()
         delay = 0.0
         details: Mapping[str, Any] = {}

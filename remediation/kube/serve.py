@@ -284,9 +284,25 @@ async def _serve_with_election(
     # a follower keeps accepting into the inbox but never drains it: the worker runs only while leading
     await worker.stop()
     lost = asyncio.Event()
+    trim: asyncio.Task[None] | None = None
+    if settings.kube.ledger == "kubernetes":  # each replica's own inbox: a follower trims its copies
+        from remediation.kube.follower import trim_follower_inbox
+
+        trim = asyncio.create_task(
+            trim_follower_inbox(
+                service.ctl.inbox,
+                settings.engine.max_event_age_seconds,
+                max(1.0, settings.engine.max_event_age_seconds / 10),
+                SystemClock(),
+            )
+        )
 
     async def lead() -> None:
         log.info("%s leads: opening the ledger and draining the inbox", proxy.identity)
+        if trim is not None:
+            trim.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await trim
         mirror = None
         if settings.kube.ledger == "kubernetes":
             mirror = await open_cluster_ledger(settings, proxy.runtime, elector)
@@ -323,6 +339,8 @@ async def _serve_with_election(
     finally:
         for task in waiters:
             task.cancel()
+        if trim is not None:
+            trim.cancel()
         election.cancel()  # releases the Lease when leading, after the worker and engine stopped
         with contextlib.suppress(asyncio.CancelledError):
             await election

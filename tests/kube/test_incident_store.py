@@ -149,10 +149,16 @@ async def test_redelivered_alert_after_takeover_opens_nothing_new(rig: ClusterRi
     ev = rig.event(LEAK)
     await rig.engine.handle(ev)
     await rig.engine.wait_idle()
-    resolved = rig.event(LEAK, "resolved")
+    resolved = replace(ev, status="resolved")
+    await rig.engine.handle(resolved)
+    rig.clock.advance(901)
+    await rig.engine.tick()
+    await rig.engine.wait_idle()
+    assert rig.objects()[incident_name(1)]["status"]["state"] == "closed"
     await rig.lose_node()
-    for e in (ev, ev, resolved):
-        await rig.engine.handle(e)
+    now = rig.clock.utcnow()  # the survivor received them just now: fresh, so only dedup stops them
+    for e in (ev, resolved, ev):  # the survivor's inbox replays what the old leader already handled
+        await rig.engine.handle(replace(e, received_at=now))
     await rig.engine.wait_idle()
     assert len(rig.engine.list_incidents()) == 1 and len(rig.objects()) == 1
     assert rig.backend.calls == []
@@ -228,6 +234,20 @@ async def test_fenced_between_decision_and_action_does_not_act(rig: ClusterRig) 
     assert [(e["rung"], e["status"]) for e in obj["status"]["entries"] if e["kind"] == "action"] == [
         ("restart", "started")
     ]
+
+
+async def test_fenced_after_dispatch_before_the_action_starts_does_not_act(rig: ClusterRig) -> None:
+    runner = rig.engine._runner
+    dispatch = runner.dispatch
+
+    def dispatch_then_partition(effects: Any) -> None:
+        dispatch(effects)
+        rig.leading = False  # the action's task has not run yet
+
+    runner.dispatch = dispatch_then_partition  # type: ignore[method-assign]
+    await rig.engine.handle(rig.event(LEAK))
+    await rig.engine.wait_idle()
+    assert rig.backend.calls == []
 
 
 async def test_prune_deletes_old_and_surplus_closed_incidents_never_open_ones(rig: ClusterRig) -> None:
