@@ -34,7 +34,11 @@ def test_every_generated_file_matches_its_source() -> None:
     # The command a contributor runs, from the checkout, so its imports and exit code are tested too.
     result = subprocess.run(
         [sys.executable, "scripts/generate.py", "--check"],
-        cwd=ROOT, capture_output=True, text=True, timeout=100, check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=100,
+        check=False,
     )
     assert result.returncode == 0, f"run scripts/generate:\n{result.stdout}{result.stderr}"
 
@@ -57,7 +61,9 @@ def test_the_build_covers_every_kind_of_generated_file(want: dict[PurePosixPath,
     paths = {str(p) for p in want}
     assert {"docs/metrics.md", "helm/gpupulse/values.yaml", "helm/gpupulse/values.schema.json"} <= paths
     for folder, count in [
-        ("alerts", 5), ("dashboards/json", 4), ("helm/gpupulse/files/rules", 5),
+        ("alerts", 5),
+        ("dashboards/json", 4),
+        ("helm/gpupulse/files/rules", 5),
         ("helm/gpupulse/files/dashboards", 4),
     ]:
         assert sum(str(p.parent) == folder for p in want) >= count, folder

@@ -57,7 +57,11 @@ RESOURCES: dict[str, list[Resource]] = {
         Resource("persistentvolumeclaims", "PersistentVolumeClaim", True),
         Resource("pods", "Pod", True),
     ],
-    "apps/v1": [Resource("daemonsets", "DaemonSet", True), Resource("deployments", "Deployment", True)],
+    "apps/v1": [
+        Resource("daemonsets", "DaemonSet", True),
+        Resource("deployments", "Deployment", True),
+        Resource("statefulsets", "StatefulSet", True),
+    ],
     "rbac.authorization.k8s.io/v1": [
         Resource("clusterroles", "ClusterRole", False),
         Resource("clusterrolebindings", "ClusterRoleBinding", False),

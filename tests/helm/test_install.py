@@ -105,8 +105,7 @@ def test_no_selector_uses_the_chart_version_label(inst: Installed) -> None:
 def test_services_select_their_workloads_pods(inst: Installed) -> None:
     for service in inst.of_kind("Service"):
         component = service["metadata"]["labels"]["app.kubernetes.io/component"]
-        kind = "DaemonSet" if component == "exporter" else "Deployment"
-        workload = inst.one(kind)
+        workload = inst.one("DaemonSet") if component == "exporter" else _controller(inst)
         pod_labels = workload["spec"]["template"]["metadata"]["labels"]
         assert service["spec"]["selector"].items() <= pod_labels.items()
         assert workload["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
@@ -122,7 +121,7 @@ def test_references_resolve_to_created_objects(inst: Installed) -> None:
         inst.values["controller"]["pager"]["existingSecret"],
     }
     names = {(o["kind"], o["metadata"]["name"]) for o in inst.objects}
-    for kind in ("DaemonSet", "Deployment"):
+    for kind in ("DaemonSet", "Deployment", "StatefulSet"):
         for workload in inst.of_kind(kind):
             spec = workload["spec"]["template"]["spec"]
             assert ("ServiceAccount", spec["serviceAccountName"]) in names
@@ -221,7 +220,7 @@ def _controller(inst: Installed) -> JSON:
     if not inst.values["controller"]["enabled"]:
         assert inst.of_kind("Deployment") == []
         pytest.skip("controller disabled in this values file")
-    return inst.one("Deployment")
+    return inst.one("StatefulSet" if inst.values["controller"]["cluster"]["enabled"] else "Deployment")
 
 
 POD_NAME = "pulse-gpupulse-controller-7d9f8-abcde"
