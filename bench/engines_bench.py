@@ -51,7 +51,7 @@ async def _start_engines(n: int, scenario: Path) -> tuple[list[asyncio.subproces
     procs, targets = [], []
     for i in range(n):
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", "from exporter.engines.simulated import main; main()",
+            sys.executable, "-c", "from exporter.sim.engines import main; main()",
             "--scenario", str(scenario), "--engine", f"e{i}", "--listen", "127.0.0.1:0", "--speed", "60",
             stdout=asyncio.subprocess.PIPE,
         )  # fmt: skip
@@ -210,7 +210,7 @@ def _spawn_engines(n: int, scenario: Path) -> tuple[list[subprocess.Popen[bytes]
     procs, targets = [], []
     for i in range(n):
         proc = subprocess.Popen(
-            [sys.executable, "-c", "from exporter.engines.simulated import main; main()",
+            [sys.executable, "-c", "from exporter.sim.engines import main; main()",
              "--scenario", str(scenario), "--engine", f"e{i}", "--listen", "127.0.0.1:0", "--speed", "60"],
             stdout=subprocess.PIPE,
         )  # fmt: skip

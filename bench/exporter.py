@@ -47,10 +47,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from exporter.collectors.gpus import GpuFleet  # noqa: E402
-from exporter.collectors.registry import BUILTINS, BuiltinContext  # noqa: E402
 from exporter.collectors.xid import XidCounter  # noqa: E402
 from exporter.config import ExporterSettings  # noqa: E402
 from exporter.nvml import GPM_METRICS, Nvml  # noqa: E402
+from exporter.registry import BUILTINS, BuiltinContext  # noqa: E402
 from exporter.sampler import Sampler  # noqa: E402
 from exporter.sim import ManualClock, SimulatedNvml, install, load_scenario  # noqa: E402
 from exporter.sim.scenario import SCENARIO_DIR  # noqa: E402

@@ -11,11 +11,12 @@ import argparse
 from collections.abc import Sequence
 from types import ModuleType
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 
 from demo.world import World
-from exporter.attribution.specs import GPU_ALLOCATION_INFO
 from exporter.collectors.base import NodeState
+from exporter.collectors.series import family
+from gpupulse.metrics.attribution import GPU_ALLOCATION_INFO
 
 RESOURCE = "nvidia.com/gpu"
 
@@ -32,9 +33,7 @@ class DemoPodCollector:
     async def collect(self, state: NodeState) -> Sequence[Metric]:
         """Attach the world to this NodeState and export one allocation row per pod and GPU."""
         self.world.attach(state)
-        fam = GaugeMetricFamily(
-            GPU_ALLOCATION_INFO.name, GPU_ALLOCATION_INFO.help, labels=GPU_ALLOCATION_INFO.labels
-        )
+        fam = family(GPU_ALLOCATION_INFO)
         for pod in self.world.pods:
             for gpu in pod.gpus:
                 fam.add_metric(

@@ -11,15 +11,14 @@ import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 
 import yaml
 from aiohttp import web
 
 from demo.podattr import as_plugin
 from demo.world import DemoSpec, World, parse_demo_spec
+from exporter import registry
 from exporter.cli import SamplingThread, build_parser, settings_from_args
-from exporter.collectors import registry
 from exporter.server import make_app
 from exporter.sim import RealClock, Scenario, SimulatedNvml, install, load_scenario
 from exporter.sim.scenario import SCENARIO_DIR
@@ -76,11 +75,10 @@ async def start_sim_node(
     sim = install(scenario, RealClock())
     try:
         world = World(sim, spec, log)
-        plugins: dict[str, ModuleType] = {"demo_pods": as_plugin(world)}
-        engines = registry.load_plugin("exporter.engines.collector")
+        plugins: dict[str, registry.PluginModule] = {"demo_pods": as_plugin(world)}
         argv = ["--web.listen-address", "127.0.0.1:0", "--sampling.interval", "1"]
-        if engines is not None and engines_config is not None:
-            plugins["engines"] = engines
+        if engines_config is not None:
+            plugins["engines"] = registry.available_plugins(skip={"attribution", "pagecache"})["engines"]
             argv += ["--engines.config", str(engines_config), "--engines.interval", "2"]
         args = build_parser(plugins).parse_args(argv)
         settings = settings_from_args(args)

@@ -34,7 +34,7 @@ READY_TIMEOUT_SECONDS = 60.0
 REAL_EXPORTER_READY_SECONDS = 20.0
 LOOP_MAX_RESTARTS = 2
 # gpupulse-sim-engine's entry point, run with this interpreter (the console script may not be on PATH)
-_SIM_ENGINE_MAIN = "import sys; from exporter.engines.simulated import main; main(sys.argv[1:])"
+_SIM_ENGINE_MAIN = "import sys; from exporter.sim.engines import main; main(sys.argv[1:])"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 

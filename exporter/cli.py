@@ -18,12 +18,11 @@ import sys
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from types import ModuleType
 from typing import Any
 
 from aiohttp import web
 
-from exporter.collectors import registry
+from exporter import registry
 from exporter.collectors.base import Collector
 from exporter.collectors.gpus import GpuFleet
 from exporter.collectors.xid import XidCounter
@@ -33,7 +32,8 @@ from exporter.config import (
     exporter_version,
     parse_listen_address,
 )
-from exporter.nvml import Nvml, NvmlInitError, XidWatcher
+from exporter.errors import NvmlInitError
+from exporter.nvml import Nvml, XidWatcher
 from exporter.sampler import Sampler, SnapshotHook
 from exporter.server import make_app, make_site
 from exporter.snapshot import Snapshot
@@ -59,7 +59,7 @@ def env_name(option: str) -> str:
 def switched_off(argv: Sequence[str], environ: Mapping[str, str]) -> set[str]:
     """Plug-in collectors turned off by flag or environment: they are not even imported (saves memory)."""
     off: set[str] = set()
-    for name, _ in registry.PLUGINS:
+    for name in (plugin.name for plugin in registry.PLUGINS):
         value = environ.get(env_name(f"--collector.{name}"), "")
         if value.lower() in _FALSE:
             off.add(name)
@@ -72,8 +72,8 @@ def switched_off(argv: Sequence[str], environ: Mapping[str, str]) -> set[str]:
 
 
 def build_parser(
-    plugins: Mapping[str, ModuleType] | None = None,
-    otlp: ModuleType | None = None,
+    plugins: Mapping[str, registry.PluginModule] | None = None,
+    otlp: registry.PushModule | None = None,
     also_collectors: Sequence[str] = (),
 ) -> argparse.ArgumentParser:
     """All flags: core, --collector.<name> for every collector, then the plug-ins' own."""
@@ -184,8 +184,8 @@ def settings_from_args(args: argparse.Namespace) -> ExporterSettings:
     )
 
 
-def _otlp_module() -> ModuleType | None:
-    return registry.load_plugin(registry.OTLP_MODULE)
+def _otlp_module() -> registry.PushModule:
+    return registry.load_otlp()
 
 
 @dataclass
@@ -232,8 +232,8 @@ def _install_simulation(settings: ExporterSettings) -> Callable[[], None]:
 async def start_exporter(
     settings: ExporterSettings,
     args: argparse.Namespace,
-    plugins: Mapping[str, ModuleType],
-    otlp: ModuleType | None = None,
+    plugins: Mapping[str, registry.PluginModule],
+    otlp: registry.PushModule | None = None,
 ) -> Exporter:
     """Init NVML (or the simulation), discover GPUs, build collectors and sampler; raises NvmlInitError."""
     uninstall = _install_simulation(settings) if settings.simulate else None
@@ -277,8 +277,8 @@ async def start_exporter(
 async def serve(
     settings: ExporterSettings,
     args: argparse.Namespace,
-    plugins: Mapping[str, ModuleType],
-    otlp: ModuleType | None = None,
+    plugins: Mapping[str, registry.PluginModule],
+    otlp: registry.PushModule | None = None,
     stop: asyncio.Event | None = None,
 ) -> int:
     """Run until SIGTERM/SIGINT (or `stop`); returns the exit code."""
@@ -305,8 +305,8 @@ class SamplingThread:
         self,
         settings: ExporterSettings,
         args: argparse.Namespace,
-        plugins: Mapping[str, ModuleType],
-        otlp: ModuleType | None,
+        plugins: Mapping[str, registry.PluginModule],
+        otlp: registry.PushModule | None,
         on_done: Callable[[], object] | None = None,
     ) -> None:
         self._start = (settings, args, plugins, otlp)
@@ -360,8 +360,8 @@ class SamplingThread:
 async def _serve(
     settings: ExporterSettings,
     args: argparse.Namespace,
-    plugins: Mapping[str, ModuleType],
-    otlp: ModuleType | None,
+    plugins: Mapping[str, registry.PluginModule],
+    otlp: registry.PushModule | None,
     stop: asyncio.Event,
 ) -> int:
     # A short switch interval hands the GIL to the serving loop quickly while the sampler computes.

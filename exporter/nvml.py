@@ -3,6 +3,11 @@
 Everything above this module receives plain dataclasses. Blocking NVML calls run on one daemon
 thread per GPU (GpuWorker) with a deadline, and XID events arrive from one dedicated thread
 (XidWatcher). The simulated NVML replaces pynvml's C function lookups, so this code runs in tests.
+
+Why one module of ~900 lines: it is the seam itself, the only importer of pynvml (a boundary test
+holds that). Its sections (error classification, readings, MIG, GPM, init and enumeration, the
+per-GPU worker, the XID thread) each translate pynvml for the layers above; splitting them would
+make several modules import pynvml and widen the seam the simulation has to cover.
 """
 
 from __future__ import annotations
@@ -19,6 +24,17 @@ from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
 import pynvml
+
+from exporter.errors import (
+    DeadlineExceededError,
+    GpuLostError,
+    GpuStaleError,
+    NotSupportedError,
+    NvmlError,
+    NvmlInitError,
+    NvmlUnavailableError,
+    NvmlUnknownError,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -37,36 +53,6 @@ BINDING_VERSION: Final = _binding_version()
 
 
 # --- errors -------------------------------------------------------------------------------------
-class NvmlError(Exception):
-    """An NVML call failed; `code` is the nvmlReturn_t (0 when unknown)."""
-
-    def __init__(self, message: str, code: int = 0) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-class GpuLostError(NvmlError):
-    """The GPU fell off the bus or is otherwise inaccessible (NVML_ERROR_GPU_IS_LOST)."""
-
-
-class NotSupportedError(NvmlError):
-    """The GPU, driver or OS lacks this feature; ask again never."""
-
-
-class NvmlUnknownError(NvmlError):
-    """NVML_ERROR_UNKNOWN: GSP timeouts, or a container that lost its device cgroup."""
-
-
-class NvmlUnavailableError(NvmlError):
-    """No NVML library or no loaded driver on this host."""
-
-
-class DeadlineExceededError(Exception):
-    """A call on one GPU did not return within its deadline."""
-
-
-class GpuStaleError(Exception):
-    """The GPU still has a call past its deadline; it is not queried again until that returns."""
 
 
 _NOT_SUPPORTED_CODES = {
@@ -611,14 +597,6 @@ def poll_mig_gpm(
 
 
 # --- init and enumeration ------------------------------------------------------------------------
-class NvmlInitError(Exception):
-    """nvmlInit failed; `unknown` is True for NVML_ERROR_UNKNOWN (lost device cgroup in a container)."""
-
-    def __init__(self, message: str, unavailable: bool, unknown: bool) -> None:
-        super().__init__(message)
-        self.unavailable, self.unknown = unavailable, unknown
-
-
 class Nvml:
     """NVML initialised once for this process, with its devices."""
 

@@ -13,9 +13,10 @@ from typing import Protocol
 
 from prometheus_client.core import Metric
 
-from exporter.collectors.base import Collector, CollectorError, GpuRef, NodeState
+from exporter.collectors.base import Collector, GpuRef, NodeState
 from exporter.collectors.self import CollectorRound, self_families
 from exporter.config import ExporterSettings
+from exporter.errors import CollectorError
 from exporter.snapshot import Snapshot
 from gpupulse.clock import Clock
 

@@ -33,8 +33,8 @@ from generate_chart import GENERATED_FOLDERS, SCHEMA, VALUES, ChartFileError, ch
 
 from alerts.generate import render_rules  # noqa: E402
 from dashboards.build import render_dashboards  # noqa: E402
-from exporter.catalog import ALL_METRICS as METRIC_SPECS  # noqa: E402
-from exporter.catalog import markdown as metrics_markdown  # noqa: E402
+from gpupulse.metrics.catalog import ALL_SPECS as METRIC_SPECS  # noqa: E402
+from gpupulse.metrics.catalog import markdown as metrics_markdown  # noqa: E402
 
 ALERTS = PurePosixPath("alerts")
 DASHBOARDS = PurePosixPath("dashboards/json")
@@ -118,9 +118,7 @@ def write(root: Path = ROOT) -> dict[PurePosixPath, str]:
 
 def main(argv: Sequence[str] | None = None, root: Path = ROOT) -> int:
     """CLI entry point (scripts/generate); root is the tree written or checked."""
-    parser = argparse.ArgumentParser(
-        prog="scripts/generate", description=(__doc__ or "").split("\n\n", 1)[0]
-    )
+    parser = argparse.ArgumentParser(prog="scripts/generate", description=(__doc__ or "").split("\n\n", 1)[0])
     parser.add_argument("--check", action="store_true", help="write nothing; name drifted files, exit 1")
     args = parser.parse_args(argv)
     try:
@@ -129,8 +127,10 @@ def main(argv: Sequence[str] | None = None, root: Path = ROOT) -> int:
             for path, why in stale.items():
                 print(f"{why}: {path}")
             if stale:
-                print(f"{len(stale)} generated file(s) drifted from their sources: run scripts/generate",
-                      file=sys.stderr)
+                print(
+                    f"{len(stale)} generated file(s) drifted from their sources: run scripts/generate",
+                    file=sys.stderr,
+                )
             return 1 if stale else 0
         changed = write(root)
     except GenerateError as e:

@@ -12,10 +12,7 @@ from dataclasses import dataclass
 
 from prometheus_client.core import Metric
 
-from exporter.attribution import specs
 from exporter.attribution.devices import allocation_map, allocations_from_pods, resolve, resource_matcher
-from exporter.attribution.families import PartialCollectorError, add_info, add_value, new_family
-from exporter.attribution.flags import add_procfs_argument, collector_enabled, csv_list
 from exporter.attribution.kubelet import (
     DEFAULT_SOCKET_PATH,
     PodResourcesClient,
@@ -24,12 +21,16 @@ from exporter.attribution.kubelet import (
     TrackerSettings,
 )
 from exporter.attribution.poddir import DEFAULT_PODS_DIR, PodDirectory
-from exporter.attribution.procfs import DEFAULT_PROCFS, ProcessInfo, Procfs
 from exporter.attribution.resolve import PodResolver, ProcessDevices
 from exporter.collectors.base import GpuProcess, NodeState, PodRef
 from exporter.collectors.blocking import ItemReader
+from exporter.collectors.flags import add_procfs_argument, collector_enabled, csv_list
+from exporter.collectors.series import SeriesFamily, family
+from exporter.errors import PartialCollectorError
+from exporter.host.procfs import DEFAULT_PROCFS, ProcessInfo, Procfs
 from gpupulse.clock import Clock, SystemClock
 from gpupulse.durations import duration_flag
+from gpupulse.metrics import attribution as specs
 
 NAME = "attribution"
 AUTO = "auto"
@@ -137,16 +138,16 @@ class AttributionCollector:
         procfs_round = await self._procfs_round(processes, allocations, view)
         state.pid_pods = procfs_round.pid_pods
 
-        info = new_family(specs.GPU_ALLOCATION_INFO)
+        info = family(specs.GPU_ALLOCATION_INFO)
         for row in rows:
             pod = row.pod
-            add_info(
-                info, [row.uuid, row.gpu, row.mig_uuid, pod.namespace, pod.pod, pod.container, row.resource]
+            info.add_metric(
+                [row.uuid, row.gpu, row.mig_uuid, pod.namespace, pod.pod, pod.container, row.resource], 1.0
             )
         cpu = self._cpu_family(processes, procfs_round)
-        dropped = new_family(specs.SERIES_DROPPED_TOTAL)
-        add_value(dropped, [NAME], float(self._dropped_total))
-        families: list[Metric] = [f for f in (info, cpu, dropped) if f.samples]
+        dropped = family(specs.SERIES_DROPPED_TOTAL)
+        dropped.add_metric([NAME], float(self._dropped_total))
+        families: list[Metric] = [f for f in (info, cpu, dropped) if len(f)]
         if view.error:
             # NodeState keeps the last good mapping until it goes stale; the families stay true too.
             raise PartialCollectorError(f"pod-resources: {view.error}", families)
@@ -218,7 +219,7 @@ class AttributionCollector:
             )
             return {p.pid: self._last_pid_pods[p.pid] for p in wanted if p.pid in self._last_pid_pods}
 
-    def _cpu_family(self, processes: Sequence[GpuProcess], procfs_round: _ProcfsRound) -> Metric:
+    def _cpu_family(self, processes: Sequence[GpuProcess], procfs_round: _ProcfsRound) -> SeriesFamily:
         series: dict[tuple[str, int], tuple[str, float]] = {}
         for proc in processes:
             info = procfs_round.infos.get(proc.pid)
@@ -231,12 +232,12 @@ class AttributionCollector:
         kept = keys[: self.settings.max_processes]
         self._dropped_total += len(keys) - len(kept)
         self._exported = set(kept)
-        family = new_family(specs.GPU_PROCESS_HOST_CPU_SECONDS_TOTAL)
+        cpu = family(specs.GPU_PROCESS_HOST_CPU_SECONDS_TOTAL)
         for uuid, pid in kept:
             index, seconds = series[(uuid, pid)]
             pod = procfs_round.pid_pods.get(pid, PodRef("", "", ""))
-            add_value(family, [uuid, index, str(pid), pod.namespace, pod.pod, pod.container], seconds)
-        return family
+            cpu.add_metric([uuid, index, str(pid), pod.namespace, pod.pod, pod.container], seconds)
+        return cpu
 
     async def close(self) -> None:
         """Stop the pod-resources refresher and the procfs worker."""

@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING
 from exporter.attribution.podresources_proto import (
     LIST_METHOD,
     PodResources,
-    PodResourcesDecodeError,
     decode_list_response,
     encode_list_request,
 )
+from exporter.errors import PodResourcesDecodeError, PodResourcesError
 from gpupulse.clock import Clock, SystemClock
 
 if TYPE_CHECKING:
@@ -26,10 +26,6 @@ log = logging.getLogger(__name__)
 DEFAULT_SOCKET_PATH = "/var/lib/kubelet/pod-resources/kubelet.sock"
 # The kubelet's own limit for this API; a node with many pods answers with a few hundred KiB.
 _MAX_MESSAGE_BYTES = 16 * 1024 * 1024
-
-
-class PodResourcesError(Exception):
-    """The kubelet could not be asked (socket missing, RPC failed, answer undecodable)."""
 
 
 def _identity(data: bytes) -> bytes:

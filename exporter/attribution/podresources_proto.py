@@ -16,6 +16,8 @@ from typing import Any
 from google.protobuf import descriptor_pb2, descriptor_pool, json_format, message_factory
 from google.protobuf.message import DecodeError, Message
 
+from exporter.errors import PodResourcesDecodeError
+
 LIST_METHOD = "/v1.PodResourcesLister/List"
 SERVICE_NAME = "v1.PodResourcesLister"
 
@@ -66,10 +68,6 @@ def _build_pool() -> descriptor_pool.DescriptorPool:
 _POOL = _build_pool()
 _REQUEST_CLASS = message_factory.GetMessageClass(_POOL.FindMessageTypeByName("v1.ListPodResourcesRequest"))
 _RESPONSE_CLASS = message_factory.GetMessageClass(_POOL.FindMessageTypeByName("v1.ListPodResourcesResponse"))
-
-
-class PodResourcesDecodeError(Exception):
-    """The kubelet answered with bytes that are not a ListPodResourcesResponse."""
 
 
 @dataclass(frozen=True)

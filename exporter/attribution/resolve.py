@@ -6,8 +6,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from exporter.attribution.podresources_proto import PodResources
-from exporter.attribution.procfs import ProcessInfo
 from exporter.collectors.base import PodRef
+from exporter.host.procfs import ProcessInfo
 
 UNATTRIBUTED = PodRef(namespace="", pod="", container="")
 

@@ -1,9 +1,10 @@
 """The contract between the sampler and every collector.
 
 A collector is sampled by the sampler (never by a scrape) and returns prometheus_client metric
-families built from catalog specs. Collectors share what they learn about the node through
-NodeState: the device collector publishes the GPUs and their processes, the attribution collector
-publishes which pod owns which GPU and PID, and the engine collector reads both.
+families built from catalog specs (exporter.collectors.series.family). Collectors share what they
+learn about the node through NodeState: the device collector publishes the GPUs and their processes,
+the attribution collector publishes which pod owns which GPU and PID, and the engine collector reads
+both.
 """
 
 from __future__ import annotations
@@ -54,18 +55,6 @@ class NodeState:
     allocations: Mapping[str, Sequence[PodRef]] = field(default_factory=dict)
     # host PID -> pod that owns it (from /proc/<pid>/cgroup and pod-resources)
     pid_pods: Mapping[int, PodRef] = field(default_factory=dict)
-
-
-class CollectorError(Exception):
-    """A collector could not produce its families this round; it is reported, not fatal.
-
-    `families` carries what is still true despite the failure (e.g. allocations from the last
-    good kubelet answer): the sampler serves them while reporting the round as failed.
-    """
-
-    def __init__(self, message: str, families: Sequence[Metric] = ()) -> None:
-        super().__init__(message)
-        self.families: Sequence[Metric] = families
 
 
 class Collector(Protocol):

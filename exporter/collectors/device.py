@@ -8,12 +8,12 @@ from dataclasses import dataclass
 
 from prometheus_client.core import Metric
 
-from exporter import catalog as c
 from exporter.collectors.base import NodeState
 from exporter.collectors.gpus import GpuFleet, GpuSlot, Outcome, Tiered
 from exporter.collectors.series import Series, table
-from exporter.metricspec import MetricSpec
 from exporter.nvml import CLOCK_EVENT_REASONS, DeviceReading, SlowDeviceReading, read_device, read_device_slow
+from gpupulse.metrics import gpu as c
+from gpupulse.metrics.spec import MetricSpec
 
 # (spec, attribute of DeviceReading) for the plain per-GPU gauges and counters
 _VALUES: tuple[tuple[MetricSpec, str], ...] = (

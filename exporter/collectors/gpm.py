@@ -7,11 +7,11 @@ from functools import partial
 
 from prometheus_client.core import Metric
 
-from exporter import catalog as c
 from exporter.collectors.base import NodeState
 from exporter.collectors.gpus import GpuFleet
 from exporter.collectors.series import table
 from exporter.nvml import poll_gpm
+from gpupulse.metrics import gpu as c
 
 SPEC_BY_METRIC = {
     "sm_active": c.GPU_SM_ACTIVE,

@@ -11,7 +11,8 @@ from functools import partial
 from typing import Any, Generic, TypeVar
 
 from exporter.collectors.base import GpuRef
-from exporter.nvml import Device, GpuLostError, GpuWorker, Nvml, NvmlUnknownError, wake_loop
+from exporter.errors import GpuLostError, NvmlUnknownError
+from exporter.nvml import Device, GpuWorker, Nvml, wake_loop
 from gpupulse.clock import Clock
 
 log = logging.getLogger(__name__)

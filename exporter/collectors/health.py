@@ -6,12 +6,12 @@ from collections.abc import Sequence
 
 from prometheus_client.core import Metric
 
-from exporter import catalog as c
 from exporter.collectors.base import NodeState
 from exporter.collectors.gpus import GpuFleet, Tiered
 from exporter.collectors.series import table
 from exporter.collectors.xid import XidCounter
 from exporter.nvml import HealthReading, read_health
+from gpupulse.metrics import gpu as c
 
 
 class HealthCollector:

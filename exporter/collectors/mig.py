@@ -7,11 +7,11 @@ from dataclasses import replace
 
 from prometheus_client.core import Metric
 
-from exporter import catalog as c
 from exporter.collectors.base import GpuRef, NodeState
 from exporter.collectors.gpus import GpuFleet
 from exporter.collectors.series import table
 from exporter.nvml import Device, MigInstance, poll_mig_gpm, read_mig
+from gpupulse.metrics import gpu as c
 
 _GPM_SPECS = {
     "sm_active": c.GPU_MIG_SM_ACTIVE,

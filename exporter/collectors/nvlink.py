@@ -6,11 +6,11 @@ from collections.abc import Sequence
 
 from prometheus_client.core import Metric
 
-from exporter import catalog as c
 from exporter.collectors.base import NodeState
 from exporter.collectors.gpus import GpuFleet, GpuSlot, Tiered
 from exporter.collectors.series import Series, table
 from exporter.nvml import NvLinkState, nvlink_pairs, read_nvlink
+from gpupulse.metrics import gpu as c
 
 
 class NvLinkCollector:

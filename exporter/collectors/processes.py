@@ -7,11 +7,11 @@ from collections.abc import Sequence
 
 from prometheus_client.core import Metric
 
-from exporter import catalog as c
 from exporter.collectors.base import GpuProcess, NodeState, PodRef
 from exporter.collectors.gpus import GpuFleet
 from exporter.collectors.series import table
 from exporter.nvml import Device, ProcessReading, ProcessSample, read_processes
+from gpupulse.metrics import gpu as c
 
 _NO_POD = PodRef(namespace="", pod="", container="")
 

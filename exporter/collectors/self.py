@@ -9,10 +9,10 @@ from dataclasses import dataclass
 
 from prometheus_client.core import Metric
 
-from exporter import catalog as c
 from exporter.collectors.series import Series, table
 from exporter.config import exporter_version
 from exporter.nvml import BINDING_VERSION
+from gpupulse.metrics import exporter_self as c
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,7 @@
-"""Series whose exposition text is prepared once, and families that render straight from them.
+"""The one way the exporter builds a family from a MetricSpec, and the series it renders from.
+
+`family(spec)` gives a gauge, counter or info family; `histogram_family(spec)` a histogram family
+(engines pass histograms through as they read them). Every collector builds its families with these.
 
 Building ~1,400 prometheus_client samples per tick (a dict and a namedtuple each) and then turning
 them back into text cost more than the NVML calls themselves. A SeriesFamily instead keeps
@@ -10,14 +13,14 @@ only when a consumer asks for it (OTLP push, merging with a plug-in's family, te
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import cast
 
-from prometheus_client.core import Metric
+from prometheus_client.core import HistogramMetricFamily, Metric
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
-from exporter.metricspec import MetricSpec
+from gpupulse.metrics.spec import MetricSpec
 
 _go_float = cast(Callable[[float], str], floatToGoString)  # Go-style floats, as Prometheus prints
 _TABLE_MAX_SERIES = 50_000  # series churn (processes come and go): a table starts over past this
@@ -121,6 +124,10 @@ class SeriesFamily(Metric):
         self.rows.append(series)
         self.values.append(value)
 
+    def add_metric(self, labels: Sequence[str], value: float) -> None:
+        """Add one row by its label values, in the spec's label order."""
+        self.add(self.table.series(*labels), value)
+
     def __len__(self) -> int:
         return len(self.rows)
 
@@ -177,3 +184,15 @@ def table(spec: MetricSpec) -> SeriesTable:
     if found is None or found.spec is not spec:
         found = _TABLES[spec.name] = SeriesTable(spec)
     return found
+
+
+def family(spec: MetricSpec) -> SeriesFamily:
+    """An empty family of a gauge, counter or info spec for one round (info rows are gauges of 1)."""
+    return table(spec).family()
+
+
+def histogram_family(spec: MetricSpec) -> HistogramMetricFamily:
+    """An empty family of a histogram spec for one round."""
+    if spec.type != "histogram":
+        raise ValueError(f"{spec.name}: a {spec.type}, not a histogram")
+    return HistogramMetricFamily(spec.name, spec.help, labels=spec.labels)

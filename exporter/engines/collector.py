@@ -1,6 +1,8 @@
 """The `engines` collector: discover inference engines, scrape them concurrently, normalize, render.
 
 Plug-in contract for the exporter CLI: add_arguments(parser) and from_args(args) -> Collector | None.
+At about 500 lines it holds the round (discover, scrape, normalize, render) and its flags; the parts
+that stand alone already live beside it (exposition, scrape, targets, kube_pods, render, detect).
 """
 
 from __future__ import annotations
@@ -19,19 +21,21 @@ from urllib.parse import urlsplit
 import aiohttp
 from prometheus_client.core import Metric
 
-from exporter.collectors.base import CollectorError, NodeState
+from exporter.collectors.base import NodeState
 from exporter.collectors.blocking import ItemReader
-from exporter.engines import procfs
+from exporter.collectors.flags import add_procfs_argument
 from exporter.engines.derived import DerivedHistogram
 from exporter.engines.detect import NORMALIZERS, PREFIXES, WANTED, detect_kind
-from exporter.engines.exposition import LABEL_CACHE_MAX, Exposition, ExpositionError, ExpositionParser
+from exporter.engines.exposition import LABEL_CACHE_MAX, Exposition, ExpositionParser
 from exporter.engines.gpumap import engine_gpus
 from exporter.engines.kube_pods import KubePodSource
 from exporter.engines.reading import MIXED, ModelReading
 from exporter.engines.render import Budget, EndpointView, Families
-from exporter.engines.scrape import ScrapeError, fetch_page
+from exporter.engines.scrape import fetch_page
 from exporter.engines.settings import EngineSettings, KubeSettings
 from exporter.engines.targets import AUTO, StaticSource, Target
+from exporter.errors import CollectorError, ExpositionError, ScrapeError
+from exporter.host import procfs
 from gpupulse.clock import Clock, SystemClock
 from gpupulse.durations import duration_flag
 
@@ -386,12 +390,7 @@ class EnginesCollector:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the --engines.* flags (and the shared --path.procfs, once)."""
-    try:
-        from exporter.attribution.flags import add_procfs_argument
-    except ImportError:  # pragma: no cover - attribution ships in the same package
-        pass
-    else:
-        add_procfs_argument(parser)
+    add_procfs_argument(parser)
     d = EngineSettings()
     g = parser.add_argument_group("inference engines")
     g.add_argument(

@@ -1,5 +1,8 @@
 """Engine pages parsed line by line as they stream in: bounded, tolerant, and only what we map.
 
+About 500 lines because it is one streaming state machine (families, histogram grouping, caps) whose
+traps, listed below, are handled where the line is read.
+
 Why not prometheus_client's parser: it refuses the whole page for one bad line (a sidecar sharing
 the endpoint takes every engine family down), holds the whole text, and builds objects for every
 sample of every family. Here:
@@ -32,6 +35,8 @@ import sys
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
+from exporter.errors import ExpositionError
+
 Labels = Mapping[str, str]
 
 _RAY_PREFIX = re.compile(r"^(?:ray_)?(vllm|sglang)[:_]")
@@ -50,10 +55,6 @@ MAX_NAMED_PROBLEMS = 20  # names of malformed families kept for the log
 # page of ever-new label sets costs no more than the parse itself.
 LABEL_CACHE_MAX = 4096
 GARBAGE_LINES = 1000  # unreadable lines before the first family after which a page is given up
-
-
-class ExpositionError(Exception):
-    """The payload is not a Prometheus text exposition."""
 
 
 @dataclass(frozen=True)

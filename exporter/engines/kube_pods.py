@@ -34,6 +34,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from exporter.engines.detect import KINDS
 from exporter.engines.settings import KubeSettings
 from exporter.engines.targets import AUTO, Target
+from exporter.errors import Expired, KubeError
 from gpupulse.clock import Clock
 
 log = logging.getLogger(__name__)
@@ -79,14 +80,6 @@ def target_from_pod(pod: Mapping[str, Any]) -> Target | None:
         namespace=str(meta.get("namespace", "")),
         pod=str(meta.get("name", "")),
     )
-
-
-class KubeError(Exception):
-    """The pod list or watch could not be fetched or decoded."""
-
-
-class Expired(KubeError):
-    """410: the API server no longer has the resourceVersion; only a new LIST helps."""
 
 
 @dataclass

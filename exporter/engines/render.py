@@ -6,18 +6,13 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
+from prometheus_client.core import Metric
 
-from exporter.attribution.specs import SERIES_DROPPED_TOTAL
+from exporter.collectors.series import family, histogram_family
 from exporter.engines.reading import Histogram, ModelReading
-from exporter.engines.specs import ENDPOINT_LABELS, ENGINE_LABELS, ENGINE_METRICS
+from gpupulse.metrics import engines as spec
+from gpupulse.metrics.attribution import SERIES_DROPPED_TOTAL
 
-_HELP = {s.name: s.help for s in ENGINE_METRICS}
 COLLECTOR = "engines"
 
 
@@ -61,10 +56,6 @@ class Budget:
         return True
 
 
-def _gauge(name: str, labels: Sequence[str]) -> GaugeMetricFamily:
-    return GaugeMetricFamily(name, _HELP[name], labels=list(labels))
-
-
 def _hist_buckets(h: Histogram) -> list[tuple[str, float]]:
     return [("+Inf" if b == math.inf else repr(float(b)), v) for b, v in h.buckets]
 
@@ -83,51 +74,34 @@ class Families:
 
     def __init__(self, budget: Budget) -> None:
         self.budget = budget
-        el = [*ENGINE_LABELS]
-        self.up = _gauge("inference_engine_up", [*el, "endpoint"])
-        self.gpu_info = _gauge("inference_engine_gpu_info", el)
-        self.failures = CounterMetricFamily(
-            "inference_engine_scrape_failures_total",
-            _HELP["inference_engine_scrape_failures_total"],
-            labels=[*ENDPOINT_LABELS, "reason"],
-        )
-        self.duration = _gauge("inference_engine_scrape_duration_seconds", ENDPOINT_LABELS)
-        self.down_reason = _gauge("inference_engine_down_reason", [*ENDPOINT_LABELS, "reason"])
-        self.partial = CounterMetricFamily(
-            "inference_engine_scrape_partial_total",
-            _HELP["inference_engine_scrape_partial_total"],
-            labels=[*ENDPOINT_LABELS, "reason"],
-        )
-        self.hits = CounterMetricFamily(
-            "inference_kv_cache_hits_total", _HELP["inference_kv_cache_hits_total"], labels=[*el, "unit"]
-        )
-        self.queries = CounterMetricFamily(
-            "inference_kv_cache_queries_total",
-            _HELP["inference_kv_cache_queries_total"],
-            labels=[*el, "unit"],
-        )
-        self.hit_ratio = _gauge("inference_kv_cache_hit_ratio", el)
-        self.usage = _gauge("inference_kv_cache_usage_ratio", el)
-        self.running = _gauge("inference_requests_running", el)
-        self.waiting = _gauge("inference_requests_waiting", el)
-        self.batch = HistogramMetricFamily(
-            "inference_batch_latency_seconds", _HELP["inference_batch_latency_seconds"], labels=[*el, "phase"]
-        )
+        self.up = family(spec.ENGINE_UP)
+        self.gpu_info = family(spec.ENGINE_GPU_INFO)
+        self.failures = family(spec.ENGINE_SCRAPE_FAILURES_TOTAL)
+        self.duration = family(spec.ENGINE_SCRAPE_DURATION_SECONDS)
+        self.down_reason = family(spec.ENGINE_DOWN_REASON)
+        self.partial = family(spec.ENGINE_SCRAPE_PARTIAL_TOTAL)
+        self.hits = family(spec.KV_CACHE_HITS_TOTAL)
+        self.queries = family(spec.KV_CACHE_QUERIES_TOTAL)
+        self.hit_ratio = family(spec.KV_CACHE_HIT_RATIO)
+        self.usage = family(spec.KV_CACHE_USAGE_RATIO)
+        self.running = family(spec.REQUESTS_RUNNING)
+        self.waiting = family(spec.REQUESTS_WAITING)
+        self.batch = histogram_family(spec.BATCH_LATENCY_SECONDS)
         self.hists = {
-            key: HistogramMetricFamily(name, _HELP[name], labels=el)
-            for key, name in (
-                ("ttft", "inference_time_to_first_token_seconds"),
-                ("itl", "inference_inter_token_latency_seconds"),
-                ("e2e", "inference_request_latency_seconds"),
-                ("queue_time", "inference_request_queue_time_seconds"),
-                ("batch_tokens", "inference_batch_size_tokens"),
+            key: histogram_family(hist_spec)
+            for key, hist_spec in (
+                ("ttft", spec.TIME_TO_FIRST_TOKEN_SECONDS),
+                ("itl", spec.INTER_TOKEN_LATENCY_SECONDS),
+                ("e2e", spec.REQUEST_LATENCY_SECONDS),
+                ("queue_time", spec.REQUEST_QUEUE_TIME_SECONDS),
+                ("batch_tokens", spec.BATCH_SIZE_TOKENS),
             )
         }
-        self.batch_source = _gauge("inference_batch_latency_source_info", ("engine", "source", "proxy"))
+        self.batch_source = family(spec.BATCH_LATENCY_SOURCE_INFO)
         self._batch_sources: set[tuple[str, str, str]] = set()
         self._identities: set[tuple[str, ...]] = set()
         self.duplicates: list[str] = []
-        self.cold_start = _gauge("inference_cold_start_seconds", ("engine", "model", "namespace", "pod"))
+        self.cold_start = family(spec.COLD_START_SECONDS)
 
     def add(self, ep: EndpointView) -> None:
         """Add one endpoint's series, within its budget."""
@@ -194,9 +168,7 @@ class Families:
 
     def collect(self, dropped_total: float) -> list[Metric]:
         """All families, including the cumulative dropped-series counter."""
-        dropped = CounterMetricFamily(
-            SERIES_DROPPED_TOTAL.name, SERIES_DROPPED_TOTAL.help, labels=["collector"]
-        )
+        dropped = family(SERIES_DROPPED_TOTAL)
         dropped.add_metric([COLLECTOR], dropped_total)
         return [
             self.up,

@@ -7,18 +7,11 @@ import asyncio
 import aiohttp
 
 from exporter.engines.exposition import Exposition, ExpositionParser
+from exporter.errors import ScrapeError
 
 # Plain text: prometheus-client would switch to OpenMetrics for an openmetrics Accept header.
 _HEADERS = {"Accept": "text/plain;version=0.0.4;q=1,*/*;q=0.1"}
 _CHUNK_BYTES = 64 * 1024  # the parser runs between chunks, so no chunk holds the loop long
-
-
-class ScrapeError(Exception):
-    """A failed scrape; `reason` is the failure counter's label value."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
 
 
 async def fetch_page(

@@ -11,13 +11,10 @@ from urllib.parse import urlsplit
 import yaml
 
 from exporter.engines.detect import KINDS
+from exporter.errors import ConfigError
 
 AUTO = "auto"
 log = logging.getLogger(__name__)
-
-
-class ConfigError(Exception):
-    """The engines config file is unreadable or malformed."""
 
 
 @dataclass(frozen=True)

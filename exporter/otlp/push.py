@@ -17,12 +17,13 @@ from opentelemetry.sdk.metrics.export import MetricExportResult
 from opentelemetry.sdk.resources import Resource
 from prometheus_client.core import Metric
 
-from exporter.catalog import ALL_METRICS
 from exporter.config import exporter_version
-from exporter.metricspec import MetricSpec
+from exporter.errors import OtlpConfigError
 from exporter.otlp.convert import UCUM, to_metrics_data
 from gpupulse.clock import Clock, SystemClock
 from gpupulse.durations import duration_flag
+from gpupulse.metrics.catalog import EXPORTER_SPECS
+from gpupulse.metrics.spec import MetricSpec
 
 log = logging.getLogger(__name__)
 
@@ -34,10 +35,6 @@ SERVICE_INSTANCE_NAMESPACE = uuid.UUID("4d63009a-8d0f-11ee-aad7-4c796ed8e320")
 def catalog_units(specs: Sequence[MetricSpec]) -> dict[str, str]:
     """Family name (as prometheus_client names it: counters without _total) -> UCUM unit."""
     return {spec.name.removesuffix("_total"): UCUM[spec.unit] for spec in specs if spec.unit in UCUM}
-
-
-class OtlpConfigError(ValueError):
-    """A malformed --otlp.* flag."""
 
 
 @dataclass(frozen=True)
@@ -110,7 +107,7 @@ class OtlpPusher:
         )
         # OTEL_RESOURCE_ATTRIBUTES (e.g. k8s.cluster.name=east) adds to these; ours win on a clash
         self._resource = Resource.create(dict(resource_attributes(settings)))
-        self._units = catalog_units(ALL_METRICS)
+        self._units = catalog_units(EXPORTER_SPECS)
         self._start_ns = time.time_ns()  # start of every cumulative series that has no _created
         self._last_push: float | None = None
         self._in_flight = False

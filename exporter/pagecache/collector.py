@@ -12,16 +12,16 @@ from typing import Any
 
 from prometheus_client.core import Metric
 
-from exporter.attribution.families import add_value, new_family
-from exporter.attribution.flags import add_procfs_argument, collector_enabled, csv_list
-from exporter.attribution.procfs import DEFAULT_PROCFS, Procfs
 from exporter.collectors.base import NodeState
 from exporter.collectors.blocking import ItemReader
-from exporter.pagecache import specs
+from exporter.collectors.flags import add_procfs_argument, collector_enabled, csv_list
+from exporter.collectors.series import family
+from exporter.host.procfs import DEFAULT_PROCFS, Procfs
 from exporter.pagecache.discovery import ModelKey, PathSpec, configured_files, mapped_files
 from exporter.pagecache.sampler import BudgetSettings, ModelResidency, ResidencySampler, RoundStats
 from gpupulse.clock import Clock, SystemClock
 from gpupulse.durations import duration_flag
+from gpupulse.metrics import pagecache as specs
 
 NAME = "pagecache"
 log = logging.getLogger(__name__)
@@ -131,9 +131,9 @@ class PageCacheCollector:
         return wanted
 
     def _families(self, models: dict[ModelKey, ModelResidency]) -> list[Metric]:
-        ratio = new_family(specs.MODEL_WEIGHTS_PAGE_CACHE_RESIDENT_RATIO)
-        resident = new_family(specs.MODEL_WEIGHTS_RESIDENT_BYTES)
-        size = new_family(specs.MODEL_WEIGHTS_SIZE_BYTES)
+        ratio = family(specs.MODEL_WEIGHTS_PAGE_CACHE_RESIDENT_RATIO)
+        resident = family(specs.MODEL_WEIGHTS_RESIDENT_BYTES)
+        size = family(specs.MODEL_WEIGHTS_SIZE_BYTES)
         keys = sorted(models, key=lambda k: (k.namespace, k.pod, k.model))
         if len(keys) > self.settings.max_models:
             log.warning("page cache: %d models, exporting the first %d", len(keys), self.settings.max_models)
@@ -141,10 +141,10 @@ class PageCacheCollector:
         for key in keys:
             value = models[key]
             labels = [key.model, key.namespace, key.pod]
-            add_value(ratio, labels, value.resident_bytes / value.size_bytes if value.size_bytes else 0.0)
-            add_value(resident, labels, float(value.resident_bytes))
-            add_value(size, labels, float(value.size_bytes))
-        return [f for f in (ratio, resident, size) if f.samples]
+            ratio.add_metric(labels, value.resident_bytes / value.size_bytes if value.size_bytes else 0.0)
+            resident.add_metric(labels, float(value.resident_bytes))
+            size.add_metric(labels, float(value.size_bytes))
+        return [f for f in (ratio, resident, size) if len(f)]
 
     async def close(self) -> None:
         """Stop the worker threads; files are opened and unmapped within each item."""

@@ -7,8 +7,8 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from exporter.attribution.procfs import Procfs
 from exporter.collectors.base import PodRef
+from exporter.host.procfs import Procfs
 
 WEIGHT_SUFFIXES: tuple[str, ...] = (
     ".safetensors",

@@ -15,6 +15,8 @@ import os
 import stat
 from dataclasses import dataclass
 
+from exporter.errors import MincoreError
+
 PAGE_SIZE = mmap.PAGESIZE
 _CAP_FOWNER = 3
 # mincore's vector byte has bit 0 = resident; other bits are reserved, so mask them away.
@@ -35,10 +37,6 @@ _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _libc.mincore.restype = ctypes.c_int
 _libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
 _MAP_FAILED = ctypes.c_void_p(-1).value
-
-
-class MincoreError(OSError):
-    """mmap or mincore failed for a file."""
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,9 @@ import os
 from collections.abc import Mapping, Set
 from dataclasses import dataclass, field
 
+from exporter.errors import MincoreError
 from exporter.pagecache.discovery import ModelKey
-from exporter.pagecache.mincore import MincoreError, mincore_allowed, scan
+from exporter.pagecache.mincore import mincore_allowed, scan
 from gpupulse.clock import Clock
 
 log = logging.getLogger(__name__)

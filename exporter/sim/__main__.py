@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from exporter.sim.scenario import ScenarioError, list_scenarios, load_scenario
+from exporter.errors import ScenarioError
+from exporter.sim.scenario import list_scenarios, load_scenario
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,16 +12,13 @@ import itertools
 
 import pynvml as N
 
+from exporter.errors import InterventionError
 from exporter.sim.curve import Curve
 from exporter.sim.library import SimulatedNvml
 from exporter.sim.runtime import SimGpu
 
 # Sequence numbers of injected events sort after the scenario's own at the same instant
 _injected_seq = itertools.count(1 << 40)
-
-
-class InterventionError(ValueError):
-    """The process or GPU named does not exist in the simulation."""
 
 
 def _gpu(sim: SimulatedNvml, index: int) -> SimGpu:

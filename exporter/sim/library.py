@@ -10,6 +10,8 @@ from typing import Any
 
 import pynvml as N
 
+from exporter.errors import ReleasedError, SimAlreadyInstalledError
+
 # Importing the symbol modules fills the registry
 from exporter.sim import (
     sym_device,
@@ -31,8 +33,8 @@ from exporter.sim.registry import (
     Symbol,
     pointer_value,
 )
-from exporter.sim.runtime import ReleasedError, SimGpu, SimState
-from exporter.sim.scenario import Scenario
+from exporter.sim.runtime import SimGpu, SimState
+from exporter.sim.scenario_types import Scenario
 from gpupulse.clock import Clock
 
 _SYMBOL_MODULES = (
@@ -54,10 +56,6 @@ PYNVML_PRIVATE_NAMES = (*PATCHED_NAMES, "_nvmlGetFunctionPointer_cache", "libLoa
 
 _install_lock = threading.Lock()
 _installed: SimulatedNvml | None = None
-
-
-class SimAlreadyInstalledError(RuntimeError):
-    """Another SimulatedNvml is installed; uninstall it first."""
 
 
 class _FakeLib:

@@ -9,9 +9,10 @@ from bisect import bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from exporter.errors import ReleasedError
 from exporter.sim.clock import ManualClock, RealClock
 from exporter.sim.curve import Curve
-from exporter.sim.scenario import (
+from exporter.sim.scenario_types import (
     INF,
     FaultSpec,
     GpuSpec,
@@ -31,10 +32,6 @@ GPM_SAMPLE_BASE = 0x5A00_0000
 PROCESS_SAMPLE_PERIOD_SECONDS = 1.0 / 6.0
 # Longest real-time sleep inside one wait step, so clocks that never notify still make progress
 _MAX_WAIT_STEP_SECONDS = 0.25
-
-
-class ReleasedError(Exception):
-    """The simulation was uninstalled while a call was blocked in it."""
 
 
 class _Series:

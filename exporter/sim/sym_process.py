@@ -18,7 +18,7 @@ from exporter.sim.registry import (
     out,
 )
 from exporter.sim.runtime import PROCESS_SAMPLE_PERIOD_SECONDS, Device, SimGpu, SimState
-from exporter.sim.scenario import ProcessSpec
+from exporter.sim.scenario_types import ProcessSpec
 
 _NO_INSTANCE = 0xFFFFFFFF
 

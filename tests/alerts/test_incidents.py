@@ -37,9 +37,9 @@ from aiohttp import web
 from alerts.generate import render_rules
 from alerts.rules.promql import metric_names
 from alerts.rules.recording import HARD_LIMIT
-from exporter.engines.sim_spec import load_engines
-from exporter.pagecache.scenario import PageCacheScenario, parse_section
 from exporter.sim import load_scenario
+from exporter.sim.engine_spec import load_engines
+from exporter.sim.pagecache import PageCacheScenario, parse_section
 from exporter.sim.scenario import ProcessSpec
 from tests.alerts.panel_queries import CONTROLLER_DASHBOARDS, has_data, panel_queries
 from tests.alerts.ruleset import ROOT, TESTS_DIR

@@ -30,6 +30,7 @@ EXPECTED_CONTRACTS = {
     "report-on-kernel",
     "remediation-layers",
     "remediation-decide-pure",
+    "exporter-layers",
 }
 # (contract id, module planted in the copy, the forbidden import it holds)
 PLANTED = [
@@ -48,6 +49,12 @@ PLANTED = [
     ("remediation-layers", "remediation/transitions/_planted.py", "import remediation.engine"),
     ("remediation-layers", "remediation/decide/_planted.py", "import remediation.server"),
     ("remediation-decide-pure", "remediation/decide/_planted.py", "import remediation.ledger"),
+    # exporter: a host reader above the collectors, two plug-ins that know each other, a collector
+    # that drives the sampler, the simulated NVML built on the seam it replaces
+    ("exporter-layers", "exporter/host/_planted.py", "import exporter.collectors.base"),
+    ("exporter-layers", "exporter/engines/_planted.py", "from exporter.attribution import resolve"),
+    ("exporter-layers", "exporter/collectors/_planted.py", "import exporter.sampler"),
+    ("exporter-layers", "exporter/sim/_planted.py", "import exporter.nvml"),
 ]
 
 

@@ -9,7 +9,7 @@ from typing import Any
 from prometheus_client.core import Metric
 from prometheus_client.samples import Sample
 
-from exporter.sim.scenario import ProcessSpec
+from exporter.sim.scenario_types import ProcessSpec
 from tests.fakes.kubelet import pod_uid
 
 CLOCK_TICKS = 100

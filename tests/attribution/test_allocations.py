@@ -8,9 +8,9 @@ import grpc
 import pytest
 
 from exporter.attribution.collector import AttributionCollector, AttributionSettings
-from exporter.attribution.families import PartialCollectorError
-from exporter.attribution.kubelet import PodResourcesClient, PodResourcesError
-from exporter.collectors.base import CollectorError, GpuRef, NodeState, PodRef
+from exporter.attribution.kubelet import PodResourcesClient
+from exporter.collectors.base import GpuRef, NodeState, PodRef
+from exporter.errors import CollectorError, PartialCollectorError, PodResourcesError
 from tests.attribution.conftest import GPU_UUIDS, MIG_UUIDS
 from tests.attribution.helpers import label_rows
 from tests.fakes.kubelet import FakeKubelet, pod

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from exporter.attribution.collector import AttributionCollector, AttributionSettings
-from exporter.attribution.procfs import Procfs
 from exporter.collectors.base import GpuProcess, GpuRef, NodeState
+from exporter.host.procfs import Procfs
 from tests.attribution.conftest import GPU_UUIDS
 from tests.attribution.helpers import (
     CLOCK_TICKS,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.attribution.cgroup import CgroupIdentity, parse_cgroup
+from exporter.host.cgroup import CgroupIdentity, parse_cgroup
 from tests.attribution.helpers import (
     cgroup_host,
     cgroup_v1_cgroupfs,

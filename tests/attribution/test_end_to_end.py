@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from exporter.attribution.collector import AttributionCollector, AttributionSettings
-from exporter.attribution.procfs import Procfs
+from exporter.host.procfs import Procfs
 from tests.attribution.conftest import SHARED_GPUS as SCENARIO
 from tests.attribution.helpers import ProcfsTree, procfs_from_scenario
 from tests.exporter.harness import simulated_exporter

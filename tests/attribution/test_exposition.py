@@ -15,12 +15,12 @@ from prometheus_client.registry import Collector as RegistryCollector
 from prometheus_client.registry import CollectorRegistry
 
 from exporter.attribution.collector import AttributionCollector, AttributionSettings
-from exporter.attribution.procfs import Procfs
-from exporter.attribution.specs import ATTRIBUTION_METRICS
-from exporter.catalog import validate
 from exporter.collectors.base import GpuProcess, GpuRef, NodeState
+from exporter.host.procfs import Procfs
 from exporter.pagecache.collector import PageCacheCollector, PageCacheSettings
-from exporter.pagecache.specs import PAGECACHE_METRICS
+from gpupulse.metrics.attribution import ATTRIBUTION_METRICS
+from gpupulse.metrics.pagecache import PAGECACHE_METRICS
+from gpupulse.metrics.spec import validate
 from tests.attribution.conftest import GPU_UUIDS
 from tests.attribution.helpers import ProcfsTree, cgroup_v2_systemd
 from tests.fakes.kubelet import FakeKubelet, pod

@@ -16,8 +16,9 @@ from prometheus_client.core import (
     SummaryMetricFamily,
 )
 
+from exporter.errors import OtlpConfigError
 from exporter.otlp import push as otlp_push
-from exporter.otlp.push import OtlpConfigError, OtlpPusher, OtlpSettings, parse_headers
+from exporter.otlp.push import OtlpPusher, OtlpSettings, parse_headers
 from tests.fakes.otlp import FakeOtlpReceiver
 
 

@@ -13,11 +13,11 @@ import pytest
 from prometheus_client.core import Metric
 
 import exporter.pagecache.collector as collection_module
-from exporter.attribution.procfs import Procfs
 from exporter.collectors.base import GpuProcess, NodeState, PodRef
+from exporter.host.procfs import Procfs
 from exporter.pagecache.collector import PageCacheCollector, PageCacheSettings
 from exporter.pagecache.discovery import PathSpec, model_name
-from exporter.pagecache.scenario import PageCacheScenario, parse_section
+from exporter.sim.pagecache import PageCacheScenario, parse_section
 from tests.attribution.conftest import GPU_UUIDS
 from tests.attribution.helpers import ProcfsTree, cgroup_v2_systemd, samples
 
@@ -300,7 +300,7 @@ async def test_a_page_cache_section_names_its_file_and_is_evicted_again_and_agai
     ],
 )
 def test_a_bad_page_cache_entry_is_refused(entry: dict[str, Any], words: str) -> None:
-    from exporter.pagecache.scenario import PageCacheScenarioError
+    from exporter.errors import PageCacheScenarioError
 
     with pytest.raises(PageCacheScenarioError, match=words):
         parse_section([entry])

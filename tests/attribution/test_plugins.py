@@ -6,11 +6,11 @@ import argparse
 from pathlib import Path
 
 from exporter.attribution import collector as attribution
-from exporter.attribution.procfs import Procfs
-from exporter.attribution.specs import ATTRIBUTION_METRICS
 from exporter.collectors.base import GpuProcess, NodeState
+from exporter.host.procfs import Procfs
 from exporter.pagecache import collector as pagecache
-from exporter.pagecache.specs import PAGECACHE_METRICS
+from gpupulse.metrics.attribution import ATTRIBUTION_METRICS
+from gpupulse.metrics.pagecache import PAGECACHE_METRICS
 from tests.attribution.helpers import samples
 
 

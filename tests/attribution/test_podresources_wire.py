@@ -9,10 +9,10 @@ from exporter.attribution.podresources_proto import (
     ContainerDevices,
     ContainerResources,
     PodResources,
-    PodResourcesDecodeError,
     decode_list_response,
     encode_list_response,
 )
+from exporter.errors import PodResourcesDecodeError
 
 
 def _ld(field: int, payload: bytes) -> bytes:

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from exporter.attribution.collector import AttributionCollector, AttributionSettings
-from exporter.attribution.procfs import ProcessInfo, Procfs
 from exporter.collectors.base import GpuProcess, GpuRef, NodeState, PodRef
+from exporter.host.procfs import ProcessInfo, Procfs
 from tests.attribution.conftest import GPU_UUIDS, MIG_UUIDS
 from tests.attribution.helpers import (
     CLOCK_TICKS,

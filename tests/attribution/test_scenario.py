@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import Any
 
 from exporter.attribution.collector import AttributionCollector, AttributionSettings
-from exporter.attribution.procfs import Procfs
 from exporter.collectors.base import GpuProcess, GpuRef, NodeState, PodRef
+from exporter.host.procfs import Procfs
 from tests.attribution.conftest import SHARED_GPUS as SCENARIO
 from tests.attribution.helpers import ProcfsTree, label_rows, procfs_from_scenario
 from tests.fakes.kubelet import FakeKubelet, pods_from_scenario

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pynvml as N
 import pytest
 
+from exporter.errors import InterventionError
 from exporter.sim import ManualClock, SimulatedNvml
 from exporter.sim.interventions import (
-    InterventionError,
     delay_processes,
     inject_xid,
     move_process,

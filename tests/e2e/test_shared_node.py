@@ -3,7 +3,7 @@
 The shipped scenario `shared-node` drives everything: the simulated NVML (GPUs and processes), the fake
 kubelet and the fake /proc (its `pods` section), a simulated vLLM engine served in-process on the same
 manual clock (its `engines` section) and a real weight file whose pages are evicted at the scenario's
-time (its `page_cache` section, played by exporter/pagecache/scenario.py). The plug-ins are built from
+time (its `page_cache` section, played by exporter/sim/pagecache.py). The plug-ins are built from
 the exporter's own command-line parser, so the flags are the ones an operator would type.
 """
 
@@ -26,14 +26,14 @@ from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from exporter import registry
 from exporter.cli import build_parser
-from exporter.collectors import registry
 from exporter.collectors.base import Collector
-from exporter.engines.sim_spec import load_engines
-from exporter.engines.simulated import SimEngine
-from exporter.engines.simulated import serve as serve_engine
-from exporter.pagecache.scenario import PageCacheScenario, parse_section
 from exporter.server import make_app
+from exporter.sim.engine_spec import load_engines
+from exporter.sim.engines import SimEngine
+from exporter.sim.engines import serve as serve_engine
+from exporter.sim.pagecache import PageCacheScenario, parse_section
 from tests.attribution.helpers import ProcfsTree, procfs_from_scenario
 from tests.exporter.harness import Harness, simulated_exporter
 from tests.fakes.kubelet import FakeKubelet

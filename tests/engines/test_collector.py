@@ -13,8 +13,8 @@ from exporter.collectors.base import GpuProcess, GpuRef, NodeState, PodRef
 from exporter.engines.collector import EnginesCollector
 from exporter.engines.exposition import parse_exposition
 from exporter.engines.settings import EngineSettings
-from exporter.engines.specs import ENGINE_METRICS
 from exporter.engines.targets import Target
+from gpupulse.metrics.engines import ENGINE_METRICS
 
 from .conftest import FakeClock, ListSource, free_port, render_text, samples, value
 

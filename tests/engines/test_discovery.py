@@ -11,7 +11,8 @@ import pytest
 
 from exporter.engines.kube_pods import KubePodSource, target_from_pod
 from exporter.engines.settings import KubeSettings
-from exporter.engines.targets import ConfigError, StaticSource, Target, load_config
+from exporter.engines.targets import StaticSource, Target, load_config
+from exporter.errors import ConfigError
 from tests.fakes.kube_api import FakeKubeAPI, parse_bool
 
 from .conftest import FakeClock

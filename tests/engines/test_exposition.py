@@ -10,7 +10,8 @@ import tracemalloc
 import pytest
 
 from exporter.engines.detect import NORMALIZERS, PREFIXES, WANTED, detect_kind
-from exporter.engines.exposition import ExpositionError, ExpositionParser, parse_exposition
+from exporter.engines.exposition import ExpositionParser, parse_exposition
+from exporter.errors import ExpositionError
 
 from .conftest import load_fixture
 

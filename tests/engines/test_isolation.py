@@ -13,10 +13,10 @@ from aiohttp import web
 
 from exporter.collectors.base import NodeState
 from exporter.config import ExporterSettings
-from exporter.engines import procfs
 from exporter.engines.collector import EnginesCollector
 from exporter.engines.settings import EngineSettings
 from exporter.engines.targets import Target
+from exporter.host import procfs
 from exporter.sampler import Sampler
 from tests.exporter.clocks import StepClock
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from exporter.collectors.base import NodeState
-from exporter.engines import procfs
 from exporter.engines.collector import EnginesCollector
 from exporter.engines.settings import EngineSettings
 from exporter.engines.targets import Target
+from exporter.host import procfs
 
 from .conftest import FIXTURES, FakeClock, ListSource, samples, value
 

@@ -22,10 +22,10 @@ from prometheus_client.registry import CollectorRegistry
 from exporter.collectors.base import NodeState
 from exporter.engines.collector import EnginesCollector
 from exporter.engines.settings import EngineSettings
-from exporter.engines.sim_spec import parse_engines
-from exporter.engines.simulated import SimEngine, serve
 from exporter.engines.targets import Target
 from exporter.sim.clock import RealClock
+from exporter.sim.engine_spec import parse_engines
+from exporter.sim.engines import SimEngine, serve
 
 from .conftest import ListSource, free_port
 

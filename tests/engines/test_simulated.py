@@ -15,11 +15,12 @@ from exporter.collectors.base import NodeState
 from exporter.engines.collector import EnginesCollector
 from exporter.engines.exposition import parse_exposition
 from exporter.engines.settings import EngineSettings
-from exporter.engines.sim_spec import SimSpecError, load_engines, parse_engines
-from exporter.engines.simulated import SimEngine, serve
 from exporter.engines.targets import Target
 from exporter.engines.vllm import normalize
+from exporter.errors import SimSpecError
 from exporter.sim.clock import ManualClock
+from exporter.sim.engine_spec import load_engines, parse_engines
+from exporter.sim.engines import SimEngine, serve
 
 from .conftest import FakeClock, ListSource, value
 
@@ -102,7 +103,7 @@ def _render(engine: SimEngine) -> str:
     from prometheus_client.exposition import generate_latest
     from prometheus_client.registry import CollectorRegistry
 
-    from exporter.engines.simulated import _Registry
+    from exporter.sim.engines import _Registry
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Registry(engine))
@@ -140,7 +141,7 @@ async def test_simulated_engine_scraped_end_to_end_with_cold_start(scenario: Pat
 
 @pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs Linux procfs")
 async def test_real_procfs_finds_the_process_serving_a_port(scenario: Path) -> None:
-    from exporter.engines import procfs
+    from exporter.host import procfs
 
     runner, port = await serve(SimEngine(load_engines(str(scenario))[0], ManualClock()), "127.0.0.1", 0)
     try:
@@ -153,7 +154,7 @@ async def test_real_procfs_finds_the_process_serving_a_port(scenario: Path) -> N
 @pytest.mark.integration
 async def test_console_script_prints_its_port_and_serves(scenario: Path) -> None:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", "from exporter.engines.simulated import main; main()",
+        sys.executable, "-c", "from exporter.sim.engines import main; main()",
         "--scenario", str(scenario), "--engine", "mistral", "--listen", "127.0.0.1:0", "--speed", "10",
         stdout=subprocess.PIPE,
     )  # fmt: skip

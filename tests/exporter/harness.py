@@ -12,10 +12,10 @@ from pathlib import Path
 
 from exporter.collectors.base import Collector
 from exporter.collectors.gpus import GpuFleet
-from exporter.collectors.registry import BUILTINS, BuiltinContext
 from exporter.collectors.xid import XidCounter
 from exporter.config import ExporterSettings
 from exporter.nvml import Nvml, XidWatcher
+from exporter.registry import BUILTINS, BuiltinContext
 from exporter.sampler import Sampler
 from exporter.sim import ManualClock, SimulatedNvml, install, load_scenario
 from exporter.sim.scenario import Scenario
@@ -47,8 +47,9 @@ class Harness:
                 n += 1
         return n
 
-    async def settle_xids(self, timeout_seconds: float = 5.0) -> None:
-        """Wait until the event thread has handed over every XID due by now."""
+    async def settle_xids(self, timeout_seconds: float = 30.0) -> None:
+        """Wait until the event thread has handed over every XID due by now (the bound only ends a
+        broken run: on a machine under load the thread took more than 5 s to be scheduled)."""
         deadline = time.monotonic() + timeout_seconds
         want = self.expected_xids()
         while sum(self.xids.counts().values()) < want:

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter import catalog
+from gpupulse.metrics import catalog
+from gpupulse.metrics.spec import MetricSpec, validate
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).parent / "golden"
@@ -17,12 +18,12 @@ NOT_IN_GOLDEN = {"gpu_fan_speed_ratio"}
 
 
 def test_catalog_follows_naming_conventions() -> None:
-    assert catalog.validate(catalog.ALL_METRICS) == []
+    assert validate(catalog.ALL_SPECS) == []
 
 
 def test_validate_catches_bad_names() -> None:
-    bad = catalog.MetricSpec("gpu_thing", "counter", "bytes", ("gpu",), "", "device")
-    problems = catalog.validate([bad, bad])
+    bad = MetricSpec("gpu_thing", "counter", "bytes", ("gpu",), "", "device")
+    problems = validate([bad, bad])
     assert any("declared twice" in p for p in problems)
     assert any("end in _total" in p for p in problems)
     assert any("unit bytes" in p for p in problems)
@@ -32,18 +33,46 @@ def test_validate_catches_bad_names() -> None:
 
 def test_catalog_main_prints_the_markdown(capsys: pytest.CaptureFixture[str]) -> None:
     assert catalog.main(["--markdown"]) == 0
-    assert capsys.readouterr().out == catalog.markdown(catalog.ALL_METRICS)
+    assert capsys.readouterr().out == catalog.markdown(catalog.ALL_SPECS)
     assert catalog.main([]) == 0
 
 
-def test_all_metrics_include_the_plugin_specs_that_exist() -> None:
-    names = {s.name for s in catalog.ALL_METRICS}
-    for module, attribute in catalog._PLUGIN_SPECS:
-        try:
-            specs = getattr(__import__(module, fromlist=[attribute]), attribute)
-        except ImportError:
-            continue
-        assert {s.name for s in specs} <= names
+def test_all_specs_hold_every_part_and_the_controller() -> None:
+    parts = {s.collector for s in catalog.ALL_SPECS}
+    assert parts == {
+        "device",
+        "gpm",
+        "health",
+        "nvlink",
+        "processes",
+        "mig",
+        "self",
+        "engines",
+        "attribution",
+        "pagecache",
+        "controller",
+    }
+    assert set(catalog.CONTROLLER_SPECS).isdisjoint(catalog.EXPORTER_SPECS)
+
+
+def test_controller_registry_exports_exactly_its_specs() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from remediation.metrics import RemediationMetrics
+
+    registry = CollectorRegistry()
+    RemediationMetrics(registry)
+    exported = {
+        (f.name + "_total" if f.type == "counter" else f.name, f.type, f.documentation)
+        for f in registry.collect()
+    }
+    assert exported == {(s.name, s.type, s.help) for s in catalog.CONTROLLER_SPECS}
+
+
+def test_validate_catches_buckets_outside_histograms() -> None:
+    bad = MetricSpec("x_seconds", "gauge", "seconds", (), "h", "self", buckets=(1.0,))
+    unsorted = MetricSpec("y_seconds", "histogram", "seconds", (), "h", "self", buckets=(2.0, 1.0))
+    assert len(validate([bad, unsorted])) == 2
 
 
 def _golden_types() -> dict[str, str]:
@@ -55,7 +84,7 @@ def _golden_types() -> dict[str, str]:
 
 
 def test_every_exported_family_is_in_the_catalog_with_its_type() -> None:
-    specs = {s.name: s for s in catalog.ALL_METRICS}
+    specs = {s.name: s for s in catalog.ALL_SPECS}
     for name, kind in _golden_types().items():
         assert name in specs, f"{name} is exported but not in the catalog"
         expected = {"info": "gauge"}.get(specs[name].type, specs[name].type)
@@ -64,5 +93,5 @@ def test_every_exported_family_is_in_the_catalog_with_its_type() -> None:
 
 def test_every_core_family_appears_in_some_golden_file() -> None:
     exported = set(_golden_types())
-    missing = {s.name for s in catalog.CORE_METRICS} - exported - NOT_IN_GOLDEN
+    missing = {s.name for s in catalog.CORE_SPECS} - exported - NOT_IN_GOLDEN
     assert missing == set()

@@ -19,7 +19,8 @@ import pytest
 
 from exporter import cli
 from exporter.config import DEFAULT_PORT
-from exporter.nvml import Nvml, NvmlInitError
+from exporter.errors import NvmlInitError
+from exporter.nvml import Nvml
 
 ROOT = Path(__file__).resolve().parents[2]
 

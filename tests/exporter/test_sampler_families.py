@@ -9,8 +9,9 @@ from collections.abc import Sequence
 import pytest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from exporter.collectors.base import CollectorError, NodeState
+from exporter.collectors.base import NodeState
 from exporter.config import ExporterSettings
+from exporter.errors import CollectorError
 from exporter.sampler import Sampler
 from tests.exporter.clocks import StepClock
 

@@ -10,8 +10,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from exporter.collectors.series import SeriesTable
-from exporter.metricspec import MetricSpec
 from exporter.snapshot import render
+from gpupulse.metrics.spec import MetricSpec
 
 GAUGE = MetricSpec("gpu_test_ratio", "gauge", "ratio", ("uuid", "note"), "A test gauge.", "device")
 COUNTER = MetricSpec("gpu_test_events_total", "counter", "", ("uuid",), "A test counter.", "health")

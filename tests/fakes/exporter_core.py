@@ -7,7 +7,8 @@ from collections.abc import Sequence
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from exporter.collectors.base import CollectorError, NodeState
+from exporter.collectors.base import NodeState
+from exporter.errors import CollectorError
 
 
 class FakeCollector:

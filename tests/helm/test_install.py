@@ -152,8 +152,7 @@ def test_exporter_args_are_accepted_by_the_exporter(inst: Installed) -> None:
     unknown = _flag_names(args) - _help_flags("exporter.cli")
     assert unknown == set()
     # and the real parser takes them, values included (durations, choices)
-    from exporter import cli
-    from exporter.collectors import registry
+    from exporter import cli, registry
     from gpupulse.durations import parse_flag_duration
 
     off = cli.switched_off(args, {})

@@ -5,14 +5,8 @@ from __future__ import annotations
 import pynvml as N
 import pytest
 
-from exporter.sim import (
-    ManualClock,
-    SimAlreadyInstalledError,
-    implemented_symbols,
-    install,
-    installed,
-    load_scenario,
-)
+from exporter.errors import SimAlreadyInstalledError
+from exporter.sim import ManualClock, implemented_symbols, install, installed, load_scenario
 from exporter.sim.library import RESTORED_NAMES, pynvml_private_names_present
 
 REQUIRED_SYMBOLS = """

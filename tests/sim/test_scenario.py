@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from exporter.sim import ScenarioError, list_scenarios, load_scenario
+from exporter.errors import ScenarioError
+from exporter.sim import list_scenarios, load_scenario
 from exporter.sim.scenario import parse_scenario
 
 SHIPPED = ["basic", "mixed-fleet", "mig", "faults", "thermal", "leak", "demo", "large"]

@@ -1,11 +1,11 @@
-"""Flags shared by the attribution and pagecache plug-ins."""
+"""Flag helpers shared by the plug-in collectors: --path.procfs (once), comma lists, --collector.<name>."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
 
-from exporter.attribution.procfs import DEFAULT_PROCFS
+from exporter.host.procfs import DEFAULT_PROCFS
 
 
 def add_procfs_argument(parser: argparse.ArgumentParser) -> None:

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import yaml
-
+from exporter.errors import SimSpecError
 from exporter.sim.curve import Curve
+from exporter.sim.scenario import load_scenario
 
 SIM_KINDS = ("vllm", "sglang", "tgi")
 CURVE_DEFAULTS: Mapping[str, float] = {
@@ -37,10 +36,6 @@ CURVE_DEFAULTS: Mapping[str, float] = {
     "batch_latency_p50": 0.025,
     "batch_latency_p99": 0.06,
 }
-
-
-class SimSpecError(ValueError):
-    """The engines section is malformed."""
 
 
 @dataclass(frozen=True)
@@ -105,8 +100,4 @@ def parse_engines(section: Any) -> list[SimEngineSpec]:
 
 def load_engines(name_or_path: str) -> list[SimEngineSpec]:
     """The engines of a scenario; the NVML sections are validated by the scenario loader when present."""
-    try:
-        from exporter.sim.scenario import load_scenario
-    except ImportError:  # pragma: no cover - the scenario loader ships with the package
-        return parse_engines((yaml.safe_load(Path(name_or_path).read_text()) or {}).get("engines"))
     return parse_engines(load_scenario(name_or_path).extra.get("engines"))

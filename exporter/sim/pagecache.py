@@ -18,7 +18,7 @@ scenario times the file is evicted (fsync + posix_fadvise DONTNEED) or read back
 (The kernel may drop a few MiB of a freshly written file within a second; `keep_warm` holds it at
 100 % until the eviction, so a "was >= 95 %" condition sees it.)
 
-Run: python -m exporter.pagecache.scenario SCENARIO --work-dir .work/pagecache [--speed 1]
+Run: python -m exporter.sim.pagecache SCENARIO --work-dir .work/pagecache [--speed 1]
 """
 
 from __future__ import annotations
@@ -33,13 +33,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from exporter.errors import PageCacheScenarioError
+
 _MIB = 1 << 20
 _UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
 _SIZE = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB)\s*$")
-
-
-class PageCacheScenarioError(ValueError):
-    """The `page_cache` section is malformed."""
 
 
 @dataclass(frozen=True)

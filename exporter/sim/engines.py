@@ -20,8 +20,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from exporter.engines.sim_spec import SimEngineSpec, load_engines
 from exporter.sim.clock import RealClock
+from exporter.sim.engine_spec import SimEngineSpec, load_engines
 from gpupulse.clock import Clock
 
 _STEP_SECONDS = 1.0

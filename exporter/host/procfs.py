@@ -1,15 +1,92 @@
-"""Engine processes seen through procfs: PID behind a listening port, process tree, start time.
+"""The one procfs reader: processes, their pods, CPU, maps, sockets, parents and start times.
 
-All functions are blocking; the collector runs them in a thread. The procfs root is configurable so
-tests use a fixture tree and a containerised exporter can read the host's /proc mounted elsewhere.
+Everything here is blocking; collectors call it in a thread. The procfs root is configurable, so
+tests use a fixture tree and a containerised exporter reads the host's /proc mounted elsewhere.
+`Procfs` serves attribution and the page cache (/proc/<pid>/{cgroup,stat,maps,root}); the functions
+below it serve the engines collector (the PID behind a listening port, the process tree, start time).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
+from exporter.host.cgroup import CgroupIdentity, parse_cgroup
+
+DEFAULT_PROCFS = "/proc"
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    pid: int
+    cgroup_readable: bool  # False: process gone or procfs not ours (no hostPID); pod unknown
+    identity: CgroupIdentity | None  # None with cgroup_readable: a process outside any pod
+    cpu_seconds: float | None  # utime + stime
+
+
+class Procfs:
+    """One procfs tree: the host's /proc, or a fixture tree in tests."""
+
+    def __init__(self, root: str = DEFAULT_PROCFS, clock_ticks_per_second: int | None = None) -> None:
+        self.root = root
+        self._ticks = float(clock_ticks_per_second or os.sysconf("SC_CLK_TCK"))
+
+    def _read(self, pid: int, name: str) -> str | None:
+        try:
+            with open(os.path.join(self.root, str(pid), name), encoding="utf-8", errors="replace") as f:
+                return f.read()
+        except OSError:
+            return None
+
+    def process(self, pid: int) -> ProcessInfo:
+        """Cgroup identity and CPU seconds of one process; missing parts are None."""
+        text = self._read(pid, "cgroup")
+        return ProcessInfo(
+            pid=pid,
+            cgroup_readable=text is not None,
+            identity=parse_cgroup(text) if text is not None else None,
+            cpu_seconds=self.cpu_seconds(pid),
+        )
+
+    def cpu_seconds(self, pid: int) -> float | None:
+        """User + system CPU seconds of all threads of the process, from /proc/<pid>/stat."""
+        text = self._read(pid, "stat")
+        if text is None:
+            return None
+        fields = stat_fields(text)
+        try:
+            return (int(fields[11]) + int(fields[12])) / self._ticks  # fields 14 and 15: utime, stime
+        except (IndexError, ValueError):
+            return None
+
+    def mapped_files(self, pid: int) -> set[str]:
+        """Paths of files the process has mapped (as the process sees them)."""
+        text = self._read(pid, "maps")
+        if text is None:
+            return set()
+        paths = set()
+        for line in text.splitlines():
+            # address perms offset dev inode pathname; the path may contain spaces.
+            parts = line.split(maxsplit=5)
+            if len(parts) == 6 and parts[5].startswith("/"):
+                paths.add(parts[5].removesuffix(" (deleted)"))
+        return paths
+
+    def host_path(self, pid: int, path: str) -> str:
+        """Where a path the process sees can be opened from here (through its mount namespace)."""
+        via_root = os.path.join(self.root, str(pid), "root", path.lstrip("/"))
+        return via_root if os.path.exists(via_root) else path
+
+
+def stat_fields(text: str) -> list[str]:
+    """The fields of a /proc/<pid>/stat line from field 3 (state) on."""
+    # comm (field 2) may contain spaces and parentheses; fields resume after the last ')'.
+    return text[text.rfind(")") + 2 :].split()
+
+
+# ---- engines: the process behind a port, its tree and start time (procfs root as a Path) ----------
 _LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp's `st` column
 
 
@@ -80,8 +157,7 @@ def _stat_fields(procfs: Path, pid: int) -> list[str] | None:
         raw = (procfs / str(pid) / "stat").read_text()
     except OSError:
         return None
-    # comm may contain spaces and parentheses: split after the last ')'.
-    return raw[raw.rfind(")") + 2 :].split()
+    return stat_fields(raw)
 
 
 def parent_map(procfs: Path) -> dict[int, int]:

@@ -1,0 +1,191 @@
+"""The typed, precomputed form of a scenario file: what the simulation runs on (its error: exporter.errors).
+
+exporter.sim.scenario parses YAML into these; the simulation's runtime and symbols read them. They
+import nothing of the simulation, so the parser may ask the simulation which symbols it implements.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from exporter.sim.curve import Curve
+from exporter.sim.models import GpuModel
+
+INF = float("inf")
+
+
+@dataclass(frozen=True)
+class ClockEventWindow:
+    """Clock-event reasons active during [from_seconds, until_seconds)."""
+
+    from_seconds: float
+    until_seconds: float
+    reasons: tuple[str, ...]
+    mask: int
+
+
+@dataclass(frozen=True)
+class EccIncrement:
+    """ECC error counts added at `at_seconds`."""
+
+    at_seconds: float
+    corrected: int
+    uncorrected: int
+
+
+@dataclass(frozen=True)
+class RemapState:
+    """Row-remapper state from `at_seconds` on (absolute values, not increments)."""
+
+    at_seconds: float
+    correctable: int
+    uncorrectable: int
+    pending: bool
+    failed: bool
+
+
+@dataclass(frozen=True)
+class MigInstanceSpec:
+    """One MIG device (a compute instance inside a GPU instance)."""
+
+    index: int
+    profile: str
+    gpu_instance_id: int
+    compute_instance_id: int
+    uuid: str
+    memory_total_bytes: int
+    memory_used_bytes: Curve | None
+    sm_active: Curve
+    sm_occupancy: Curve
+    tensor_active: Curve
+    dram_active: Curve
+
+
+@dataclass(frozen=True)
+class NvLinkPeer:
+    """A direct NVLink from `link` to the GPU with index `peer_gpu_index`."""
+
+    link: int
+    peer_gpu_index: int
+
+
+@dataclass(frozen=True)
+class NvLinkSpec:
+    """NVLink wiring of one GPU: direct peers, or every link to an NVSwitch."""
+
+    links: int
+    peers: tuple[NvLinkPeer, ...]
+    switch: bool
+    down_links: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """One simulated GPU, all curves resolved (defaults filled in)."""
+
+    index: int
+    model: GpuModel
+    uuid: str
+    pci_bus_id: str
+    serial: str
+    vbios_version: str
+    utilization: Curve
+    memory_utilization: Curve
+    sm_active: Curve
+    sm_occupancy: Curve
+    tensor_active: Curve
+    dram_active: Curve
+    memory_used_bytes: Curve | None
+    memory_base_bytes: int
+    temperature_celsius: Curve
+    memory_temperature_celsius: Curve
+    power_watts: Curve
+    sm_clock_hertz: Curve
+    memory_clock_hertz: Curve
+    pcie_link_generation: Curve
+    pcie_link_width: Curve
+    pcie_replay_count: Curve
+    pcie_tx_bytes_per_second: Curve
+    pcie_rx_bytes_per_second: Curve
+    nvlink_tx_bytes_per_second: Curve
+    nvlink_rx_bytes_per_second: Curve
+    clock_event_reasons: tuple[ClockEventWindow, ...]
+    ecc: tuple[EccIncrement, ...]
+    remapped_rows: tuple[RemapState, ...]
+    lost_at_seconds: float | None
+    xid_on_loss: bool
+    mig: tuple[MigInstanceSpec, ...] | None
+    nvlink: NvLinkSpec | None
+    not_supported: frozenset[str]
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    """A process using one GPU (or one MIG device) during [start_seconds, end_seconds)."""
+
+    pid: int
+    gpu: int
+    mig_instance: int | None
+    name: str
+    start_seconds: float
+    end_seconds: float
+    memory_bytes: Curve
+    sm_utilization: Curve
+    type: str
+    # CPU cores the process uses on the host over time (for /proc/<pid>/stat in fakes and the demo)
+    host_cpu_cores: Curve = field(default_factory=lambda: Curve.constant(0.0))
+
+    def host_cpu_seconds(self, t: float) -> float:
+        """Host CPU seconds the process has used by scenario time t."""
+        if t <= self.start_seconds:
+            return 0.0
+        return self.host_cpu_cores.integral(self.start_seconds, min(t, self.end_seconds))
+
+
+@dataclass(frozen=True)
+class XidEvent:
+    """`count` XID events with code `xid` on GPU `gpu`, deliverable from `at_seconds`.
+
+    With `repeat_seconds`, the events come again every that many seconds, up to the scenario's end or,
+    with `until_process_exits`, until that process ends: an application XID (13, 31, 43) keeps
+    coming until the process that triggers it is restarted, also when the demo restarts it.
+    """
+
+    at_seconds: float
+    gpu: int
+    xid: int
+    count: int
+    repeat_seconds: float | None = None
+    until_process_exits: int | None = None
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    """A misbehaving NVML call on one GPU during [from_seconds, until_seconds)."""
+
+    gpu: int
+    call: str
+    from_seconds: float
+    until_seconds: float
+    kind: str
+    seconds: float
+    error: int | None
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A whole validated scenario file."""
+
+    name: str
+    description: str
+    duration_seconds: float
+    node: str
+    driver_version: str
+    cuda_driver_version: int
+    gpus: tuple[GpuSpec, ...]
+    processes: tuple[ProcessSpec, ...]
+    events: tuple[XidEvent, ...]
+    faults: tuple[FaultSpec, ...]
+    extra: dict[str, Any] = field(default_factory=dict)
+    source: str = "<memory>"

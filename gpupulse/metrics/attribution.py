@@ -1,0 +1,39 @@
+"""Specs of the attribution collector: kubelet allocations, host CPU of GPU processes, dropped series."""
+
+from __future__ import annotations
+
+from gpupulse.metrics.spec import MetricSpec, counter, info
+
+_C = "attribution"
+
+GPU_ALLOCATION_INFO = info(
+    "gpu_allocation_info",
+    "A GPU or MIG device the kubelet allocated to a pod container (present even when idle); "
+    "one row per pod when several pods share a GPU.",
+    _C,
+    ("uuid", "gpu", "mig_uuid", "namespace", "pod", "container", "resource"),
+)
+
+GPU_PROCESS_HOST_CPU_SECONDS_TOTAL = counter(
+    "gpu_process_host_cpu_seconds_total",
+    "seconds",
+    "Host CPU time (user + system) consumed by a process that uses the GPU, from /proc/<pid>/stat.",
+    _C,
+    ("uuid", "gpu", "pid", "namespace", "pod", "container"),
+)
+
+# Written by every collector with a cardinality cap (attribution and engines); listed here, where
+# it was first declared, so docs/metrics.md keeps its place.
+SERIES_DROPPED_TOTAL = counter(
+    "gpupulse_series_dropped_total",
+    "",
+    "Series a collector did not export because a cardinality cap was reached.",
+    _C,
+    ("collector",),
+)
+
+ATTRIBUTION_METRICS: tuple[MetricSpec, ...] = (
+    GPU_ALLOCATION_INFO,
+    GPU_PROCESS_HOST_CPU_SECONDS_TOTAL,
+    SERIES_DROPPED_TOTAL,
+)
