@@ -17,14 +17,7 @@ from tests.helm.installs import ROOT, Installed, install_values
 
 RELEASE_NS = "gpupulse"
 
-CRDS = (
-    Path(__file__).resolve().parents[2]
-    / "helm"
-    / "gpupulse"
-    / "files"
-    / "crds"
-    / "remediation.gpupulse.io.yaml"
-)
+CRDS = Path(__file__).resolve().parents[2] / "helm" / "gpupulse" / "crds" / "remediation.gpupulse.io.yaml"
 
 
 def _cluster(installs: dict[str, Installed]) -> Installed:
@@ -63,6 +56,18 @@ def test_cluster_mode_rbac_grants_only_what_the_store_uses(installs: dict[str, I
         for role in default.of_kind("Role")
         for r in role["rules"]
     )
+
+
+def test_helm_installs_the_crds_before_the_chart(installs: dict[str, Installed]) -> None:
+    for inst in installs.values():  # crds/ is installed whatever the values (helm install --skip-crds not)
+        names = sorted(c["metadata"]["name"] for c in inst.api.crds())
+        assert names == [
+            "gpuincidents.remediation.gpupulse.io",
+            "gpuremediationstates.remediation.gpupulse.io",
+        ]
+    docs = [d for d in yaml.safe_load_all(CRDS.read_text()) if d]
+    installed = {c["metadata"]["name"]: c["spec"] for c in _cluster(installs).api.crds()}
+    assert installed == {d["metadata"]["name"]: d["spec"] for d in docs}
 
 
 def test_crd_prints_state_target_signature_rung_age_and_serves_status() -> None:
