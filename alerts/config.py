@@ -45,6 +45,7 @@ class Windows:
     queue_trend: str
     residency_lookback: str
     residency_dip: str
+    training_throughput: str
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,13 @@ class Thresholds:
     page_cache_resident_high_ratio: float
     exporter_stale_seconds: float
     gang_size_gpus: int
+    training_kernel_resident_ratio: float
+    training_idle_tensor_active_ratio: float
+    training_idle_power_ratio: float
+    training_idle_interconnect_bytes_per_second: float
+    training_straggler_clock_ratio: float
+    training_straggler_tensor_margin_ratio: float
+    training_degraded_ratio: float
 
 
 @dataclass(frozen=True)

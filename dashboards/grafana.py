@@ -57,6 +57,19 @@ class Variable:
 
 
 @dataclass(frozen=True)
+class Annotation:
+    """A PromQL annotation query: a mark at each step where `expr` returns a series."""
+
+    name: str
+    expr: str
+    title: str  # Grafana's titleFormat: {{label}} templates
+    text: str = ""
+    tags: tuple[str, ...] = ()  # labels shown as tags
+    color: str = "orange"
+    step: str = "60s"
+
+
+@dataclass(frozen=True)
 class Dashboard:
     """A whole dashboard with a fixed uid, so links and provisioning stay stable."""
 
@@ -68,6 +81,7 @@ class Dashboard:
     tags: tuple[str, ...] = ("gpupulse",)
     links: tuple[str, ...] = field(default=())  # uids of dashboards to link to
     time_from: str = "now-6h"
+    annotations: tuple[Annotation, ...] = ()
 
     def render(self) -> dict[str, Any]:
         """The dashboard as Grafana's JSON model."""
@@ -120,9 +134,25 @@ class Dashboard:
             if self.links
             else [],
             "templating": {"list": [_datasource_variable(), *(_variable(v) for v in self.variables)]},
-            "annotations": {"list": []},
+            "annotations": {"list": [_annotation(a) for a in self.annotations]},
             "panels": panels,
         }
+
+
+def _annotation(a: Annotation) -> dict[str, Any]:
+    return {
+        "name": a.name,
+        "datasource": DATASOURCE,
+        "enable": True,
+        "hide": False,
+        "iconColor": a.color,
+        "expr": a.expr,
+        "step": a.step,
+        "titleFormat": a.title,
+        "textFormat": a.text,
+        "tagKeys": ",".join(a.tags),
+        "useValueForTime": False,
+    }
 
 
 def _datasource_variable() -> dict[str, Any]:

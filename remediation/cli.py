@@ -282,6 +282,37 @@ SERVE_FLAGS: tuple[Flag, ...] = (
     Flag("cluster.node-count", int, _E.cluster_node_count, "Nodes in the cluster (for the fraction budget)."),
     Flag("verify.prometheus-url", str, _E.prometheus_url, "Prometheus base URL for PromQL verification."),
     Flag(
+        "diagnosis.disabled",
+        parse_bool,
+        not _E.diagnosis.enabled,
+        "Do not diagnose incidents (which layer changed when the symptom began).",
+        boolean=True,
+    ),
+    Flag(
+        "diagnosis.prometheus-url",
+        str,
+        _E.diagnosis.prometheus_url,
+        "Prometheus the diagnosis reads (default: --verify.prometheus-url).",
+    ),
+    Flag(
+        "diagnosis.wait",
+        parse_flag_duration,
+        format_duration(_E.diagnosis.wait_seconds),
+        "How long an incident that may act waits for its diagnosis before the first action.",
+    ),
+    Flag(
+        "diagnosis.deadline",
+        parse_flag_duration,
+        format_duration(_E.diagnosis.deadline_seconds),
+        "Deadline of one diagnosis, all its queries together.",
+    ),
+    Flag(
+        "diagnosis.dashboard-url",
+        str,
+        _E.diagnosis.dashboard_url,
+        "Grafana dashboard URL for the page's link over the onset window.",
+    ),
+    Flag(
         "otlp.traces-endpoint", str, _E.otlp_traces_endpoint, "OTLP/HTTP traces endpoint; empty = no export."
     ),
     Flag(
@@ -480,6 +511,14 @@ def settings_from_flags(ns: argparse.Namespace, environ: Mapping[str, str] | Non
         cluster_node_count=v["cluster_node_count"],
         prometheus_url=v["verify_prometheus_url"],
         otlp_traces_endpoint=v["otlp_traces_endpoint"],
+        diagnosis=dataclasses.replace(
+            base.diagnosis,
+            enabled=not v["diagnosis_disabled"],
+            prometheus_url=v["diagnosis_prometheus_url"],
+            wait_seconds=v["diagnosis_wait"],
+            deadline_seconds=v["diagnosis_deadline"],
+            dashboard_url=v["diagnosis_dashboard_url"],
+        ),
     )
     settings = Settings(
         kube=kube_settings_from_values(v, env),
@@ -568,6 +607,7 @@ def build_parser() -> argparse.ArgumentParser:
         signatures_cli = None
     if signatures_cli is not None:
         signatures_cli.register(sub)
+    importlib.import_module("remediation.incidents_cli").register(sub)
     return parser
 
 

@@ -6,6 +6,7 @@ outcome comes back to the transitions as another decision (remediation/transitio
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from remediation.model import Page, Rung, Target
@@ -24,11 +25,23 @@ class Act:
 
 @dataclass(frozen=True)
 class SendPage:
-    """Send (or resolve) one incident's own page."""
+    """Send (or resolve) one incident's own page; with `labels`, its diagnosis is refreshed first."""
 
     incident_id: int
     entry_id: int
     page: Page
+    labels: Mapping[str, str] | None = None
+    fired_at: float = 0.0
+
+
+@dataclass(frozen=True)
+class Diagnose:
+    """Diagnose an incident that just opened (remediation/diagnosis) and record what was found."""
+
+    incident_id: int
+    labels: Mapping[str, str]
+    fired_at: float
+    trigger: str = "open"
 
 
 @dataclass(frozen=True)
@@ -50,4 +63,4 @@ class CheckPromQL:
     query: str
 
 
-Effect = Act | SendPage | SendGroupPage | CheckPromQL
+Effect = Act | SendPage | SendGroupPage | CheckPromQL | Diagnose

@@ -28,6 +28,8 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from gpupulse.clock import Clock, SystemClock
 from remediation.backends import LogPager, NoBackend
+from remediation.diagnosis.diagnose import Diagnoser, DiagnosisSettings
+from remediation.diagnosis.prom import PrometheusRangeClient
 from remediation.effects import Effect
 from remediation.ladder import target_from_labels
 from remediation.ledger import Ledger, connect
@@ -60,6 +62,7 @@ class RemediationEngine:
         tracer: IncidentTracer,
         verifier: PromQLVerifier | None,
         node_labels: NodeLabels | None = None,
+        diagnoser: Diagnoser | None = None,
         mirror: LedgerMirror | None = None,
     ) -> None:
         self.settings = settings
@@ -90,6 +93,7 @@ class RemediationEngine:
             tracer,
             verifying=verifier is not None,
             pager_name=pager.name,
+            diagnosing=diagnoser is not None,
         )
         self._runner = EffectRunner(
             backend,
@@ -98,6 +102,8 @@ class RemediationEngine:
             metrics,
             settings.action_timeout_seconds,
             self._decide,
+            diagnoser,
+            settings.diagnosis,
             may_act=mirror.may_act if mirror is not None else None,
         )
         self._operations = Operations(settings, self._ro, library, clock, metrics)
@@ -121,7 +127,7 @@ class RemediationEngine:
         if not self.settings.scope.node_selector or event.status != "firing" or self.node_labels is None:
             return None
         target, _ = target_from_labels(event.labels)
-        if target.kind not in ("gpu", "node") or not target.node:
+        if target.kind not in ("gpu", "node", "job") or not target.node:
             return None
         return await self.node_labels.labels(target.node)
 
@@ -265,7 +271,26 @@ def build_engine(
         if settings.prometheus_url
         else None,
         node_labels=node_labels,
+        diagnoser=diagnoser_from_settings(settings, clock or SystemClock()),
         mirror=mirror,
+    )
+
+
+def diagnoser_from_settings(settings: EngineSettings, clock: Clock) -> Diagnoser | None:
+    """The diagnosis step when it is enabled and has a Prometheus to read (None otherwise: incidents
+    then record "no diagnosis" and why, and the ladder runs as without diagnosis)."""
+    d = settings.diagnosis
+    url = settings.diagnosis_prometheus_url
+    if not d.enabled or not url:
+        return None
+    return Diagnoser(
+        PrometheusRangeClient(url, d.query_timeout_seconds),
+        DiagnosisSettings(
+            lookback_seconds=d.lookback_seconds,
+            step_seconds=d.step_seconds,
+            deadline_seconds=d.deadline_seconds,
+        ),
+        clock,
     )
 
 

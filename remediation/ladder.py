@@ -6,7 +6,7 @@ import re
 from collections.abc import Mapping
 from typing import cast
 
-from gpupulse.contract import TARGET_IDENTITY, TARGET_KINDS
+from gpupulse.contract import TARGET_IDENTITY, TARGET_KINDS, TRAINING_JOB_KIND_LABEL, TRAINING_JOB_LABEL
 from remediation.model import Rung, Target, TargetKind
 from remediation.signatures import LadderSpec
 
@@ -57,6 +57,8 @@ def target_from_labels(labels: Mapping[str, str]) -> tuple[Target, bool]:
     known = kind_label in TARGET_KINDS
     if known:
         kind = cast(TargetKind, kind_label)
+    elif labels.get(TRAINING_JOB_LABEL):
+        kind = "job"
     elif labels.get("pod"):
         kind = "pod"
     elif labels.get("uuid"):
@@ -68,6 +70,17 @@ def target_from_labels(labels: Mapping[str, str]) -> tuple[Target, bool]:
     node = labels.get("node", "")
     if kind == "exporter" and not node:
         node = labels.get("instance", "")
+    if kind == "job":
+        # the suspect rank's node, GPU and pod ride along: the evidence, and what a migrate cordons
+        return Target(
+            kind="job",
+            node=node,
+            namespace=labels.get("namespace", ""),
+            pod=labels.get("pod", ""),
+            uuid=labels.get("uuid", ""),
+            training_job_kind=labels.get(TRAINING_JOB_KIND_LABEL, ""),
+            training_job=labels.get(TRAINING_JOB_LABEL, ""),
+        ), known
     target = Target(
         kind=kind,
         node=node,
@@ -93,6 +106,10 @@ def incident_identity(target: Target) -> str:
         return f"pod:{target.namespace}/{target.pod}"
     if target.kind == "gpu":
         return f"gpu:{target.node}/{target.uuid}"
+    if target.kind == "job":
+        # the job, not the suspect rank: every alert about one job is one incident per signature, and
+        # a restarted job keeps its name, so this is also its identity across restarts
+        return f"job:{target.namespace}/{target.training_job_kind}/{target.training_job}"
     return f"{target.kind}:{target.node}"
 
 

@@ -14,9 +14,17 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from remediation.diagnosis.types import Diagnosis
 from remediation.errors import StoreCorrupt, StoreError
 from remediation.ledger_schema import ADDED_COLUMNS, SCHEMA
-from remediation.records import AlertSeen, HandledEvent, Incident, LedgerEntry, encode_incident_fields
+from remediation.records import (
+    AlertSeen,
+    DiagnosisRecord,
+    HandledEvent,
+    Incident,
+    LedgerEntry,
+    encode_incident_fields,
+)
 from remediation.sqlitedb import check_integrity, is_corruption, open_db
 
 OPEN_STATES = ("open", "acting", "verifying", "cooldown", "retry_wait", "paged")
@@ -319,6 +327,45 @@ class Ledger:
         ).fetchone()
         return LedgerEntry.from_row(row) if row is not None else None
 
+    def add_diagnosis(self, incident_id: int, at: float, trigger: str, diagnosis: Diagnosis) -> int:
+        """Store one diagnosis of an incident (its whole record, evidence included)."""
+        body = json.dumps(diagnosis.to_dict(), sort_keys=True, allow_nan=False)
+        cur = self.conn.execute(
+            "INSERT INTO rem_diagnoses (incident_id, at, trigger, body) VALUES (?, ?, ?, ?)",
+            (incident_id, at, trigger, body),
+        )
+        return int(cur.lastrowid or 0)
+
+    def latest_diagnosis(self, incident_id: int) -> DiagnosisRecord | None:
+        row = self.conn.execute(
+            "SELECT * FROM rem_diagnoses WHERE incident_id = ? ORDER BY id DESC LIMIT 1", (incident_id,)
+        ).fetchone()
+        return DiagnosisRecord.from_row(row) if row is not None else None
+
+    def diagnoses(self, incident_id: int) -> list[DiagnosisRecord]:
+        """Every diagnosis of an incident, oldest first."""
+        rows = self.conn.execute(
+            "SELECT * FROM rem_diagnoses WHERE incident_id = ? ORDER BY id", (incident_id,)
+        ).fetchall()
+        return [DiagnosisRecord.from_row(r) for r in rows]
+
+    def latest_diagnoses(self, incident_ids: Sequence[int]) -> dict[int, DiagnosisRecord]:
+        """The newest diagnosis of each of these incidents (those that have one)."""
+        out: dict[int, DiagnosisRecord] = {}
+        ids = list(incident_ids)
+        for i in range(0, len(ids), 500):  # under SQLite's host-parameter limit
+            chunk = ids[i : i + 500]
+            marks = ",".join("?" * len(chunk))
+            rows = self.conn.execute(
+                f"SELECT * FROM rem_diagnoses WHERE id IN (SELECT MAX(id) FROM rem_diagnoses "
+                f"WHERE incident_id IN ({marks}) GROUP BY incident_id)",
+                chunk,
+            ).fetchall()
+            for r in rows:
+                rec = DiagnosisRecord.from_row(r)
+                out[rec.incident_id] = rec
+        return out
+
     def history(self, incident_id: int) -> list[dict[str, Any]]:
         """The ledger of one incident, oldest first, as plain dicts (for pages and the API)."""
         rows = self.conn.execute("SELECT * FROM rem_ledger WHERE incident_id = ? ORDER BY id", (incident_id,))
@@ -365,7 +412,7 @@ class Ledger:
         sm = ", ".join("?" for _ in REAL_ACTION_STATUSES)
         rows = self.conn.execute(
             f"SELECT DISTINCT node FROM rem_ledger WHERE kind = 'action' AND rung = 'migrate' "
-            f"AND target_kind IN ('gpu', 'node') AND node != '' AND status IN ({sm}) AND at >= ?",
+            f"AND target_kind IN ('gpu', 'node', 'job') AND node != '' AND status IN ({sm}) AND at >= ?",
             (*REAL_ACTION_STATUSES, since),
         )
         return {str(r[0]) for r in rows}

@@ -3,7 +3,8 @@
 rem_incidents holds one row per incident (remediation/records.py reads it into an Incident);
 rem_ledger the intent and outcome of every event and action; rem_handled, rem_alerts and rem_stale
 what was seen of each notification; rem_transitions, rem_loops and rem_nodes what loop detection
-and the budgets count; rem_state the operator and engine switches (breaker, pause, heartbeat).
+and the budgets count; rem_state the operator and engine switches (breaker, pause, heartbeat);
+rem_diagnoses every diagnosis of an incident (remediation/diagnosis), newest last.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ CREATE TABLE IF NOT EXISTS rem_incidents (
     target_namespace TEXT NOT NULL,
     target_pod TEXT NOT NULL,
     target_uuid TEXT NOT NULL,
+    target_training_job_kind TEXT NOT NULL DEFAULT '',
+    target_training_job TEXT NOT NULL DEFAULT '',
     loop_key TEXT NOT NULL,
     state TEXT NOT NULL,
     rung TEXT NOT NULL DEFAULT '',
@@ -114,6 +117,14 @@ CREATE TABLE IF NOT EXISTS rem_nodes (
     node TEXT PRIMARY KEY,
     last_seen REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS rem_diagnoses (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    incident_id INTEGER NOT NULL,
+    at REAL NOT NULL,
+    trigger TEXT NOT NULL,
+    body TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS rem_diagnoses_incident ON rem_diagnoses (incident_id, id);
 """
 
 # columns added after the first release: ledgers created before get them on open
@@ -122,4 +133,6 @@ ADDED_COLUMNS = (
     ("rem_incidents", "held", "INTEGER NOT NULL DEFAULT 0"),
     ("rem_handled", "stale", "INTEGER NOT NULL DEFAULT 0"),
     ("rem_incidents", "page_sticky", "INTEGER NOT NULL DEFAULT 0"),
+    ("rem_incidents", "target_training_job_kind", "TEXT NOT NULL DEFAULT ''"),
+    ("rem_incidents", "target_training_job", "TEXT NOT NULL DEFAULT ''"),
 )

@@ -29,10 +29,15 @@ class LoopDetector:
         self.ledger = ledger
         self.settings = settings
 
-    def restart_loop(self, loop_key: str, now: float) -> LoopVerdict:
-        """True when the workload was already restarted max_restarts times within the window."""
+    def restart_loop(self, loop_key: str, now: float, job: bool = False) -> LoopVerdict:
+        """True when the workload was already restarted max_restarts times within the window.
+
+        A job's migrate restarts the job too (cordon, then restart), so for a job both rungs count."""
         s = self.settings
-        count = self.ledger.count_loop_actions(loop_key, "restart", now - s.restart_window_seconds)
+        since = now - s.restart_window_seconds
+        count = self.ledger.count_loop_actions(loop_key, "restart", since)
+        if job:
+            count += self.ledger.count_loop_actions(loop_key, "migrate", since)
         if count >= s.max_restarts:
             return LoopVerdict(
                 "restart_loop",

@@ -44,3 +44,4 @@ class RemediationMetrics:
         self.incidents_open = _gauge(spec.INCIDENTS_OPEN, r)
         self.incidents = _counter(spec.INCIDENTS, r)
         self.action_duration = _histogram(spec.ACTION_DURATION, r)
+        self.diagnoses = _counter(spec.DIAGNOSES, r)

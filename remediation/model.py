@@ -48,9 +48,16 @@ class Target:
     namespace: str = ""
     pod: str = ""
     uuid: str = ""
+    # a job target: its top controller (`Kind.group`, name); node/uuid/pod then name the suspect rank
+    training_job_kind: str = ""
+    training_job: str = ""
 
     @property
     def key(self) -> str:
+        if self.kind == "job":
+            return (
+                f"job:{self.namespace}/{self.training_job_kind}/{self.training_job}@{self.node}/{self.uuid}"
+            )
         return f"{self.kind}:{self.node}/{self.namespace}/{self.pod}/{self.uuid}"
 
 
@@ -86,6 +93,9 @@ class Page:
     target: Target
     history: Sequence[Mapping[str, Any]]  # the ladder so far, oldest first
     resolved: bool = False
+    # what changed when the symptom began: headline, top cause, evidence, dashboard link
+    # (remediation/decide/pages.py page_diagnosis); None for grouped pages
+    diagnosis: Mapping[str, Any] | None = None
 
 
 class NodeLabels(Protocol):

@@ -43,15 +43,26 @@ class Operations:
         """Incidents, newest first; state filters one state ("active": all open ones), signature one
         signature (the link a summary page carries)."""
         rows = self._ro.list_incidents(state, max(1, min(limit, 10_000)), signature)
-        return [r.to_dict() for r in rows]
+        latest = self._ro.latest_diagnoses([r.id for r in rows])
+        out = []
+        for r in rows:
+            d = r.to_dict()
+            rec = latest.get(r.id)
+            d["diagnosis"] = _diagnosis_brief(rec.to_dict()) if rec is not None else None
+            out.append(d)
+        return out
 
     def get_incident(self, incident_id: int) -> Mapping[str, Any] | None:
-        """One incident with its full ledger history."""
+        """One incident with its full ledger history, its latest diagnosis with all its evidence, and
+        the headline of every earlier one."""
         row = self._ro.incident(incident_id)
         if row is None:
             return None
         out = row.to_dict()
         out["history"] = self._ro.history(incident_id)
+        diagnoses = self._ro.diagnoses(incident_id)
+        out["diagnosis"] = diagnoses[-1].to_dict() if diagnoses else None
+        out["diagnoses"] = [_diagnosis_brief(d.to_dict()) for d in diagnoses]
         return out
 
     def list_signatures(self) -> Sequence[Mapping[str, Any]]:
@@ -103,3 +114,21 @@ class Operations:
             )
         self.metrics.breaker_open.set(0)
         log.warning("remediation breaker reset by %s", by)
+
+
+_BRIEF = (
+    "at",
+    "trigger",
+    "status",
+    "headline",
+    "top_cause",
+    "top_layer",
+    "confident",
+    "reason_code",
+    "reason",
+)
+
+
+def _diagnosis_brief(d: Mapping[str, Any]) -> dict[str, Any]:
+    """A diagnosis without its evidence: what a list shows."""
+    return {k: d.get(k) for k in _BRIEF}

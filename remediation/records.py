@@ -16,6 +16,7 @@ from typing import Any, cast
 
 import orjson
 
+from remediation.diagnosis.types import Diagnosis
 from remediation.model import Target, TargetKind
 
 # the incident columns stored as JSON text, and how each reads back
@@ -30,6 +31,8 @@ def target_columns(target: Target) -> dict[str, str]:
         "target_namespace": target.namespace,
         "target_pod": target.pod,
         "target_uuid": target.uuid,
+        "target_training_job_kind": target.training_job_kind,
+        "target_training_job": target.training_job,
     }
 
 
@@ -102,6 +105,8 @@ class Incident:
                 namespace=row["target_namespace"],
                 pod=row["target_pod"],
                 uuid=row["target_uuid"],
+                training_job_kind=row["target_training_job_kind"],
+                training_job=row["target_training_job"],
             ),
             loop_key=row["loop_key"],
             state=row["state"],
@@ -187,3 +192,27 @@ class AlertSeen:
     starts: float
     status: str
     at: float
+
+
+@dataclass(frozen=True)
+class DiagnosisRecord:
+    """One diagnosis of an incident: when, why it ran ("open" or "page"), and what it found."""
+
+    id: int
+    incident_id: int
+    at: float
+    trigger: str
+    diagnosis: Diagnosis
+
+    @classmethod
+    def from_row(cls, row: sqlite3.Row) -> DiagnosisRecord:
+        return cls(
+            id=row["id"],
+            incident_id=row["incident_id"],
+            at=row["at"],
+            trigger=row["trigger"],
+            diagnosis=Diagnosis.from_dict(orjson.loads(row["body"])),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"at": self.at, "trigger": self.trigger, **self.diagnosis.to_dict()}

@@ -14,10 +14,14 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
-from remediation.effects import Act, CheckPromQL, Effect, SendGroupPage, SendPage
+from remediation.decide.pages import with_diagnosis
+from remediation.diagnosis.diagnose import Diagnoser
+from remediation.diagnosis.types import DIAGNOSIS_BUSY, DIAGNOSIS_FAILED, Diagnosis, no_diagnosis
+from remediation.effects import Act, CheckPromQL, Diagnose, Effect, SendGroupPage, SendPage
 from remediation.errors import PermanentError, TemporaryError, VerifyError
 from remediation.metrics import RemediationMetrics
 from remediation.model import ActionBackend, Pager
+from remediation.settings import EngineDiagnosisSettings
 from remediation.transitions import Transitions
 from remediation.verify import PromQLVerifier
 
@@ -37,6 +41,8 @@ class EffectRunner:
         metrics: RemediationMetrics,
         action_timeout_seconds: float,
         record: Record,
+        diagnoser: Diagnoser | None = None,
+        diagnosis: EngineDiagnosisSettings | None = None,
         may_act: Callable[[], bool] | None = None,
     ) -> None:
         self.backend = backend
@@ -45,6 +51,10 @@ class EffectRunner:
         self.metrics = metrics
         self.action_timeout_seconds = action_timeout_seconds
         self._record = record
+        self.diagnoser = diagnoser
+        self.diagnosis = diagnosis or EngineDiagnosisSettings()
+        self._diagnosis_gate = asyncio.Semaphore(self.diagnosis.max_concurrent)
+        self._diagnoses_waiting = 0
         # the fencing rule (cluster mode): checked before every effect; a fenced effect is not run and
         # stays `started` / pending in the shared ledger, for the next leader to verify
         self._may_act = may_act
@@ -81,6 +91,8 @@ class EffectRunner:
                 coro = self._run_page(eff)
             elif isinstance(eff, SendGroupPage):
                 coro = self._run_group_page(eff)
+            elif isinstance(eff, Diagnose):
+                coro = self._run_diagnose(eff)
             else:
                 coro = self._run_promql(eff)
             task = asyncio.ensure_future(self._unless_fenced(eff, coro))
@@ -127,12 +139,51 @@ class EffectRunner:
         self.metrics.action_duration.labels(rung=eff.rung).observe(duration)
         await self._record(lambda t: t.on_action_done(eff, outcome, summary, details, delay))
 
+    async def _diagnose(self, labels: Mapping[str, str], fired_at: float) -> Diagnosis:
+        """One diagnosis, at most `max_concurrent` at once; past `max_queued` waiting, none at all
+        (a storm of incidents must not turn into a storm of queries)."""
+        assert self.diagnoser is not None
+        now = time.time()
+        if self._diagnoses_waiting >= self.diagnosis.max_queued:
+            return no_diagnosis(
+                DIAGNOSIS_BUSY,
+                f"{self._diagnoses_waiting} diagnoses already queued (--diagnosis.max-queued)",
+                window_start=now,
+                window_end=now,
+                computed_at=now,
+            )
+        self._diagnoses_waiting += 1
+        try:
+            async with self._diagnosis_gate:
+                return await self.diagnoser.diagnose(labels, fired_at)
+        except Exception as exc:  # a bug in the diagnosis must never stop a page or an action
+            log.exception("diagnosis failed")
+            return no_diagnosis(
+                DIAGNOSIS_FAILED,
+                f"the diagnosis failed: {type(exc).__name__}: {exc}",
+                window_start=now,
+                window_end=now,
+                computed_at=now,
+            )
+        finally:
+            self._diagnoses_waiting -= 1
+
+    async def _run_diagnose(self, eff: Diagnose) -> None:
+        found = await self._diagnose(eff.labels, eff.fired_at)
+        await self._record(lambda t: t.on_diagnosis(eff.incident_id, eff.trigger, found))
+
     async def _run_page(self, eff: SendPage) -> None:
         error = ""
-        lock = self._page_locks.setdefault(eff.page.dedup_key, asyncio.Lock())
+        page = eff.page
+        if eff.labels is not None and self.diagnoser is not None and not page.resolved:
+            # refreshed before it pages: what changed is read again now, and recorded
+            found = await self._diagnose(eff.labels, eff.fired_at)
+            await self._record(lambda t: t.on_diagnosis(eff.incident_id, "page", found))
+            page = with_diagnosis(page, found, self.diagnosis.dashboard_url, eff.labels)
+        lock = self._page_locks.setdefault(page.dedup_key, asyncio.Lock())
         try:
             async with lock:
-                await self.pager.send(eff.page)
+                await self.pager.send(page)
         except Exception as exc:  # any pager failure is retried from the tick; never lost
             log.warning("page %s failed: %s", eff.page.dedup_key, exc)
             error = f"{type(exc).__name__}: {exc}"

@@ -33,13 +33,14 @@ def in_scope(
     a node selector is set and the target is a GPU or a node.
     """
     namespace = target.namespace or labels.get("namespace", "")
-    if target.kind != "pod" and namespace in settings.routing_namespaces:
+    if target.kind not in ("pod", "job") and namespace in settings.routing_namespaces:
         namespace = ""  # stamped for routing (docs/helm.md), it names no workload
     if settings.namespaces and namespace and namespace not in settings.namespaces:
         return f"namespace {namespace!r} is not in the allowlist {list(settings.namespaces)}"
-    if settings.namespaces and target.kind == "pod" and not target.namespace:
-        return "pod target without a namespace while a namespace allowlist is configured"
-    if settings.node_selector and target.kind in ("gpu", "node"):
+    if settings.namespaces and target.kind in ("pod", "job") and not target.namespace:
+        return f"{target.kind} target without a namespace while a namespace allowlist is configured"
+    # a job target names a node only when a migrate would cordon it
+    if settings.node_selector and (target.kind in ("gpu", "node") or (target.kind == "job" and target.node)):
         if not target.node:
             return f"{target.kind} target without a node while a node selector is configured"
         if node_labels is None:
@@ -88,7 +89,8 @@ class SafetyGate:
         )
         if recent + 1 > b.max_actions_per_minute:
             return BudgetCheck(f"actions in the last minute {recent + 1} > {b.max_actions_per_minute}")
-        if rung == "migrate" and target.kind in ("gpu", "node") and target.node:
+        # a job's migrate cordons its suspect node: it counts against the node budgets like any other
+        if rung == "migrate" and target.kind in ("gpu", "node", "job") and target.node:
             nodes = self.ledger.migrated_nodes(now - b.migrate_window_seconds) | {target.node}
             if len(nodes) > b.max_nodes_migrated:
                 return BudgetCheck(

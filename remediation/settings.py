@@ -127,6 +127,27 @@ class LocalBackendSettings:
 
 
 @dataclass(frozen=True)
+class EngineDiagnosisSettings:
+    """The diagnosis step (docs/design/diagnosis.md): when it runs and how long it may take."""
+
+    enabled: bool = True
+    # Prometheus to read the signals from; "" = the PromQL verification's (prometheus_url), and
+    # when that is empty too, every incident says "no diagnosis: no Prometheus is configured"
+    prometheus_url: str = ""
+    query_timeout_seconds: float = 5.0
+    deadline_seconds: float = 20.0  # the whole step, all queries together
+    # an incident whose signature could act differently on a diagnosis waits this long for it
+    # before its first action; without an answer by then the ladder runs as without diagnosis
+    wait_seconds: float = 30.0
+    lookback_seconds: float = 2400.0
+    step_seconds: float = 15.0
+    max_concurrent: int = 2  # diagnoses running at once
+    max_queued: int = 50  # beyond this many waiting, an incident gets "no diagnosis: busy"
+    # Grafana dashboard URL for the page's link over the onset window; "" = no link
+    dashboard_url: str = ""
+
+
+@dataclass(frozen=True)
 class EngineSettings:
     """Everything build_engine needs besides the database, metrics, clock and injected backends."""
 
@@ -169,6 +190,12 @@ class EngineSettings:
     # OpenTelemetry: OTLP/HTTP traces endpoint (e.g. http://collector:4318/v1/traces); "" = no export
     otlp_traces_endpoint: str = ""
     service_name: str = "gpupulse-remediation"
+    diagnosis: EngineDiagnosisSettings = field(default_factory=EngineDiagnosisSettings)
+
+    @property
+    def diagnosis_prometheus_url(self) -> str:
+        """Where the diagnosis reads its signals ("" = no Prometheus)."""
+        return self.diagnosis.prometheus_url or self.prometheus_url
 
     def validate(self) -> None:
         """Raise ValueError naming the first setting that cannot work."""
@@ -188,6 +215,13 @@ class EngineSettings:
             "max_event_age_seconds": self.max_event_age_seconds,
             "local_backend.timeout_seconds": self.local_backend.timeout_seconds,
             "pager.timeout_seconds": self.pager.timeout_seconds,
+            "diagnosis.query_timeout_seconds": self.diagnosis.query_timeout_seconds,
+            "diagnosis.deadline_seconds": self.diagnosis.deadline_seconds,
+            "diagnosis.wait_seconds": self.diagnosis.wait_seconds,
+            "diagnosis.lookback_seconds": self.diagnosis.lookback_seconds,
+            "diagnosis.step_seconds": self.diagnosis.step_seconds,
+            "diagnosis.max_concurrent": self.diagnosis.max_concurrent,
+            "diagnosis.max_queued": self.diagnosis.max_queued,
         }
         for name, value in positive.items():
             if value <= 0:

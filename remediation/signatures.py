@@ -28,6 +28,7 @@ import yaml
 
 from gpupulse.contract import FAULT_CLASSES
 from gpupulse.xid import XID_CLASSES, XidClass, xid_class
+from remediation.diagnosis.policy import DiagnosisPolicy, parse_policy
 from remediation.errors import SignatureError
 from remediation.model import Rung
 
@@ -52,6 +53,7 @@ _SIG_FIELDS = {
     "verify_promql",
     "page_severity",
     "source",
+    "diagnosis",
 }
 _MATCH_FIELDS = {"alertname", "labels", "label_regex", "annotation_regex", "xid_class"}
 _LADDER_FIELDS = {
@@ -179,6 +181,8 @@ class Signature:
     source: str = ""
     origin: str = "builtin"  # "builtin", "user" or "fallback"
     path: str = ""
+    # which diagnoses it acts on (remediation/diagnosis/policy.py)
+    diagnosis: DiagnosisPolicy = field(default_factory=DiagnosisPolicy)
 
     def precedence(self) -> tuple[int, int, int, int]:
         """Sort key: bigger is more specific (see the module docstring)."""
@@ -206,6 +210,9 @@ class Signature:
                 out[key] = value
         if self.priority:
             out["priority"] = self.priority
+        policy = self.diagnosis.to_dict()
+        if policy:
+            out["diagnosis"] = policy
         return out
 
 
@@ -472,6 +479,7 @@ def parse_signature(raw: Any, path: str, origin: str) -> Signature:
         source=_str(ctx, raw, "source"),
         origin=origin,
         path=path,
+        diagnosis=parse_policy(raw.get("diagnosis"), ctx.fail),
     )
 
 

@@ -182,6 +182,11 @@ def _describe(sig: Signature) -> dict[str, Any]:
         "cooldown_seconds": sig.ladder.cooldown_seconds,
         "restart_fixes": sig.restart_fixes,
         "reason": sig.reason,
+        # what the ladder does not act on, by diagnosis (remediation/diagnosis/policy.py)
+        "diagnosis": {
+            "acts_on": list(sig.diagnosis.acts_on),
+            "not_when": list(sig.diagnosis.effective_not_when(sig.ladder.rungs)),
+        },
     }
 
 
@@ -222,6 +227,11 @@ def cmd_test(
         if r["target_problem"]:
             out.write(f"  not actionable, pages instead: {r['target_problem']}\n")
         out.write(f"  reason: {r['reason']}\n")
+        policy = r["diagnosis"]
+        if policy["not_when"]:
+            out.write(f"  not acted on when the diagnosis names: {', '.join(policy['not_when'])}\n")
+        if policy["acts_on"]:
+            out.write(f"  acted on only when the diagnosis names: {', '.join(policy['acts_on'])}\n")
         if r["also_matched"]:
             out.write(f"  also matched (less specific): {', '.join(r['also_matched'])}\n")
     return 0

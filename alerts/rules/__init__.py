@@ -11,6 +11,7 @@ from alerts.rules.observability import observability_file
 from alerts.rules.promql import with_cluster_label
 from alerts.rules.recording import recording_file
 from alerts.rules.serving import serving_file
+from alerts.rules.training import training_file
 from alerts.rules.usage import usage_file
 
 __all__ = ["Alert", "Group", "Record", "RuleFile", "rule_files"]
@@ -18,7 +19,14 @@ __all__ = ["Alert", "Group", "Record", "RuleFile", "rule_files"]
 
 def rule_files(c: RulesConfig) -> tuple[RuleFile, ...]:
     """Every rule file gpupulse ships, rendered from one config."""
-    files = (recording_file(c), hardware_file(c), usage_file(c), serving_file(c), observability_file(c))
+    files = (
+        recording_file(c),
+        hardware_file(c),
+        usage_file(c),
+        serving_file(c),
+        training_file(c),
+        observability_file(c),
+    )
     names = [a.alert for f in files for a in f.alerts()]
     unknown = set(c.for_durations) - set(names)
     if unknown:

@@ -10,6 +10,17 @@ from alerts.rules.recording import ALLOCATION_SOLE
 from gpupulse.xid import XidClass, xid_class
 
 GPU_BY = "node, uuid, gpu"
+# GPUs that held a rank of a training job within the event window: a lost or reset-class GPU under a
+# rank is the job's incident (TrainingJobNodeFault restarts the gang), not the GPU's (which would evict
+# one rank's pod). last_over_time: a lost GPU's processes can no longer be listed.
+RANK_INFO = "gpu_training_rank_info"
+
+
+def training_gpus(lookback: str) -> str:
+    """The GPUs that held a rank of a training job within `lookback`."""
+    return f"max by (uuid) (last_over_time({RANK_INFO}[{lookback}]))"
+
+
 _GPU_TEXT = "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) on node {{ $labels.node }}"
 
 
@@ -100,7 +111,7 @@ def hardware_file(c: RulesConfig) -> RuleFile:
         alert(
             c,
             reset.alertname,
-            expr=reset_events,
+            expr=f"(\n{reset_events}\n)\nunless on(uuid) {training_gpus(w.event)}",
             severity="critical",
             layer="hardware",
             fault_class=reset.fault_class,
@@ -116,8 +127,9 @@ def hardware_file(c: RulesConfig) -> RuleFile:
             bus.alertname,
             # A GPU whose NVML calls hang is stale, not lost (gpu_up is 0 for both): GPUExporterStale.
             expr=(
-                f"max by ({GPU_BY}) (\n{bus_events}\n)\nor on(uuid)\n(max by ({GPU_BY}) (gpu_up) == 0)\n"
-                "unless on(uuid) (max by (uuid) (gpupulse_gpu_stale) == 1)"
+                f"(\nmax by ({GPU_BY}) (\n{bus_events}\n)\nor on(uuid)\n(max by ({GPU_BY}) (gpu_up) == 0)\n"
+                "unless on(uuid) (max by (uuid) (gpupulse_gpu_stale) == 1)\n)\n"
+                f"unless on(uuid) {training_gpus(w.event)}"
             ),
             severity="critical",
             layer="hardware",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from alerts.config import RulesConfig
 from alerts.rules.recording import SM_ACTIVITY
+from dashboards.boards.annotations import DIAGNOSES
 from dashboards.boards.filters import NAMESPACE, NODE, POD, UIDS, gpu_filters
 from dashboards.grafana import Dashboard, Panel, Row, Target
 
@@ -224,4 +225,5 @@ def dashboard(c: RulesConfig) -> Dashboard:
         rows=(gpus, processes, health, page_cache),
         variables=gpu_filters(),
         links=tuple(UIDS.values()),
+        annotations=(DIAGNOSES,),
     )

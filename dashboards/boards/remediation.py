@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dashboards.boards.annotations import DIAGNOSES
 from dashboards.boards.filters import UIDS
 from dashboards.grafana import Dashboard, Panel, Row, Target
 
@@ -134,4 +135,5 @@ def dashboard() -> Dashboard:
         description="What the controller did: actions by rung and outcome, loops, breaker and pause state.",
         rows=(state, actions, intake),
         links=tuple(UIDS.values()),
+        annotations=(DIAGNOSES,),
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from alerts.config import RulesConfig
 from alerts.rules.recording import SM_ACTIVITY
+from dashboards.boards.annotations import DIAGNOSES
 from dashboards.boards.filters import NAMESPACE, NODE, POD, UIDS, serving_filters
 from dashboards.grafana import Dashboard, Panel, Row, Target
 
@@ -137,4 +138,5 @@ def dashboard(c: RulesConfig) -> Dashboard:
         rows=(kv, latency, queue),
         variables=serving_filters(),
         links=tuple(UIDS.values()),
+        annotations=(DIAGNOSES,),
     )

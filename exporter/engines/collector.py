@@ -28,7 +28,6 @@ from exporter.engines.derived import DerivedHistogram
 from exporter.engines.detect import NORMALIZERS, PREFIXES, WANTED, detect_kind
 from exporter.engines.exposition import LABEL_CACHE_MAX, Exposition, ExpositionParser
 from exporter.engines.gpumap import engine_gpus
-from exporter.engines.kube_pods import KubePodSource
 from exporter.engines.reading import MIXED, ModelReading
 from exporter.engines.render import Budget, EndpointView, Families
 from exporter.engines.scrape import fetch_page
@@ -497,6 +496,10 @@ def from_args(args: argparse.Namespace) -> EnginesCollector | None:
     if args.engines_discover_pods:
         if not args.engines_node_name:
             raise SystemExit("--engines.discover-pods needs --engines.node-name or $NODE_NAME")
+        # imported here: kubernetes_asyncio costs about 0.6 s of start-up CPU, paid only by nodes
+        # that watch pods (a static --engines.config never needs it)
+        from exporter.engines.kube_pods import KubePodSource
+
         sources.append(KubePodSource(KubeSettings(args.engines_node_name, args.engines_kube_api_url), clock))
     if not sources:
         return None

@@ -104,6 +104,15 @@ ACTION_DURATION = histogram(
     ("rung",),
 )
 
+DIAGNOSES = counter(
+    "gpupulse_remediation_diagnoses_total",
+    "",
+    "Incident diagnoses, by the layer and cause they name (none: no diagnosis) and whether they were "
+    "confident; the dashboards' diagnosis annotations read it.",
+    _C,
+    ("layer", "cause", "confident"),
+)
+
 CONTROLLER_METRICS: tuple[MetricSpec, ...] = (
     ALERTS_RECEIVED,
     ALERTS_REJECTED,
@@ -121,4 +130,5 @@ CONTROLLER_METRICS: tuple[MetricSpec, ...] = (
     INCIDENTS_OPEN,
     INCIDENTS,
     ACTION_DURATION,
+    DIAGNOSES,
 )

@@ -2,7 +2,10 @@
 
 restart deletes the pod (with a UID precondition) so its controller replaces it, or rolls its
 Deployment; migrate cordons and taints the node and evicts the affected pods through the Eviction
-API. Every action holds the node's Lease, and every write first checks that this replica may act.
+API. A job target (a distributed training job) is restarted as a gang through its controller
+(remediation/kube/jobs.py), and its migrate cordons the suspect node, then restarts the job so that it
+is scheduled away from it. Every action holds the node's Lease, and every write first checks that
+this replica may act.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from remediation.errors import (
 )
 from remediation.kube.client import KubeClient
 from remediation.kube.eviction import DeadlinePolicy, EvictionSettings, evict_pods
+from remediation.kube.jobs import restart_job
 from remediation.kube.lease import LeaseStore
 from remediation.kube.nodelock import NodeBusy, NodeLock
 from remediation.kube.nodes import NodeConflict, cordon_and_taint, taint_value, uncordon
@@ -116,6 +120,8 @@ class KubernetesBackend:
     async def restart(self, target: Target, reason: str) -> ActionResult:
         """Replace the target's pod(s) through their controller; never touches a bare pod unless allowed."""
         self._guard()
+        if target.kind == "job":
+            return await self._restart_job(target, reason, cordoned="")
         async with self._errors("restart", target):
             pods = await self._restart_candidates(target)
             node = target.node or PodRef.of(pods[0]).node
@@ -125,6 +131,25 @@ class KubernetesBackend:
         return ActionResult(
             done=True, summary=summary, details={"node": node, "pods": done, "reason": reason}
         )
+
+    async def _restart_job(self, target: Target, reason: str, cordoned: str) -> ActionResult:
+        """One gang restart of a training job (one action, however many ranks it has)."""
+        async with self._errors("restart", target):
+            if not (target.namespace and target.training_job and target.training_job_kind):
+                raise PermanentError(f"restart needs the job's namespace, kind and name for {target.key}")
+            done = await restart_job(
+                self._client,
+                target.training_job_kind,
+                target.namespace,
+                target.training_job,
+                reason,
+                self._guard,
+            )
+        summary = (f"cordoned {cordoned}, then " if cordoned else "") + done.summary()
+        details: dict[str, Any] = {**done.details(), "reason": reason, "suspect_node": target.node}
+        if cordoned:
+            details["cordoned"] = cordoned
+        return ActionResult(done=True, summary=summary, details=details)
 
     async def _restart_candidates(self, target: Target) -> list[JSON]:
         if target.kind == "exporter":
@@ -208,6 +233,8 @@ class KubernetesBackend:
         """Cordon and taint the node, then evict the affected pods, honouring PodDisruptionBudgets."""
         self._guard()
         s = self._settings
+        if target.kind == "job":
+            return await self._migrate_job(target, reason)
         async with self._errors("migrate", target):
             node = await self._node_of(target)
             async with self._node_lock(node):
@@ -262,6 +289,26 @@ class KubernetesBackend:
             + (f", skipped {len(skipped)}" if skipped else "")
         )
         return ActionResult(done=True, summary=summary, details=details)
+
+    async def _migrate_job(self, target: Target, reason: str) -> ActionResult:
+        """Cordon the suspect rank's node first, then restart the whole job: it reschedules elsewhere.
+
+        Nothing is evicted: the gang restart stops every rank, the ones on this node included."""
+        s = self._settings
+        if not target.node:
+            raise PermanentError(f"migrating job {target.key} needs the suspect rank's node")
+        async with self._errors("migrate", target):
+            async with self._node_lock(target.node):
+                await cordon_and_taint(
+                    self._client,
+                    target.node,
+                    s.taint_key,
+                    reason,
+                    self._clock,
+                    s.node_patch_attempts,
+                    self._guard,
+                )
+        return await self._restart_job(target, reason, cordoned=target.node)
 
     async def _node_of(self, target: Target) -> str:
         if target.kind == "exporter":

@@ -44,6 +44,8 @@ def target_values(target: Target, rung: str, reason: str) -> dict[str, str]:
         "namespace": target.namespace,
         "pod": target.pod,
         "uuid": target.uuid,
+        "training_job_kind": target.training_job_kind,
+        "training_job": target.training_job,
         "rung": rung,
         "reason": reason,
     }

@@ -37,8 +37,11 @@ def page_to_dict(page: Page) -> dict[str, Any]:
             "namespace": page.target.namespace,
             "pod": page.target.pod,
             "uuid": page.target.uuid,
+            "training_job_kind": page.target.training_job_kind,
+            "training_job": page.target.training_job,
         },
         "history": [dict(h) for h in page.history],
+        "diagnosis": dict(page.diagnosis) if page.diagnosis is not None else None,
     }
 
 
@@ -113,7 +116,7 @@ class PagerDutyPager(_HTTPPager):
             "event_action": "trigger",
             "dedup_key": page.dedup_key,
             "client": "gpupulse-remediation",
-            "links": [{"href": page.runbook_url, "text": "Runbook"}] if page.runbook_url else [],
+            "links": _links(page),
             "payload": {
                 "summary": page.summary[:1024],
                 "severity": severity,
@@ -127,6 +130,7 @@ class PagerDutyPager(_HTTPPager):
                     "runbook_url": page.runbook_url,
                     "target": page_to_dict(page)["target"],
                     "ladder_history": [dict(h) for h in page.history],
+                    "diagnosis": dict(page.diagnosis) if page.diagnosis is not None else None,
                 },
             },
         }
@@ -160,9 +164,34 @@ class SlackPager(_HTTPPager):
                 ],
             },
         ]
+        if page.diagnosis is not None:
+            blocks.append(
+                {
+                    "type": "section",
+                    "text": {"type": "mrkdwn", "text": _diagnosis_text(page.diagnosis)[:2900]},
+                }
+            )
         if lines:
             blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": "\n".join(lines)[:2900]}})
         return {"text": text, "blocks": blocks}
+
+
+def _links(page: Page) -> list[dict[str, str]]:
+    links = [{"href": page.runbook_url, "text": "Runbook"}] if page.runbook_url else []
+    dashboard = (page.diagnosis or {}).get("dashboard_url")
+    if dashboard:
+        links.append({"href": str(dashboard), "text": "Dashboard at the onset"})
+    return links
+
+
+def _diagnosis_text(diagnosis: Mapping[str, Any]) -> str:
+    """The diagnosis as Slack mrkdwn: headline, the evidence of the top cause, the dashboard link."""
+    lines = [f"*Diagnosis*: {diagnosis.get('headline', '')}"]
+    for e in diagnosis.get("evidence") or []:
+        lines.append(f"• {e.get('title', '')}: {e.get('note', '')}"[:200])
+    if diagnosis.get("dashboard_url"):
+        lines.append(f"<{diagnosis['dashboard_url']}|Dashboard at the onset>")
+    return "\n".join(lines)
 
 
 def pager_from_settings(settings: EnginePagerSettings) -> Pager | None:

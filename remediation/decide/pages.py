@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlencode
 
+from gpupulse.contract import RANK_LABEL, SIGNAL_LABEL
+from remediation.diagnosis.types import Diagnosis
 from remediation.ladder import incident_identity
 from remediation.model import Page, Target
 from remediation.records import Incident
@@ -32,19 +35,44 @@ def page_budget_spent(paged: int, budgets: BudgetSettings) -> str:
     )
 
 
+def job_evidence(target: Target, labels: Mapping[str, str]) -> str:
+    """What names the suspect of a job incident: its rank, pod, GPU, node and the signal (or "")."""
+    if target.kind != "job":
+        return ""
+    parts = []
+    if labels.get(RANK_LABEL):
+        parts.append(f"rank {labels[RANK_LABEL]}")
+    if target.pod:
+        parts.append(f"pod {target.namespace}/{target.pod}")
+    if target.uuid or labels.get("gpu"):
+        parts.append(f"GPU {labels.get('gpu', '?')} ({target.uuid or '?'})")
+    if target.node:
+        parts.append(f"node {target.node}")
+    if labels.get(SIGNAL_LABEL):
+        parts.append(f"signal {labels[SIGNAL_LABEL]}")
+    return f" (suspect: {', '.join(parts)})" if parts else " (no single rank is suspect)"
+
+
 def incident_page(
-    inc: Incident, sig: Signature, history: Sequence[Mapping[str, Any]], runbook_base_url: str, resolved: bool
+    inc: Incident,
+    sig: Signature,
+    history: Sequence[Mapping[str, Any]],
+    runbook_base_url: str,
+    resolved: bool,
+    diagnosis: Diagnosis | None = None,
+    dashboard_url: str = "",
 ) -> Page:
-    """One incident's own page (or its resolve)."""
+    """One incident's own page (or its resolve), with its latest diagnosis when it has one."""
     runbook = (
         inc.annotations.get("runbook_url")
         or sig.runbook_url
         or runbook_for(runbook_base_url, sig.fault_class)
     )
     summary = inc.annotations.get("summary") or inc.alertname or sig.fault_class
-    return Page(
+    evidence = job_evidence(inc.target, inc.labels)
+    page = Page(
         dedup_key=f"gpupulse-incident-{inc.id}",
-        summary=f"{summary} on {incident_identity(inc.target)}: {inc.reason or sig.reason}",
+        summary=f"{summary} on {incident_identity(inc.target)}{evidence}: {inc.reason or sig.reason}",
         severity=sig.page_severity or inc.labels.get("severity", "") or "critical",
         fault_class=sig.fault_class,
         signature=sig.name,
@@ -53,6 +81,61 @@ def incident_page(
         history=history,
         resolved=resolved,
     )
+    if diagnosis is None or resolved:
+        return page
+    return with_diagnosis(page, diagnosis, dashboard_url, inc.labels)
+
+
+def with_diagnosis(page: Page, diagnosis: Diagnosis, dashboard_url: str, labels: Mapping[str, str]) -> Page:
+    """The page with this diagnosis: its headline ends the summary, its evidence and a dashboard link
+    over the onset window go with it (a fresher diagnosis replaces an older one)."""
+    base = page.summary.split(_DIAGNOSIS_SEP, 1)[0]
+    return replace(
+        page,
+        summary=f"{base}{_DIAGNOSIS_SEP}{diagnosis.headline}",
+        diagnosis=page_diagnosis(diagnosis, dashboard_url, labels),
+    )
+
+
+_DIAGNOSIS_SEP = " | diagnosis: "
+
+
+def page_diagnosis(diagnosis: Diagnosis, dashboard_url: str, labels: Mapping[str, str]) -> dict[str, Any]:
+    """What a page carries of a diagnosis: enough to act on without opening another tool (the
+    series' points stay in the incident's record)."""
+    top = diagnosis.top
+    evidence = [
+        {k: v for k, v in e.to_dict().items() if k != "points"} for e in (top.evidence if top else ())
+    ]
+    return {
+        "headline": diagnosis.headline,
+        "status": diagnosis.status,
+        "top_cause": top.cause if top else None,
+        "layer": top.layer if top else None,
+        "confident": diagnosis.confident,
+        "reason": diagnosis.reason,
+        "symptom_onset": diagnosis.symptom_onset,
+        "evidence": evidence,
+        "others": [{"cause": c.cause, "score": round(c.score, 3)} for c in diagnosis.candidates[1:4]],
+        "layers": dict(diagnosis.layers),
+        "dashboard_url": dashboard_link(dashboard_url, diagnosis, labels),
+    }
+
+
+def dashboard_link(base_url: str, diagnosis: Diagnosis, labels: Mapping[str, str]) -> str:
+    """A Grafana link over the diagnosis window (from 40 min before the alert to the diagnosis), with
+    the incident's node, namespace and pod as dashboard variables; "" without a base URL."""
+    if not base_url:
+        return ""
+    params: dict[str, str] = {
+        "from": str(int(diagnosis.window_start * 1000)),
+        "to": str(int(diagnosis.window_end * 1000)),
+    }
+    for name in ("cluster", "node", "namespace", "pod", "model"):
+        if labels.get(name):
+            params[f"var-{name}"] = labels[name]
+    sep = "&" if "?" in base_url else "?"
+    return f"{base_url}{sep}{urlencode(params)}"
 
 
 def summary_page(

@@ -82,6 +82,7 @@ class KubeClient:
         self._core: Any = k8s.CoreV1Api(api_client)
         self._apps: Any = k8s.AppsV1Api(api_client)
         self._coordination: Any = k8s.CoordinationV1Api(api_client)
+        self._batch: Any = k8s.BatchV1Api(api_client)
         self._custom: Any = k8s.CustomObjectsApi(api_client)
 
     @classmethod
@@ -146,6 +147,15 @@ class KubeClient:
         )
         return [self._json(p) for p in pods.items or []]
 
+    async def list_pods(self, namespace: str, label_selector: str) -> list[JSON]:
+        """The pods of one namespace that match a label selector (`a=b,c=d`)."""
+        pods = await self._call(
+            self._core.list_namespaced_pod(
+                namespace, label_selector=label_selector, _request_timeout=self._timeout
+            )
+        )
+        return [self._json(p) for p in pods.items or []]
+
     async def delete_pod(
         self, namespace: str, name: str, uid: str, grace_period_seconds: int | None = None
     ) -> None:
@@ -202,6 +212,53 @@ class KubeClient:
         )
         return self._json(deployment)
 
+    # --- training-job owners: batch Jobs and custom resources (JobSet, PyTorchJob, Volcano)
+
+    async def get_job(self, namespace: str, name: str) -> JSON:
+        """Read one batch/v1 Job."""
+        job = await self._call(
+            self._batch.read_namespaced_job(name, namespace, _request_timeout=self._timeout)
+        )
+        return self._json(job)
+
+    async def list_jobs(self, namespace: str, label_selector: str) -> list[JSON]:
+        """The batch/v1 Jobs of one namespace that match a label selector."""
+        jobs = await self._call(
+            self._batch.list_namespaced_job(
+                namespace, label_selector=label_selector, _request_timeout=self._timeout
+            )
+        )
+        return [self._json(j) for j in jobs.items or []]
+
+    async def delete_job(self, namespace: str, name: str, uid: str, propagation_policy: str) -> None:
+        """Delete a Job only if it is still the one with `uid`; Foreground: its pods go first."""
+        options: JSON = {"preconditions": {"uid": uid}, "propagationPolicy": propagation_policy}
+        await self._call(
+            self._batch.delete_namespaced_job(name, namespace, body=options, _request_timeout=self._timeout)
+        )
+
+    async def get_custom_object(
+        self, group: str, version: str, namespace: str, plural: str, name: str
+    ) -> JSON:
+        """Read one namespaced custom resource."""
+        obj = await self._call(
+            self._custom.get_namespaced_custom_object(
+                group, version, namespace, plural, name, _request_timeout=self._timeout
+            )
+        )
+        return obj if isinstance(obj, dict) else {}
+
+    async def create_custom_object(
+        self, group: str, version: str, namespace: str, plural: str, body: Mapping[str, Any]
+    ) -> JSON:
+        """Create a namespaced custom resource (409 when the name is taken)."""
+        obj = await self._call(
+            self._custom.create_namespaced_custom_object(
+                group, version, namespace, plural, dict(body), _request_timeout=self._timeout
+            )
+        )
+        return obj if isinstance(obj, dict) else {}
+
     # --- leases
 
     async def get_lease(self, namespace: str, name: str) -> JSON:
@@ -229,27 +286,7 @@ class KubeClient:
 
     # --- custom resources (remediation.gpupulse.io: incidents and the controller's switches)
 
-    async def create_custom(
-        self, group: str, version: str, namespace: str, plural: str, body: Mapping[str, Any]
-    ) -> JSON:
-        """Create a namespaced custom object (409 AlreadyExists when the name is taken)."""
-        out = await self._call(
-            self._custom.create_namespaced_custom_object(
-                group, version, namespace, plural, dict(body), _request_timeout=self._timeout
-            )
-        )
-        return dict(out)
-
-    async def get_custom(self, group: str, version: str, namespace: str, plural: str, name: str) -> JSON:
-        """Read one namespaced custom object."""
-        out = await self._call(
-            self._custom.get_namespaced_custom_object(
-                group, version, namespace, plural, name, _request_timeout=self._timeout
-            )
-        )
-        return dict(out)
-
-    async def list_custom(
+    async def list_custom_objects(
         self, group: str, version: str, namespace: str, plural: str, limit: int = 500
     ) -> list[JSON]:
         """Every object of one kind in the namespace, read in pages of `limit` (continue tokens)."""
@@ -267,7 +304,7 @@ class KubeClient:
             if not token:
                 return items
 
-    async def replace_custom_status(
+    async def replace_custom_object_status(
         self, group: str, version: str, namespace: str, plural: str, name: str, body: Mapping[str, Any]
     ) -> JSON:
         """Replace an object's status subresource; 409 when metadata.resourceVersion is stale."""
@@ -278,7 +315,9 @@ class KubeClient:
         )
         return dict(out)
 
-    async def delete_custom(self, group: str, version: str, namespace: str, plural: str, name: str) -> None:
+    async def delete_custom_object(
+        self, group: str, version: str, namespace: str, plural: str, name: str
+    ) -> None:
         """Delete one namespaced custom object."""
         await self._call(
             self._custom.delete_namespaced_custom_object(

@@ -110,7 +110,7 @@ class IncidentStore:
 
     async def load(self) -> Snapshot:
         """Every incident and the switches, as the cluster holds them (a new leader's starting point)."""
-        objs = await self._client.list_custom(GROUP, VERSION, self._s.namespace, INCIDENTS)
+        objs = await self._client.list_custom_objects(GROUP, VERSION, self._s.namespace, INCIDENTS)
         incidents: list[IncidentSnapshot] = []
         for obj in objs:
             name = str(obj["metadata"]["name"])
@@ -122,7 +122,9 @@ class IncidentStore:
             incidents.append(snap)
         switches: dict[str, Any] = {}
         try:
-            obj = await self._client.get_custom(GROUP, VERSION, self._s.namespace, SWITCHES, SWITCHES_NAME)
+            obj = await self._client.get_custom_object(
+                GROUP, VERSION, self._s.namespace, SWITCHES, SWITCHES_NAME
+            )
             self._rv[(SWITCHES, SWITCHES_NAME)] = str(obj["metadata"]["resourceVersion"])
             switches = dict((obj.get("status") or {}).get("switches") or {})
         except KubeNotFound:
@@ -187,7 +189,7 @@ class IncidentStore:
                     "metadata": {"name": name, "namespace": self._s.namespace, "resourceVersion": rv},
                     "status": {**status, "writer": writer},
                 }
-                out = await self._client.replace_custom_status(
+                out = await self._client.replace_custom_object_status(
                     GROUP, VERSION, self._s.namespace, plural, name, body
                 )
                 self.counts.status_writes += 1
@@ -219,7 +221,7 @@ class IncidentStore:
             "spec": spec,
         }
         try:
-            out = await self._client.create_custom(GROUP, VERSION, self._s.namespace, plural, body)
+            out = await self._client.create_custom_object(GROUP, VERSION, self._s.namespace, plural, body)
         except KubeConflict:  # AlreadyExists: our own create whose answer was lost, or another writer's
             return await self._adopt(plural, name)
         self.counts.creates += 1
@@ -229,7 +231,7 @@ class IncidentStore:
 
     async def _adopt(self, plural: str, name: str) -> str:
         """Take the current version of an object we conflicted on, unless a newer term wrote it."""
-        current = await self._client.get_custom(GROUP, VERSION, self._s.namespace, plural, name)
+        current = await self._client.get_custom_object(GROUP, VERSION, self._s.namespace, plural, name)
         writer = (current.get("status") or {}).get("writer") or {}
         term = int(writer.get("term", -1))
         if term > self._s.term:
@@ -246,7 +248,7 @@ class IncidentStore:
     async def prune(self, now: float, retention_seconds: float, keep: int) -> int:
         """Delete closed incidents closed longer ago than retention_seconds or beyond the newest
         `keep` closed ones; open incidents are never pruned. Returns how many were deleted."""
-        objs = await self._client.list_custom(GROUP, VERSION, self._s.namespace, INCIDENTS)
+        objs = await self._client.list_custom_objects(GROUP, VERSION, self._s.namespace, INCIDENTS)
         closed: list[tuple[int, float, str]] = []
         for obj in objs:
             row = ((obj.get("status") or {}).get("row")) or {}
@@ -260,7 +262,7 @@ class IncidentStore:
             if not self._may_act():
                 break
             try:
-                await self._client.delete_custom(GROUP, VERSION, self._s.namespace, INCIDENTS, name)
+                await self._client.delete_custom_object(GROUP, VERSION, self._s.namespace, INCIDENTS, name)
             except KubeNotFound:
                 pass
             self.counts.deletes += 1

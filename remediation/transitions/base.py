@@ -38,6 +38,7 @@ class TransitionsBase:
         *,
         verifying: bool,
         pager_name: str,
+        diagnosing: bool = False,
     ) -> None:
         self.settings = settings
         self.library = library
@@ -47,6 +48,8 @@ class TransitionsBase:
         # whether a PromQL verifier is configured (signatures' verify_promql are checked only then)
         self.verifying = verifying
         self.pager_name = pager_name
+        # whether a Prometheus is there to diagnose from (settings.diagnosis.enabled and a URL)
+        self.diagnosing = diagnosing
         self._db = db
         self._loops = LoopDetector(db, settings.loops)
         self._safety = SafetyGate(db, settings.budgets, settings.cluster_node_count)

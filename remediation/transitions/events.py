@@ -9,7 +9,8 @@ from typing import Any
 from remediation.decide import HELD_DUE
 from remediation.decide.freshness import is_fresh, staleness
 from remediation.decide.incidents import incident_key, opening_fields, resolved_step
-from remediation.effects import Effect
+from remediation.diagnosis.types import NO_PROMETHEUS, Diagnosis, no_diagnosis
+from remediation.effects import Diagnose, Effect
 from remediation.ladder import first_step, loop_identity, target_from_labels, target_problem
 from remediation.ledger import OPEN_STATES
 from remediation.model import AlertEvent, Rung, Target
@@ -120,6 +121,8 @@ class EventTransitions(LadderTransitions):
             f"ladder {' -> '.join(sig.ladder.rungs)}",
             details={"signature": sig.name, "restart_fixes": sig.restart_fixes, "reason": sig.reason},
         )
+        if self.settings.diagnosis.enabled and not self.diagnosing:
+            self._db.add_diagnosis(incident_id, now, "open", _no_prometheus(now))
         out_of_scope = in_scope(self.settings.scope, target, labels, event.annotations, node_labels)
         if out_of_scope and self.settings.scope.off_scope == "page":
             self._entry(inc, "event", "out_of_scope", f"paged, not acted on: {out_of_scope}")
@@ -149,14 +152,32 @@ class EventTransitions(LadderTransitions):
                 effects += self._request_page(
                     incident_id, now, "informational page on open; the ladder continues"
                 )
-        if sig.ladder.act_after_seconds > 0:
-            self._set(incident_id, next_at=now + sig.ladder.act_after_seconds)
-            self._entry(
-                inc,
-                "event",
-                "waiting",
-                f"acting only if still firing after {sig.ladder.act_after_seconds:.0f} s",
-            )
+        if acting and self.diagnosing:
+            effects.append(Diagnose(incident_id, labels, event.starts_at.timestamp()))
+        # wait for the diagnosis where it could change what the signature does
+        wait = (
+            self.settings.diagnosis.wait_seconds
+            if acting
+            and self.diagnosing
+            and (sig.diagnosis.acts_on or sig.diagnosis.effective_not_when(sig.ladder.rungs))
+            else 0.0
+        )
+        if sig.ladder.act_after_seconds > 0 or wait > 0:
+            self._set(incident_id, next_at=now + max(sig.ladder.act_after_seconds, wait))
+            if sig.ladder.act_after_seconds > 0:
+                self._entry(
+                    inc,
+                    "event",
+                    "waiting",
+                    f"acting only if still firing after {sig.ladder.act_after_seconds:.0f} s",
+                )
+            if wait > 0:
+                self._entry(
+                    inc,
+                    "event",
+                    "waiting",
+                    f"waiting up to {wait:.0f} s for the diagnosis before acting",
+                )
             return incident_id, effects
         rung, attempt = first_step(sig.ladder)
         return incident_id, effects + self._start(incident_id, rung, attempt, now)
@@ -200,3 +221,13 @@ class EventTransitions(LadderTransitions):
         elif step == "verify":
             return self._verified_or_check(incident_id, now)
         return []
+
+
+def _no_prometheus(now: float) -> Diagnosis:
+    return no_diagnosis(
+        NO_PROMETHEUS,
+        "no Prometheus is configured (--diagnosis.prometheus-url or --verify.prometheus-url)",
+        window_start=now,
+        window_end=now,
+        computed_at=now,
+    )

@@ -6,10 +6,12 @@ import logging
 from typing import Any
 
 from remediation.decide.incidents import ladder_end_reason
+from remediation.diagnosis.policy import veto
 from remediation.effects import Act, CheckPromQL, Effect
 from remediation.ladder import incident_identity, next_step
 from remediation.model import Rung
 from remediation.safety import PAUSE
+from remediation.signatures import Signature
 from remediation.tracing import AttrValue
 from remediation.transitions.paging import PagingTransitions
 from remediation.verify import render_query
@@ -39,19 +41,29 @@ class LadderTransitions(PagingTransitions):
             inc = self._row(incident_id)
         if rung == "page":
             return self._page(incident_id, now, ladder_end_reason(inc, sig))
-        if rung == "restart":
-            loop = self._loops.restart_loop(inc.loop_key, now)
+        if not retry:
+            vetoed = self._diagnosis_veto(inc.id, sig)
+            if vetoed:
+                self._later(lambda: self.metrics.actions.labels(rung=rung, outcome="skipped").inc())
+                self._entry(inc, "action", "skipped", vetoed, rung=rung, attempt=attempt, finished_at=now)
+                self._conclude_rung(self._row(incident_id), "skipped", vetoed)
+                return self._page(incident_id, now, vetoed)
+        job = target.kind == "job"
+        if rung == "restart" or (job and rung == "migrate"):
+            loop = self._loops.restart_loop(inc.loop_key, now, job=job)
             if loop:
+                # a job whose restarts do not hold is not restarted by the other rung either
+                skip: frozenset[Rung] = frozenset({"restart", "migrate"}) if job else frozenset({"restart"})
                 self._record_loop(inc, loop, now)
                 self._later(self.metrics.loops.inc)
-                self._later(lambda: self.metrics.actions.labels(rung="restart", outcome="skipped").inc())
+                self._later(lambda: self.metrics.actions.labels(rung=rung, outcome="skipped").inc())
                 self._entry(
-                    inc, "action", "skipped", loop.detail, rung="restart", attempt=attempt, finished_at=now
+                    inc, "action", "skipped", loop.detail, rung=rung, attempt=attempt, finished_at=now
                 )
                 self._set(incident_id, reason=loop.detail)
                 self._conclude_rung(self._row(incident_id), "skipped", loop.detail)
-                nxt, nxt_attempt = next_step(sig.ladder, "restart", attempt, blocked | {"restart"})
-                return self._start(incident_id, nxt, nxt_attempt, now, blocked | {"restart"})
+                nxt, nxt_attempt = next_step(sig.ladder, rung, attempt, blocked | skip)
+                return self._start(incident_id, nxt, nxt_attempt, now, blocked | skip)
         common: dict[str, Any] = {
             "rung": rung,
             "attempt": attempt,
@@ -91,6 +103,11 @@ class LadderTransitions(PagingTransitions):
         entry_id = self._entry(inc, "action", "started", f"{rung} {target.key}", **common)
         self._set(incident_id, state="acting", next_at=None, resolved_at=None)
         return [Act(entry_id, incident_id, rung, target, reason)]
+
+    def _diagnosis_veto(self, incident_id: int, sig: Signature) -> str:
+        """Why the incident's latest confident diagnosis rules out acting ("" when it does not)."""
+        latest = self._db.latest_diagnosis(incident_id)
+        return veto(sig.diagnosis, sig.ladder.rungs, latest.diagnosis if latest is not None else None)
 
     def _escalate(
         self, incident_id: int, now: float, why: str, blocked: frozenset[Rung] = frozenset()

@@ -5,13 +5,41 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from remediation.diagnosis.types import Diagnosis
 from remediation.effects import Act, CheckPromQL, Effect, SendGroupPage, SendPage
+from remediation.ladder import first_step
 from remediation.safety import BREAKER
 from remediation.transitions.timers import TimerTransitions
 
 
 class Transitions(TimerTransitions):
     """Every transition of the engine's state machine; the runner reports outcomes through these."""
+
+    def on_diagnosis(self, incident_id: int, trigger: str, diagnosis: Diagnosis) -> list[Effect]:
+        """Record a diagnosis with its incident; an incident waiting for it to act goes on."""
+        now = self.clock.time()
+        inc = self._db.incident(incident_id)
+        if inc is None:
+            return []
+        self._db.add_diagnosis(incident_id, now, trigger, diagnosis)
+        when = "refreshed before paging" if trigger == "page" else "on open"
+        self._entry(inc, "event", "diagnosed", f"{diagnosis.headline} ({when})")
+        top = diagnosis.top
+        layer, cause = (top.layer, top.cause) if top is not None else ("none", "none")
+        confident = "true" if diagnosis.confident else "false"
+        self._later(
+            lambda: self.metrics.diagnoses.labels(layer=layer, cause=cause, confident=confident).inc()
+        )
+        waiting = inc.state == "open" and inc.next_at is not None and inc.firing_fps and not inc.held
+        if trigger != "open" or not waiting:
+            return []
+        sig = self._sig(inc)
+        due = inc.opened_at + sig.ladder.act_after_seconds
+        if now < due:
+            self._set(incident_id, next_at=due)  # the signature's own wait still runs
+            return []
+        rung, attempt = first_step(sig.ladder)
+        return self._start(incident_id, rung, attempt, now)
 
     def on_action_done(
         self, eff: Act, outcome: str, summary: str, details: Mapping[str, Any], delay: float

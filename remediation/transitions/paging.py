@@ -71,11 +71,24 @@ class PagingTransitions(TransitionsBase):
         entry_id = self._entry(
             inc, "action", "started", "resolve page" if resolved else "page", rung="page", attempt=1
         )
-        return SendPage(incident_id, entry_id, self._build_page(self._row(incident_id), resolved))
+        inc = self._row(incident_id)
+        if resolved or not self.diagnosing:
+            return SendPage(incident_id, entry_id, self._build_page(inc, resolved))
+        # the runner refreshes the diagnosis just before sending (Prometheus is read off this thread)
+        return SendPage(incident_id, entry_id, self._build_page(inc, resolved), inc.labels, inc.opened_at)
 
     def _build_page(self, inc: Incident, resolved: bool) -> Page:
         history = self._db.history(inc.id)
-        return incident_page(inc, self._sig(inc), history, self.settings.runbook_base_url, resolved)
+        latest = self._db.latest_diagnosis(inc.id)
+        return incident_page(
+            inc,
+            self._sig(inc),
+            history,
+            self.settings.runbook_base_url,
+            resolved,
+            latest.diagnosis if latest is not None else None,
+            self.settings.diagnosis.dashboard_url,
+        )
 
     def _join_group(self, incident_id: int, now: float, why: str = "") -> list[Effect]:
         inc = self._row(incident_id)

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.skipif(shutil.which(PROMTOOL) is None, reason="promtool
 
 def _run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [PROMTOOL, *args], capture_output=True, text=True, timeout=100, cwd=cwd, check=False
+        [PROMTOOL, *args], capture_output=True, text=True, timeout=300, cwd=cwd, check=False
     )
 
 

@@ -2,10 +2,16 @@
 
 Served: pods get/list/watch/delete (DeleteOptions preconditions), pods/eviction (policy/v1, PDB evaluation),
 nodes get/patch (merge and strategic-merge patch, resourceVersion conflicts), Leases get/create/replace,
-ReplicaSets get, Deployments get/patch, PodDisruptionBudgets list, and namespaced custom resources of
-the kinds registered in `crds` (create/get/list with limit+continue/replace/delete, and the status
-subresource: the main resource ignores status, status writes ignore everything else, an update needs
-metadata.resourceVersion and a stale one is a 409). Errors are real `Status` bodies.
+ReplicaSets get, Deployments get/patch, PodDisruptionBudgets list, and the training-job owners: batch/v1
+Jobs and the custom resources of `SERVED` (JobSet, PyTorchJob, Volcano Job and Command,
+LeaderWorkerSet) get/list/create/delete, with labelSelector on lists, generateName and AlreadyExists on
+create, and DeleteOptions preconditions and propagationPolicy (Foreground and Background delete the
+pods the object controls, as the garbage collector would; Orphan leaves them). A group/version/plural
+outside `SERVED` answers 404, as an API server without that CRD does. The kinds in `WITH_STATUS`
+(the controller's own GpuIncident and GpuRemediationState) have the status subresource, as their
+CRDs declare: create drops status, PUT replaces the main resource keeping status, PUT .../status
+changes only status; both updates need metadata.resourceVersion (422 without, 409 when stale);
+lists take limit and continue. Errors are real `Status` bodies.
 Tests reach it through kubernetes_asyncio with a kubeconfig written by `write_kubeconfig`.
 
 Pods (all namespaces or one) can be listed and watched, as the exporter does. Watches follow the API
@@ -45,6 +51,61 @@ JSON = dict[str, Any]
 Key = tuple[str, str]
 
 MERGE_PATCH_TYPES = ("application/merge-patch+json", "application/strategic-merge-patch+json")
+
+# (group/version, plural) -> kind of the workload objects served besides the core ones
+SERVED: dict[tuple[str, str], str] = {
+    ("batch/v1", "jobs"): "Job",
+    ("jobset.x-k8s.io/v1alpha2", "jobsets"): "JobSet",
+    ("kubeflow.org/v1", "pytorchjobs"): "PyTorchJob",
+    ("batch.volcano.sh/v1alpha1", "jobs"): "Job",
+    ("bus.volcano.sh/v1alpha1", "commands"): "Command",
+    ("leaderworkerset.x-k8s.io/v1", "leaderworkersets"): "LeaderWorkerSet",
+    ("remediation.gpupulse.io/v1", "gpuincidents"): "GpuIncident",
+    ("remediation.gpupulse.io/v1", "gpuremediationstates"): "GpuRemediationState",
+}
+# kinds served with the status subresource (helm/gpupulse/crds/remediation.gpupulse.io.yaml)
+WITH_STATUS = {
+    ("remediation.gpupulse.io/v1", "gpuincidents"),
+    ("remediation.gpupulse.io/v1", "gpuremediationstates"),
+}
+ObjKey = tuple[str, str, str, str]  # (group/version, plural, namespace, name)
+_SELECTOR_TERM = re.compile(r"^\s*(!?)([A-Za-z0-9._/-]+)\s*(?:(==|=|!=)\s*([A-Za-z0-9._-]*))?\s*$")
+
+
+def parse_label_selector(text: str) -> list[tuple[str, str, str]]:
+    """(op, key, value) terms of an equality-based selector (`a=b,c!=d,e,!f`); 400 on anything else."""
+    terms = []
+    for part in [p for p in text.split(",") if p.strip()]:
+        m = _SELECTOR_TERM.match(part)
+        if m is None:
+            raise ApiError(400, "BadRequest", f"unable to parse requirement: {part!r}")
+        neg, key, op, value = m.groups()
+        if neg and op:
+            raise ApiError(400, "BadRequest", f"unable to parse requirement: {part!r}")
+        terms.append(("!" if neg else (op.replace("==", "=") if op else "exists"), key, value or ""))
+    return terms
+
+
+def selector_matches(terms: list[tuple[str, str, str]], labels: JSON) -> bool:
+    for op, key, value in terms:
+        have = labels.get(key)
+        if (op == "=" and have != value) or (op == "!=" and have == value):
+            return False
+        if (op == "exists" and have is None) or (op == "!" and have is not None):
+            return False
+    return True
+
+
+def owner_ref(obj: JSON) -> JSON:
+    """A controller ownerReference to `obj`."""
+    return {
+        "apiVersion": obj["apiVersion"],
+        "kind": obj["kind"],
+        "name": obj["metadata"]["name"],
+        "uid": obj["metadata"]["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
 
 
 def status_body(code: int, reason: str, message: str, details: JSON | None = None) -> JSON:
@@ -176,14 +237,7 @@ class FakeKubeAPI:
     replicasets: dict[Key, JSON] = field(default_factory=dict)
     deployments: dict[Key, JSON] = field(default_factory=dict)
     pdbs: dict[Key, JSON] = field(default_factory=dict)
-    # custom resources: (group, plural) -> kind of each served CRD (status subresource on), and objects
-    crds: dict[tuple[str, str], str] = field(
-        default_factory=lambda: {
-            ("remediation.gpupulse.io", "gpuincidents"): "GpuIncident",
-            ("remediation.gpupulse.io", "gpuremediationstates"): "GpuRemediationState",
-        }
-    )
-    custom: dict[tuple[str, str, str, str], JSON] = field(default_factory=dict)  # (group, plural, ns, name)
+    objects: dict[ObjKey, JSON] = field(default_factory=dict)  # Jobs and the custom resources of SERVED
     requests: list[Recorded] = field(default_factory=list)
     deleted: list[tuple[str, str, str]] = field(default_factory=list)  # (ns/name, uid, "delete"|"eviction")
     faults: list[Fault] = field(default_factory=list)
@@ -222,13 +276,13 @@ class FakeKubeAPI:
         r.add_get("/apis/apps/v1/namespaces/{ns}/deployments/{name}", self._get_deployment)
         r.add_patch("/apis/apps/v1/namespaces/{ns}/deployments/{name}", self._patch_deployment)
         r.add_get("/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets", self._list_pdbs)
-        custom_base = "/apis/{group}/{version}/namespaces/{ns}/{plural}"
-        r.add_post(custom_base, self._create_custom)
-        r.add_get(custom_base, self._list_custom)
-        r.add_get(custom_base + "/{name}", self._get_custom)
-        r.add_put(custom_base + "/{name}", self._replace_custom)
-        r.add_put(custom_base + "/{name}/status", self._replace_custom_status)
-        r.add_delete(custom_base + "/{name}", self._delete_custom)
+        objects = "/apis/{group}/{version}/namespaces/{ns}/{plural}"
+        r.add_get(objects, self._list_objects)
+        r.add_post(objects, self._create_object)
+        r.add_get(objects + "/{name}", self._get_object)
+        r.add_put(objects + "/{name}", self._replace_object)
+        r.add_put(objects + "/{name}/status", self._replace_object_status)
+        r.add_delete(objects + "/{name}", self._delete_object)
         r.add_get("/_fake/requests", self._debug_requests)
         r.add_get("/_fake/state", self._debug_state)
         # a client that goes away ends its handler (a watch), as the API server cancels the request context
@@ -305,10 +359,14 @@ class FakeKubeAPI:
         annotations: dict[str, str] | None = None,
         gpus: int = 0,
         phase: str = "Running",
+        controller: JSON | None = None,
     ) -> JSON:
-        """A pod bound to `node`; owner is (kind, name) of its controller."""
+        """A pod bound to `node`; owner is (kind, name) of its controller, or `controller` an object
+        added with add_object (its ownerReference, uid included)."""
         owners = None
-        if owner is not None:
+        if controller is not None:
+            owners = [owner_ref(controller)]
+        elif owner is not None:
             api = "v1" if owner[0] == "ReplicationController" else "apps/v1"
             api = "batch/v1" if owner[0] == "Job" else api
             owners = [
@@ -449,6 +507,37 @@ class FakeKubeAPI:
         self.pdbs[(namespace, name)] = pdb
         return pdb
 
+    def add_object(
+        self,
+        api_version: str,
+        plural: str,
+        namespace: str,
+        name: str,
+        spec: JSON | None = None,
+        labels: dict[str, str] | None = None,
+        controller: JSON | None = None,
+    ) -> JSON:
+        """A Job or custom resource of SERVED, optionally controlled by another object."""
+        kind = SERVED[(api_version, plural)]
+        owners = [owner_ref(controller)] if controller is not None else None
+        body: JSON = dict(spec or {})
+        obj: JSON = {
+            "apiVersion": api_version,
+            "kind": kind,
+            "metadata": self._meta(name, namespace, labels=labels, ownerReferences=owners),
+            "spec": body,
+        }
+        if api_version == "batch/v1":  # the API server defaults and requires these on every Job
+            body.setdefault("completionMode", "NonIndexed")
+            body.setdefault(
+                "template", {"spec": {"containers": [{"name": "main", "image": "registry.example/train:1"}]}}
+            )
+        self.objects[(api_version, plural, namespace, name)] = obj
+        return obj
+
+    def objects_of(self, api_version: str, plural: str) -> list[JSON]:
+        return [o for (av, pl, _, _), o in self.objects.items() if (av, pl) == (api_version, plural)]
+
     def seed(self, doc: dict[str, Any]) -> None:
         """Load nodes, pods, ReplicaSets, Deployments and PDBs from a JSON-shaped document."""
         for n in doc.get("nodes") or []:
@@ -569,10 +658,13 @@ class FakeKubeAPI:
         node = _node_selector(request) if resource == "pods" else None
         if parse_bool(request.query.get("watch")):
             return await self._watch(request, resource, namespace, node)
+        terms = parse_label_selector(request.query.get("labelSelector", ""))
         items = [
             o
             for (ns, _), o in self._store(resource).items()
-            if (namespace is None or ns == namespace) and (node is None or _pod_node(o) == node)
+            if (namespace is None or ns == namespace)
+            and (node is None or _pod_node(o) == node)
+            and selector_matches(terms, o["metadata"].get("labels") or {})
         ]
         return self._list("PodList", copy.deepcopy(items), str(self._rv))
 
@@ -816,87 +908,105 @@ class FakeKubeAPI:
         items = [p for (pns, _), p in self.pdbs.items() if pns == ns]
         return self._list("PodDisruptionBudgetList", copy.deepcopy(items), str(self._rv))
 
-    # --- custom resources (CRDs with the status subresource), as the apiextensions server serves them
+    # --- batch Jobs and custom resources
 
-    def _crd_kind(self, request: web.Request) -> tuple[str, str, str]:
-        group, plural = request.match_info["group"], request.match_info["plural"]
-        kind = self.crds.get((group, plural))
-        if kind is None or request.match_info["version"] != "v1":
+    @staticmethod
+    def _served(request: web.Request) -> tuple[str, str, str]:
+        m = request.match_info
+        api_version = f"{m['group']}/{m['version']}"
+        if (api_version, m["plural"]) not in SERVED:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
-        return group, plural, kind
+        return api_version, m["plural"], m["ns"]
 
-    def _custom_obj(self, request: web.Request) -> tuple[tuple[str, str, str, str], JSON]:
-        group, plural, _ = self._crd_kind(request)
-        key = (group, plural, request.match_info["ns"], request.match_info["name"])
-        if key not in self.custom:
-            raise self._not_found(f"{plural}.{group}", key[3])
-        return key, self.custom[key]
+    def _object(self, request: web.Request) -> tuple[ObjKey, JSON]:
+        api_version, plural, ns = self._served(request)
+        key = (api_version, plural, ns, request.match_info["name"])
+        if key not in self.objects:
+            raise self._not_found(f"{plural}.{request.match_info['group']}", key[3])
+        return key, self.objects[key]
 
-    async def _create_custom(self, request: web.Request) -> web.Response:
-        group, plural, kind = self._crd_kind(request)
-        ns = request.match_info["ns"]
-        body = copy.deepcopy(await _body(request) or {})
-        name = str((body.get("metadata") or {}).get("name") or "")
-        if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?", name):
-            raise ApiError(
-                422, "Invalid", f'{kind}.{group} "{name}" is invalid: metadata.name: Invalid value'
-            )
-        if (group, plural, ns, name) in self.custom:
-            raise ApiError(
-                409,
-                "AlreadyExists",
-                f'{plural}.{group} "{name}" already exists',
-                {"name": name, "group": group, "kind": plural},
-            )
-        body.pop("status", None)  # the status subresource: a create does not set status
-        meta = body.get("metadata") or {}
-        body["metadata"] = self._meta(
-            name, ns, labels=meta.get("labels"), annotations=meta.get("annotations")
+    async def _list_objects(self, request: web.Request) -> web.Response:
+        api_version, plural, ns = self._served(request)
+        terms = parse_label_selector(request.query.get("labelSelector", ""))
+        items = sorted(
+            (
+                o
+                for (av, pl, ons, _), o in self.objects.items()
+                if (av, pl, ons) == (api_version, plural, ns)
+                and selector_matches(terms, o["metadata"].get("labels") or {})
+            ),
+            key=lambda o: str(o["metadata"]["name"]),
         )
-        body["metadata"]["generation"] = 1
-        self.custom[(group, plural, ns, name)] = body
-        return web.json_response(body, status=201)
-
-    async def _get_custom(self, request: web.Request) -> web.Response:
-        return web.json_response(self._custom_obj(request)[1])
-
-    async def _list_custom(self, request: web.Request) -> web.Response:
-        group, plural, kind = self._crd_kind(request)
-        ns = request.match_info["ns"]
-        names = sorted(n for (g, p, o, n) in self.custom if (g, p, o) == (group, plural, ns))
-        start = request.query.get("continue", "")
-        if start:
-            names = [n for n in names if n > start]
-        limit = int(request.query.get("limit", "0") or 0)
         meta: JSON = {"resourceVersion": str(self._rv)}
-        if limit and len(names) > limit:
-            names = names[:limit]
-            meta["continue"] = names[-1]  # opaque to clients; the API server encodes a key
-        items = [self.custom[(group, plural, ns, n)] for n in names]
+        start = request.query.get("continue", "")
+        if start:  # opaque to clients; the API server encodes a key the same way in spirit
+            items = [o for o in items if str(o["metadata"]["name"]) > start]
+        limit = int(request.query.get("limit", "0") or 0)
+        if limit and len(items) > limit:
+            items = items[:limit]
+            meta["continue"] = str(items[-1]["metadata"]["name"])
+        kind = SERVED[(api_version, plural)]
         return web.json_response(
-            {"apiVersion": f"{group}/v1", "kind": f"{kind}List", "metadata": meta, "items": items}
+            {
+                "kind": f"{kind}List",
+                "apiVersion": api_version,
+                "metadata": meta,
+                "items": copy.deepcopy(items),
+            }
         )
 
-    def _check_update(self, current: JSON, body: JSON, resource: str) -> None:
+    async def _get_object(self, request: web.Request) -> web.Response:
+        return web.json_response(self._object(request)[1])
+
+    async def _create_object(self, request: web.Request) -> web.Response:
+        api_version, plural, ns = self._served(request)
+        body = await _body(request)
+        if not isinstance(body, dict) or body.get("apiVersion") != api_version:
+            raise ApiError(400, "BadRequest", f"the body is not a {api_version} object")
+        meta = dict(body.get("metadata") or {})
+        name = meta.get("name") or ""
+        if not name and meta.get("generateName"):
+            name = f"{meta['generateName']}{uuid.uuid4().hex[:5]}"
+        if not name:
+            raise ApiError(422, "Invalid", "metadata.name: Required value: name or generateName is required")
+        if (api_version, plural, ns, name) in self.objects:
+            raise ApiError(409, "AlreadyExists", f'{plural} "{name}" already exists', {"name": name})
+        obj = dict(body)
+        obj["metadata"] = {**meta, **self._meta(name, ns)}
+        if (api_version, plural) in WITH_STATUS:  # the status subresource: a create does not set status
+            obj.pop("status", None)
+            obj["metadata"]["generation"] = 1
+        self.objects[(api_version, plural, ns, name)] = obj
+        return web.json_response(obj, status=201)
+
+    def _check_update(self, key: ObjKey, current: JSON, body: JSON) -> None:
         wanted = (body.get("metadata") or {}).get("resourceVersion")
-        name = current["metadata"]["name"]
+        resource = f"{key[1]}.{key[0].split('/')[0]}"
         if not wanted:  # custom resources do not allow unconditional updates
             raise ApiError(
                 422,
                 "Invalid",
-                f'{resource} "{name}" is invalid: metadata.resourceVersion: Invalid value: '
-                "0: must be specified for an update",
+                f'{resource} "{key[3]}" is invalid: metadata.resourceVersion: Invalid value: 0: '
+                "must be specified for an update",
             )
         if wanted != current["metadata"]["resourceVersion"]:
-            raise self._conflict(resource, name)
+            raise self._conflict(resource, key[3])
 
-    async def _replace_custom(self, request: web.Request) -> web.Response:
-        key, current = self._custom_obj(request)
+    def _with_status(self, request: web.Request) -> tuple[ObjKey, JSON]:
+        key, current = self._object(request)
+        if (key[0], key[1]) not in WITH_STATUS:
+            raise ApiError(
+                405, "MethodNotAllowed", "this fake serves updates for the status-subresource kinds only"
+            )
+        return key, current
+
+    async def _replace_object(self, request: web.Request) -> web.Response:
+        key, current = self._with_status(request)
         body = copy.deepcopy(await _body(request) or {})
-        self._check_update(current, body, f"{key[1]}.{key[0]}")
-        new = {**body, "status": copy.deepcopy(current.get("status")) if "status" in current else None}
-        if new["status"] is None:
-            new.pop("status")
+        self._check_update(key, current, body)
+        new = {k: v for k, v in body.items() if k != "status"}
+        if "status" in current:  # the main resource never changes status
+            new["status"] = copy.deepcopy(current["status"])
         meta = body.get("metadata") or {}
         new["metadata"] = {
             **current["metadata"],
@@ -905,24 +1015,35 @@ class FakeKubeAPI:
         }
         if body.get("spec") != current.get("spec"):
             new["metadata"]["generation"] = current["metadata"].get("generation", 1) + 1
-        self.custom[key] = new
+        self.objects[key] = new
         return web.json_response(new)
 
-    async def _replace_custom_status(self, request: web.Request) -> web.Response:
-        key, current = self._custom_obj(request)
+    async def _replace_object_status(self, request: web.Request) -> web.Response:
+        key, current = self._with_status(request)
         body = copy.deepcopy(await _body(request) or {})
-        self._check_update(current, body, f"{key[1]}.{key[0]}")
+        self._check_update(key, current, body)
         new = copy.deepcopy(current)  # a status write changes only status
         new["status"] = body.get("status") or {}
         new["metadata"]["resourceVersion"] = self.next_rv()
-        self.custom[key] = new
+        self.objects[key] = new
         return web.json_response(new)
 
-    async def _delete_custom(self, request: web.Request) -> web.Response:
-        key, current = self._custom_obj(request)
-        del self.custom[key]
-        # the API server answers a delete without finalizers with the object as it was
-        return web.json_response(current)
+    async def _delete_object(self, request: web.Request) -> web.Response:
+        key, obj = self._object(request)
+        options = await _body(request)
+        self._check_preconditions(obj, options)
+        policy = (options or {}).get("propagationPolicy") or "Background"
+        del self.objects[key]
+        uid = obj["metadata"]["uid"]
+        self.deleted.append((f"{key[2]}/{key[3]}", uid, f"delete {key[1]} {policy}"))
+        if policy in ("Foreground", "Background"):
+            for pod in [
+                p
+                for p in self.pods.values()
+                if any(o.get("uid") == uid for o in p["metadata"].get("ownerReferences") or [])
+            ]:
+                self._remove_pod(pod, f"garbage-collected ({policy})")
+        return web.json_response(obj)
 
     # --- debug endpoints for out-of-process proofs
 
@@ -939,7 +1060,7 @@ class FakeKubeAPI:
                 "pods": {f"{ns}/{name}": p for (ns, name), p in self.pods.items()},
                 "leases": {f"{ns}/{name}": lease for (ns, name), lease in self.leases.items()},
                 "deleted": [list(d) for d in self.deleted],
-                "custom": {f"{p}/{ns}/{n}": o for (_, p, ns, n), o in self.custom.items()},
+                "custom": {f"{pl}/{ns}/{n}": o for (_, pl, ns, n), o in self.objects.items()},
             }
         )
 

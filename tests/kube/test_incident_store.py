@@ -16,7 +16,14 @@ import pytest
 from remediation.engine import RemediationEngine, build_engine
 from remediation.errors import Fenced, ReplicationLost
 from remediation.kube.client import KubeClient
-from remediation.kube.incidents import GROUP, INCIDENTS, IncidentStore, IncidentStoreSettings, incident_name
+from remediation.kube.incidents import (
+    GROUP,
+    INCIDENTS,
+    VERSION,
+    IncidentStore,
+    IncidentStoreSettings,
+    incident_name,
+)
 from remediation.ledger import Ledger, connect
 from remediation.metrics import RemediationMetrics
 from remediation.replication import restore
@@ -27,6 +34,7 @@ from tests.fakes.pager_sink import RecordingPager
 from tests.remediation.test_engine_support import LEAK, Rig, ScriptedBackend, statuses
 
 NS = "gpupulse"
+GV = f"{GROUP}/{VERSION}"
 
 
 @dataclass
@@ -83,7 +91,7 @@ class ClusterRig:
         await self.lead()
 
     def objects(self) -> dict[str, dict[str, Any]]:
-        return {n: o for (g, p, ns, n), o in self.api.custom.items() if (g, p, ns) == (GROUP, INCIDENTS, NS)}
+        return {n: o for (g, p, ns, n), o in self.api.objects.items() if (g, p, ns) == (GV, INCIDENTS, NS)}
 
     def event(self, labels: dict[str, str], status: str = "firing") -> Any:
         return Rig.event(cast(Rig, self), labels, status)
@@ -178,8 +186,8 @@ async def test_conflict_with_an_older_term_is_retried_on_the_new_version(rig: Cl
     ev = rig.event(LEAK)
     await rig.engine.handle(ev)
     await rig.engine.wait_idle()
-    key = (GROUP, INCIDENTS, NS, incident_name(1))
-    rig.api.custom[key]["metadata"]["resourceVersion"] = rig.api.next_rv()  # someone wrote meanwhile
+    key = (GV, INCIDENTS, NS, incident_name(1))
+    rig.api.objects[key]["metadata"]["resourceVersion"] = rig.api.next_rv()  # someone wrote meanwhile
     await rig.engine.handle(replace(ev, status="resolved"))
     await rig.engine.wait_idle()
     assert rig.store.counts.conflicts == 1
@@ -191,8 +199,8 @@ async def test_conflict_with_an_older_term_is_retried_on_the_new_version(rig: Cl
 async def test_conflict_with_a_newer_term_fences_this_replica(rig: ClusterRig) -> None:
     await rig.engine.handle(rig.event(LEAK))
     await rig.engine.wait_idle()
-    key = (GROUP, INCIDENTS, NS, incident_name(1))
-    obj = rig.api.custom[key]
+    key = (GV, INCIDENTS, NS, incident_name(1))
+    obj = rig.api.objects[key]
     obj["status"]["writer"] = {"holder": "replica-9", "term": 9}
     obj["metadata"]["resourceVersion"] = rig.api.next_rv()
     other = rig.event({**LEAK, "pod": "vllm-other"})
@@ -272,7 +280,7 @@ async def test_prune_deletes_old_and_surplus_closed_incidents_never_open_ones(ri
 async def test_objects_of_a_newer_schema_are_read_without_their_unknown_fields(rig: ClusterRig) -> None:
     await rig.engine.handle(rig.event(LEAK))
     await rig.engine.wait_idle()
-    obj = rig.api.custom[(GROUP, INCIDENTS, NS, incident_name(1))]
+    obj = rig.api.objects[(GV, INCIDENTS, NS, incident_name(1))]
     obj["spec"]["schemaVersion"] = 2
     obj["status"]["row"]["diagnosis_from_the_future"] = "x"
     await rig.lose_node()

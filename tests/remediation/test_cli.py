@@ -246,4 +246,4 @@ def test_signatures_subcommand_is_delegated_when_the_engine_ships_it(
 
     monkeypatch.setattr(importlib, "import_module", no_signatures_cli)
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
-    assert set(sub.choices) == {"serve"}  # absent module: skipped, serve still works
+    assert set(sub.choices) == {"serve", "incidents"}  # absent module: skipped, serve still works

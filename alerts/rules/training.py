@@ -1,0 +1,190 @@
+"""Training alerts: a hung job, a straggling rank, a degraded job, a node fault under a job's rank.
+
+Every rank of a distributed job is one GPU process; the exporter tells which job and rank it belongs to
+in `gpu_training_rank_info` (docs/design/training.md), and the rules join the per-GPU signals to it on
+`uuid`. A synchronous job shows a hang as every rank holding a kernel (NCCL's spinning collective)
+with no tensor work and no interconnect traffic, and a straggler as one rank out of step with the
+median of its gang: clocks held down, or busy while the others wait for it in the collective.
+"""
+
+from __future__ import annotations
+
+from alerts.config import RulesConfig
+from alerts.rules.common import alert
+from alerts.rules.hardware import GPU_BY, RANK_INFO, events
+from alerts.rules.model import Group, Record, RuleFile
+from alerts.rules.promql import num
+from gpupulse.xid import xid_class
+
+PCIE_THROUGHPUT = "gpu_pcie_throughput_bytes_per_second"
+NVLINK_THROUGHPUT = "gpu_nvlink_throughput_bytes_per_second"
+# the series the exporter adds for training (issue 13); the lint checks the rules against these until
+# the metric catalog declares them
+TRAINING_SERIES = (RANK_INFO, PCIE_THROUGHPUT, NVLINK_THROUGHPUT)
+
+THROTTLE_REASONS = "sw_power_cap|hw_slowdown|sw_thermal_slowdown|hw_thermal_slowdown|hw_power_brake_slowdown"
+JOB_BY = "namespace, training_job_kind, training_job"
+RANK_BY = f"{JOB_BY}, rank, pod, node, uuid, gpu"
+
+RANK_TENSOR = "rank:gpu_tensor_active:ratio"
+RANK_SM_CLOCK = "rank:gpu_sm_clock:hertz"
+RANK_BUSY_IDLE = "rank:gpu_training_busy_idle:bool"
+JOB_RANKS = "training_job:gpu_training_ranks:count"
+JOB_TENSOR = "training_job:gpu_tensor_active:sum"
+
+_JOB_TEXT = "{{ $labels.training_job_kind }} {{ $labels.namespace }}/{{ $labels.training_job }}"
+_RANK_TEXT = (
+    "rank {{ $labels.rank }} (pod {{ $labels.pod }}, GPU {{ $labels.gpu }} {{ $labels.uuid }} "
+    "on {{ $labels.node }})"
+)
+
+
+def _per_rank(metric: str) -> str:
+    """A per-GPU series as one series per rank, carrying the job's identity (info * value)."""
+    return f"max by ({RANK_BY}) ({RANK_INFO} * on(uuid) group_left() max by (uuid) ({metric}))"
+
+
+def _records(c: RulesConfig) -> tuple[Record, ...]:
+    t = c.thresholds
+    compute_idle = (
+        f"(max by (uuid) (gpu_tensor_active_ratio) <= {num(t.training_idle_tensor_active_ratio)})\n"
+        # without GPM (before Hopper) no tensor activity is known: a spinning collective draws little power
+        "or on(uuid) (\n"
+        "  (max by (uuid) (gpu_power_watts) / on(uuid) max by (uuid) (gpu_power_limit_watts))\n"
+        f"  <= {num(t.training_idle_power_ratio)}\n"
+        "  unless on(uuid) max by (uuid) (gpu_tensor_active_ratio)\n"
+        ")"
+    )
+    quiet = num(t.training_idle_interconnect_bytes_per_second)
+    busy_idle = (
+        f"max by (uuid) (gpu_utilization_ratio) >= {num(t.training_kernel_resident_ratio)}\n"
+        f"and on(uuid) (\n{compute_idle}\n)\n"
+        f"and on(uuid) (sum by (uuid) ({PCIE_THROUGHPUT}) <= {quiet})\n"
+        f"unless on(uuid) (sum by (uuid) ({NVLINK_THROUGHPUT}) > {quiet})"
+    )
+    return (
+        Record(RANK_TENSOR, _per_rank("gpu_tensor_active_ratio")),
+        Record(RANK_SM_CLOCK, _per_rank("gpu_sm_clock_hertz")),
+        # 1 for a rank that holds a kernel but does no tensor work and moves no data, else 0
+        Record(
+            RANK_BUSY_IDLE,
+            f"max by ({RANK_BY}) (\n  {RANK_INFO} * on(uuid) group_left() (\n"
+            f"{busy_idle}\n  ) * 0 + 1\n)\nor on(uuid)\nmax by ({RANK_BY}) ({RANK_INFO}) * 0",
+        ),
+        Record(JOB_RANKS, f"count by ({JOB_BY}) (max by ({JOB_BY}, rank) ({RANK_INFO}))"),
+        Record(JOB_TENSOR, f"sum by ({JOB_BY}) ({RANK_TENSOR})"),
+    )
+
+
+def training_file(c: RulesConfig) -> RuleFile:
+    """alerts/training.rules.yaml."""
+    t, w = c.thresholds, c.windows
+    bus, reset = xid_class("fell_off_bus"), xid_class("reset_gpu")
+    matcher = f'xid=~"{bus.regex}|{reset.regex}"'
+    xids = events("gpu_xid_errors_total", matcher, w.event, f"{GPU_BY}, xid")
+    lost = (
+        f"max by ({GPU_BY}) (\n{xids}\n)\n"
+        f"or on(uuid)\n(max by ({GPU_BY}) (gpu_up) == 0)\n"
+        "unless on(uuid) (max by (uuid) (gpupulse_gpu_stale) == 1)"
+    )
+    ranks_of_lost = (
+        f"max by ({RANK_BY}) (\n  last_over_time({RANK_INFO}[{w.event}])\n"
+        f"  * on(uuid) group_left() max by (uuid) (\n{lost}\n  )\n)"
+    )
+    median_clock = f"quantile by ({JOB_BY}) (0.5, {RANK_SM_CLOCK})"
+    # a clock held down by a limiter, not one that dropped because the GPU idles (gpu_idle)
+    throttled = f'max by (uuid) (gpu_clock_event_active{{reason=~"{THROTTLE_REASONS}"}}) == 1'
+    median_tensor = f"quantile by ({JOB_BY}) (0.5, {RANK_TENSOR})"
+    two_ranks = f"on({JOB_BY}) ({JOB_RANKS} >= 2)"
+    straggler = (
+        "label_replace(\n"
+        f"  {RANK_SM_CLOCK}\n"
+        f"  < on({JOB_BY}) group_left() ({median_clock} * {num(t.training_straggler_clock_ratio)})\n"
+        f"  and {two_ranks}\n"
+        f"  and on(uuid) ({throttled}),\n"
+        '  "signal", "sm_clock", "", ""\n)\n'
+        "or\n"
+        "label_replace(\n"
+        f"  {RANK_TENSOR}\n"
+        f"  - on({JOB_BY}) group_left() {median_tensor}\n"
+        f"  > {num(t.training_straggler_tensor_margin_ratio)}\n"
+        f"  and {two_ranks},\n"
+        '  "signal", "tensor_active", "", ""\n)'
+    )
+    rules = (
+        alert(
+            c,
+            "TrainingJobHung",
+            # every rank (the least busy-idle of them is 1); the value is the number of ranks
+            expr=(
+                f"{JOB_RANKS} >= 2\n"
+                f"and on({JOB_BY}) (min by ({JOB_BY}) (max by ({JOB_BY}, rank) ({RANK_BUSY_IDLE})) == 1)"
+            ),
+            severity="critical",
+            layer="training",
+            fault_class="training_hang",
+            target_kind="job",
+            summary="Every rank of a training job holds a kernel but does no work.",
+            description=(
+                f"All {{{{ $value }}}} ranks of {_JOB_TEXT} have kept a kernel resident for "
+                f"{c.for_('TrainingJobHung')} with tensor activity at or below "
+                f"{num(t.training_idle_tensor_active_ratio)} and PCIe and NVLink traffic at or below "
+                f"{num(t.training_idle_interconnect_bytes_per_second)} B/s: a collective waits for a rank "
+                "that never arrives (a dead or wedged rank, a lost peer). The job makes no progress."
+            ),
+        ),
+        alert(
+            c,
+            "TrainingRankStraggler",
+            expr=straggler,
+            severity="warning",
+            layer="training",
+            fault_class="training_straggler",
+            target_kind="job",
+            summary="One rank of a training job is out of step with its gang.",
+            description=(
+                f"{_RANK_TEXT} of {_JOB_TEXT} is out of step with the median rank of its job "
+                "({{ $labels.signal }}: "
+                f"SM clock below {num(t.training_straggler_clock_ratio)} x the median, or tensor activity "
+                f"more than {num(t.training_straggler_tensor_margin_ratio)} above it while the others wait) "
+                f"for {c.for_('TrainingRankStraggler')}. A synchronous job runs at its slowest rank's pace."
+            ),
+        ),
+        alert(
+            c,
+            "TrainingJobDegraded",
+            expr=(
+                f"avg_over_time({JOB_TENSOR}[{w.training_throughput}])\n"
+                f"< on({JOB_BY}) (\n"
+                f"  avg_over_time({JOB_TENSOR}[{w.baseline}] offset {w.baseline_offset})\n"
+                f"  * {num(t.training_degraded_ratio)}\n)"
+            ),
+            severity="warning",
+            layer="training",
+            fault_class="training_degraded",
+            target_kind="job",
+            summary="A training job runs well below its own recent pace.",
+            description=(
+                f"{_JOB_TEXT}'s summed tensor activity over {w.training_throughput} is {{{{ $value }}}}, "
+                f"below {num(t.training_degraded_ratio)} x its average over the {w.baseline} ending "
+                f"{w.baseline_offset} ago, for {c.for_('TrainingJobDegraded')}."
+            ),
+        ),
+        alert(
+            c,
+            "TrainingJobNodeFault",
+            expr=ranks_of_lost,
+            severity="critical",
+            layer="training",
+            fault_class="training_node_fault",
+            target_kind="job",
+            summary="A GPU under a rank of a training job fell off the bus or needs a reset.",
+            description=(
+                f"{_RANK_TEXT} of {_JOB_TEXT} lost its GPU (XID 79, a reset-class XID, or gpu_up 0). "
+                "The job cannot continue on this node; it must restart elsewhere from its last checkpoint."
+            ),
+        ),
+    )
+    # one group, records first: rules of a group run in order, so an alert sees this evaluation's
+    # records rather than the previous one's (one interval sooner)
+    return RuleFile("training", (Group("gpupulse.training", _records(c) + rules),))

@@ -1,0 +1,291 @@
+"""The pure ranking: change-points, alignment with the symptom's onset, gates, and the hostile cases
+(NaN, gaps, flat series, a change long before the symptom, the traffic spike where load rises first)."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections.abc import Callable
+
+import pytest
+
+from remediation.diagnosis import catalogue
+from remediation.diagnosis.rank import (
+    CauseObservation,
+    RankSettings,
+    SeriesData,
+    alignment,
+    change_point,
+    estimate_onset,
+    evaluate,
+    rank,
+)
+from remediation.diagnosis.types import NOTHING_LINES_UP, SIGNALS_MISSING, Diagnosis
+
+ONSET = 1_000_000.0
+STEP = 15.0
+START, END = ONSET - 1800, ONSET + 300
+
+
+def series(fn: Callable[[float], float], start: float = START, end: float = END) -> list[tuple[float, float]]:
+    out = []
+    t = start
+    while t <= end:
+        out.append((t, fn(t)))
+        t += STEP
+    return out
+
+
+def step(
+    before: float, after: float, at: float, noise: float = 0.0, seed: int = 1
+) -> list[tuple[float, float]]:
+    rnd = random.Random(seed)
+    return series(lambda t: (after if t >= at else before) + rnd.gauss(0, noise))
+
+
+def flat(value: float, noise: float = 0.0, seed: int = 2) -> list[tuple[float, float]]:
+    rnd = random.Random(seed)
+    return series(lambda t: value + rnd.gauss(0, noise))
+
+
+def data(points: list[tuple[float, float]]) -> SeriesData:
+    return SeriesData(query="q", points=points)
+
+
+def obs(
+    cause_id: str, primary: list[tuple[float, float]] | None, **corroborating: list[tuple[float, float]]
+) -> CauseObservation:
+    c = catalogue.cause(cause_id)
+    extra = [(s, data(corroborating[s.id]) if s.id in corroborating else None) for s in c.corroborating]
+    return CauseObservation(c, data(primary) if primary is not None else None, extra)
+
+
+def ranked(*observations: CauseObservation, onset: float = ONSET) -> Diagnosis:
+    return rank(observations, symptom_onset=onset, window_start=START, window_end=END, computed_at=END)
+
+
+# -- change-points ------------------------------------------------------------------------------
+
+
+def test_change_point_finds_a_step_at_its_time_with_levels() -> None:
+    change = change_point(step(1.0, 0.4, ONSET - 30, noise=0.02), "down", around=ONSET)
+    assert change is not None
+    assert abs(change.at - (ONSET - 30)) <= STEP
+    assert change.before == pytest.approx(1.0, abs=0.05) and change.after == pytest.approx(0.4, abs=0.05)
+
+
+def test_change_point_ignores_the_wrong_direction() -> None:
+    assert change_point(step(1.0, 0.4, ONSET), "up", around=ONSET) is None
+
+
+def test_flat_series_has_no_change_point_even_with_noise() -> None:
+    assert change_point(flat(5.0), "up", around=ONSET) is None
+    # noise alone may give a tiny "shift": its gate and strength keep it out of the ranking
+    d = ranked(obs("serving.load", flat(50.0, noise=1.0)))
+    assert d.status == "no_diagnosis" and d.reason_code == NOTHING_LINES_UP
+
+
+def test_nan_inf_and_duplicate_timestamps_are_dropped_not_propagated() -> None:
+    pts = step(1.0, 0.3, ONSET)
+    hostile = [*pts[:10], (pts[10][0], math.nan), (pts[11][0], math.inf), *pts[12:], pts[-1]]
+    hostile.insert(20, (pts[20][0], -math.inf))
+    change = change_point(hostile, "down", around=ONSET)
+    assert change is not None and math.isfinite(change.effect)
+    assert abs(change.at - ONSET) <= STEP
+    ev = evaluate(catalogue.cause("host.page_cache_eviction").primary, data(hostile), ONSET)
+    json.dumps(ev.to_dict(), allow_nan=False)  # the record never carries a NaN
+
+
+def test_a_gap_across_the_change_puts_it_in_the_middle_of_the_gap() -> None:
+    pts = [(t, v) for t, v in step(1.0, 0.3, ONSET) if not ONSET - 240 <= t < ONSET + 60]
+    change = change_point(pts, "down", around=ONSET)
+    assert change is not None
+    # last sample before the gap ONSET-255, first after ONSET+60: the change is placed between
+    assert change.at == pytest.approx((ONSET - 255 + ONSET + 60) / 2)
+
+
+def test_too_few_samples_is_no_change_and_says_so() -> None:
+    ev = evaluate(catalogue.cause("serving.load").primary, data(step(1, 9, ONSET)[-4:]), ONSET)
+    assert not ev.changed and ev.note == "too few samples"
+
+
+def test_rate_signals_take_half_their_window_off_the_change_time() -> None:
+    sig = catalogue.cause("serving.load").primary
+    assert sig.lag_seconds == 60.0
+    # a [2m] rate of a step at ONSET ramps from ONSET to ONSET+120: its middle is ONSET+60
+    ramp = series(lambda t: 10.0 + 10.0 * min(1.0, max(0.0, (t - ONSET) / 120)))
+    ev = evaluate(sig, data(ramp), ONSET)
+    assert ev.lead_seconds is not None and abs(ev.lead_seconds) <= STEP
+
+
+def test_of_two_steps_the_one_at_the_onset_is_chosen() -> None:
+    pts = series(lambda t: 1.0 if t < ONSET - 1500 else (0.95 if t < ONSET else 0.5))
+    change = change_point(pts, "down", around=ONSET)
+    assert change is not None and abs(change.at - ONSET) <= STEP
+
+
+# -- alignment ----------------------------------------------------------------------------------
+
+
+def test_alignment_is_full_near_the_onset_and_zero_far_away_or_well_after() -> None:
+    s = RankSettings()
+    assert alignment(0.0) == 1.0 and alignment(s.slack_seconds) == 1.0
+    assert 0.0 < alignment(300.0) < 1.0
+    assert alignment(25 * 60.0) == 0.0  # long before
+    assert alignment(-5 * 60.0) == 0.0  # well after the symptom: an effect, not a cause
+    # trailing decays faster than leading
+    assert alignment(-100.0) < alignment(100.0)
+
+
+# -- ranking ------------------------------------------------------------------------------------
+
+
+def test_page_cache_eviction_at_the_onset_is_the_top_cause_with_its_evidence() -> None:
+    d = ranked(
+        obs(
+            "host.page_cache_eviction",
+            step(1.0, 0.35, ONSET - 20, noise=0.01),
+            node_disk_reads=step(2e6, 4e8, ONSET - 90, noise=1e5),
+        ),
+        obs("hardware.thermal_throttle", flat(0.0), gpu_temperature=flat(62.0, noise=0.5)),
+        obs("serving.load", flat(40.0, noise=0.5)),
+    )
+    assert d.status == "diagnosed" and d.confident
+    assert d.top is not None and d.top.cause == "host.page_cache_eviction" and d.top.layer == "host"
+    assert d.headline == "host: page-cache eviction"
+    primary, disk = d.top.evidence
+    assert primary.before == pytest.approx(1.0, abs=0.05) and primary.after == pytest.approx(0.35, abs=0.05)
+    assert primary.lead_seconds is not None and abs(primary.lead_seconds - 20) <= STEP
+    assert disk.passed_gate and disk.alignment > 0  # node_exporter's disk reads corroborate
+    assert [c.cause for c in d.candidates] == ["host.page_cache_eviction"]
+
+
+def test_corroboration_raises_the_score() -> None:
+    alone = ranked(obs("host.page_cache_eviction", step(1.0, 0.35, ONSET, noise=0.05)))
+    backed = ranked(
+        obs(
+            "host.page_cache_eviction",
+            step(1.0, 0.35, ONSET, noise=0.05),
+            node_disk_reads=step(2e6, 4e8, ONSET),
+        )
+    )
+    assert alone.top is not None and backed.top is not None
+    assert backed.top.score > alone.top.score
+
+
+def test_traffic_spike_negative_control_blames_load_never_the_gpu() -> None:
+    # load rises first; GPU temperature, SM activity and host CPU follow it without reaching a fault
+    d = ranked(
+        obs(
+            "serving.load", step(40.0, 110.0, ONSET - 75, noise=1.0), requests_running=step(8, 30, ONSET - 60)
+        ),
+        obs(
+            "hardware.thermal_throttle",
+            flat(0.0),
+            gpu_temperature=step(61.0, 72.0, ONSET - 30, noise=0.3),
+            gpu_sm_clock=flat(1.98e9),
+        ),
+        obs(
+            "host.cpu_starvation",
+            step(0.3, 0.62, ONSET - 60, noise=0.01),
+            gpu_sm_activity_drop=step(0.4, 0.9, ONSET),
+        ),
+        obs("scheduling.gpu_memory_neighbour", flat(0.1)),
+        obs("host.page_cache_eviction", flat(1.0)),
+    )
+    assert d.top is not None and d.top.cause == "serving.load" and d.top.layer == "serving"
+    assert all(c.layer != "hardware" for c in d.candidates)
+    # the host CPU rose, but to 0.62 cores: recorded as rejected, with the reason
+    starved = next(c for c in d.rejected if c.cause == "host.cpu_starvation")
+    assert "short of a fault" in starved.evidence[0].note
+
+
+def test_a_signal_that_changed_long_before_the_symptom_is_not_the_cause() -> None:
+    d = ranked(obs("host.page_cache_eviction", step(1.0, 0.3, ONSET - 25 * 60, noise=0.01)))
+    assert d.status == "no_diagnosis" and d.reason_code == NOTHING_LINES_UP
+    (late,) = d.rejected
+    assert late.evidence[0].note == "changed 25 min before the symptom"
+
+
+def test_a_change_well_after_the_symptom_is_an_effect_not_a_cause() -> None:
+    d = ranked(
+        obs("hardware.thermal_throttle", step(0.0, 1.0, ONSET + 240)),
+        obs("serving.load", step(40.0, 100.0, ONSET - 60)),
+    )
+    assert d.top is not None and d.top.cause == "serving.load"
+    assert "hardware.thermal_throttle" in {c.cause for c in d.rejected}
+
+
+def test_specific_cause_beats_load_when_both_line_up() -> None:
+    d = ranked(
+        obs("serving.load", step(40.0, 90.0, ONSET - 60)),
+        # no corroboration here: only the weights tell the two apart
+        obs("host.cpu_starvation", step(0.5, 1.0, ONSET - 60)),
+    )
+    assert d.top is not None and d.top.cause == "host.cpu_starvation"
+    assert [c.cause for c in d.candidates] == ["host.cpu_starvation", "serving.load"]
+    # by score, not by the name's order: load is the generic explanation and weighs less
+    assert d.candidates[0].score > d.candidates[1].score
+
+
+def test_thermal_throttle_gate_and_order() -> None:
+    d = ranked(
+        obs(
+            "hardware.thermal_throttle",
+            step(0.0, 1.0, ONSET - 30),
+            gpu_temperature=step(78.0, 91.0, ONSET - 120, noise=0.3),
+            gpu_sm_clock=step(1.98e9, 1.2e9, ONSET - 30),
+        ),
+        obs("serving.load", flat(40.0, noise=0.5)),
+    )
+    assert d.top is not None and d.top.cause == "hardware.thermal_throttle" and d.confident
+    assert all(e.passed_gate for e in d.top.evidence)
+
+
+def test_no_data_at_all_is_signals_missing() -> None:
+    d = ranked(obs("serving.load", None), obs("host.page_cache_eviction", None))
+    assert d.status == "no_diagnosis" and d.reason_code == SIGNALS_MISSING
+    assert d.headline.startswith("no diagnosis: ")
+
+
+def test_two_close_candidates_of_different_layers_are_not_confident() -> None:
+    d = ranked(
+        obs("host.page_cache_eviction", step(1.0, 0.3, ONSET)),
+        obs("hardware.thermal_throttle", step(0.0, 1.0, ONSET)),
+    )
+    assert d.status == "diagnosed" and not d.confident
+    assert d.headline.endswith("(not certain)")
+
+
+def test_estimate_onset_uses_the_shift_before_the_alert_fired() -> None:
+    p99 = step(0.08, 2.4, ONSET, noise=0.005)
+    change = estimate_onset(data(p99), "up", fired_at=ONSET + 240)
+    assert change is not None and abs(change.at - ONSET) <= STEP
+    assert estimate_onset(None, "up", fired_at=ONSET) is None
+    assert estimate_onset(data(flat(0.1)), "up", fired_at=ONSET) is None
+
+
+def test_the_diagnosis_round_trips_through_json() -> None:
+    d = ranked(
+        obs("host.page_cache_eviction", step(1.0, 0.35, ONSET), node_disk_reads=step(2e6, 4e8, ONSET)),
+        obs("serving.load", step(40.0, 42.0, ONSET - 25 * 60)),
+    )
+    again = Diagnosis.from_dict(json.loads(json.dumps(d.to_dict(), allow_nan=False)))
+    assert again.to_dict() == d.to_dict()
+    assert again.top is not None and again.top.cause == d.top.cause  # type: ignore[union-attr]
+
+
+def test_the_layers_are_eliminated_one_by_one() -> None:
+    d = ranked(
+        obs("host.page_cache_eviction", step(1.0, 0.35, ONSET)),
+        obs("hardware.thermal_throttle", flat(0.0)),
+        obs("serving.load", flat(40.0)),
+        obs("scheduling.gpu_memory_neighbour", None),
+    )
+    assert d.layers == {
+        "hardware": "ruled out: thermal throttling did not line up",
+        "host": "cause: page-cache eviction",
+        "scheduling": "no data",
+        "serving": "ruled out: load did not line up",
+    }
