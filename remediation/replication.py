@@ -16,12 +16,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from remediation.diagnosis.types import Diagnosis
 from remediation.ledger import INBOX_PAIR, Ledger
 
 # newest ledger entries and handled keys an incident carries to the shared store (etcd objects are
 # at most 1.5 MiB; budgets and loops look back hours, far fewer entries than this)
 MAX_ENTRIES = 200
 MAX_HANDLED = 200
+MAX_DIAGNOSES = 3  # each carries its evidence; the newest decides, older ones are history
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,7 @@ class IncidentSnapshot:
     entries: Sequence[Mapping[str, Any]]
     handled: Sequence[Mapping[str, Any]]
     alerts: Sequence[Mapping[str, Any]]
+    diagnoses: Sequence[Mapping[str, Any]] = ()
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,11 @@ class TrackedLedger(Ledger):
         super().mark_handled(dedup_key, incident_id, at, stale)
         self._touch(incident_id)
 
+    def add_diagnosis(self, incident_id: int, at: float, trigger: str, diagnosis: Diagnosis) -> int:
+        diagnosis_id = super().add_diagnosis(incident_id, at, trigger, diagnosis)
+        self._touch(incident_id)
+        return diagnosis_id
+
     def set_alert_state(self, fingerprint: str, starts: float, status: str, at: float) -> None:
         super().set_alert_state(fingerprint, starts, status, at)
         with self._pending.lock:
@@ -172,7 +180,12 @@ class TrackedLedger(Ledger):
         fps = sorted(fingerprints | set(json.loads(row.get("firing_fps") or "[]")))
         marks = ", ".join("?" for _ in fps)
         alerts = self._rows(f"SELECT * FROM rem_alerts WHERE fingerprint IN ({marks})", fps) if fps else []
-        return IncidentSnapshot(incident_id, row, entries, handled, alerts)
+        diagnoses = self._rows(
+            "SELECT * FROM (SELECT * FROM rem_diagnoses WHERE incident_id = ? ORDER BY id DESC LIMIT ?) "
+            "ORDER BY id",
+            (incident_id, MAX_DIAGNOSES),
+        )
+        return IncidentSnapshot(incident_id, row, entries, handled, alerts, diagnoses)
 
     def _switches(self) -> dict[str, dict[str, Any]]:
         return {k: v for k, v in self.states("").items() if k != INBOX_PAIR}
@@ -193,6 +206,8 @@ def restore(ledger: Ledger, snapshot: Snapshot) -> int:
                 _insert(ledger.conn, "rem_handled", handled, upsert=True)
             for alert in inc.alerts:
                 _insert(ledger.conn, "rem_alerts", alert, upsert=True)
+            for diagnosis in inc.diagnoses:
+                _insert(ledger.conn, "rem_diagnoses", diagnosis)
         for name, value in (snapshot.switches or {}).items():
             if name != INBOX_PAIR:
                 ledger.set_state(name, value)

@@ -163,6 +163,7 @@ class IncidentStore:
                 "entries": [dict(e) for e in inc.entries],
                 "handled": [dict(h) for h in inc.handled],
                 "alerts": [dict(a) for a in inc.alerts],
+                "diagnoses": [dict(d) for d in inc.diagnoses],
             }
             await self._write(INCIDENTS, "GpuIncident", incident_name(inc.id), spec, status)
         if snapshot.switches is not None:
@@ -282,4 +283,5 @@ def _snapshot_of(obj: JSON) -> IncidentSnapshot | None:
         entries=list(status.get("entries") or []),
         handled=list(status.get("handled") or []),
         alerts=list(status.get("alerts") or []),
+        diagnoses=list(status.get("diagnoses") or []),
     )

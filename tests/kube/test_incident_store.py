@@ -303,3 +303,13 @@ async def test_api_writes_per_incident_lifecycle(rig: ClusterRig) -> None:
     puts = rig.api.calls("PUT", r"/gpuincidents/incident-1/status$")
     print(f"API writes for one incident lifecycle: {len(creates)} create + {len(puts)} status writes")
     assert len(creates) == 1 and 1 <= len(puts) <= 6
+
+
+async def test_diagnoses_survive_a_takeover(rig: ClusterRig) -> None:
+    await rig.engine.handle(rig.event(LEAK))
+    await rig.engine.wait_idle()
+    before = rig.engine.get_incident(1)
+    assert before is not None and before.get("diagnosis")  # "no diagnosis" and why is one too
+    await rig.lose_node()
+    after = rig.engine.get_incident(1)
+    assert after is not None and after["diagnosis"] == before["diagnosis"]
