@@ -4,7 +4,8 @@ GPU-hours; an energy or token counter's increase over each step is summed).
 
 The queries read gpupulse's recording rules, so the report agrees with the dashboards and with
 whatever thresholds and price the cluster's rules were generated with:
-- `uuid_namespace_pod:gpu_allocation:share`: each pod's share of a GPU (1/n when n pods share one),
+- `uuid_namespace_pod:gpu_usage:share`: each pod's share of a GPU: its part of the GPU's per-process
+  SM utilization where NVML reports it, else 1/n when n pods share one,
 - `namespace:gpu_allocated:sum`, `namespace:gpu_idle_allocated:sum` and their `_cost_per_hour`,
 - `uuid:gpu_sm_activity:ratio`: GPM SM activity, NVML utilization where GPM is absent.
 A model's cost is its GPU-hours at the price the rules apply (total cost / total GPU-hours).
@@ -24,7 +25,7 @@ DEFAULT_IDLE_SM_ACTIVITY_RATIO = 0.3
 # the engines' generated-token counter, normalized per model and pod
 GENERATED_TOKENS = "inference_generation_tokens_total"
 
-SHARE = "uuid_namespace_pod:gpu_allocation:share"
+SHARE = "uuid_namespace_pod:gpu_usage:share"
 ACTIVITY = "uuid:gpu_sm_activity:ratio"
 # one energy sample per GPU even when two exporters scrape it (an HA pair) or it has other target labels
 ENERGY_PER_GPU = "max by (cluster, uuid) (increase(gpu_energy_joules_total[{step}]))"

@@ -1,5 +1,5 @@
 """Recording rules (level:metric:operations): activity, allocation and cost, memory limits, latency, KV cache,
-fragmentation."""
+fragmentation, energy and cost per token."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from alerts.rules.promql import num
 SM_ACTIVITY = "uuid:gpu_sm_activity:ratio"
 ALLOCATION_SHARE = "uuid_namespace_pod:gpu_allocation:share"
 ALLOCATION_SOLE = "uuid_namespace_pod:gpu_allocation:sole"
+USAGE_SHARE = "uuid_namespace_pod:gpu_usage:share"
 POD_MEMORY = "namespace_workload_pod:gpu_process_memory_used_bytes:sum"
 SOFT_LIMIT = "namespace_workload:gpu_process_memory_soft_limit_bytes:quantile"
 HARD_LIMIT = "namespace_workload:gpu_process_memory_hard_limit_bytes:quantile"
@@ -18,6 +19,13 @@ WORKLOAD_MEMORY = "namespace_workload:gpu_process_memory_used_bytes:max"
 ABOVE_HARD_LIMIT = "namespace_workload:gpu_process_memory_above_hard_limit:bool"
 HEALTHY_MEMORY = "namespace_workload:gpu_process_memory_healthy_bytes:max"
 KV_HIT_RATIO_POD = "namespace_pod_model:inference_kv_cache_hit_ratio:rate"
+MODEL_GPU_SHARE = "uuid_namespace_pod_model:inference_engine_gpu:share"
+MODEL_GPUS = "namespace_model:inference_engine_gpu:sum"
+MODEL_ENERGY_RATE = "namespace_model:gpu_energy_joules:rate"
+MODEL_PROMPT_TOKENS_RATE = "namespace_model:inference_prompt_tokens:rate"
+MODEL_GENERATION_TOKENS_RATE = "namespace_model:inference_generation_tokens:rate"
+MODEL_ENERGY_PER_TOKEN = "namespace_model:gpu_energy_joules_per_generated_token:ratio"
+MODEL_COST_PER_MILLION_TOKENS = "namespace_model:gpu_cost_per_million_generated_tokens:ratio"
 HISTOGRAMS = (
     "inference_request_latency_seconds",
     "inference_time_to_first_token_seconds",
@@ -75,6 +83,33 @@ def _activity(c: RulesConfig) -> Group:
             ),
             Record(ALLOCATION_SOLE, f"{ALLOCATION_SHARE} == 1"),
             Record(
+                USAGE_SHARE,
+                # Who pays for a shared GPU: each holding pod's part of the GPU's summed per-process SM
+                # utilization where NVML reports it (a holder without a running process gets 0), else
+                # (no process samples, MIG, or all idle) the even allocation share. Sums stay GPUs.
+                f"""
+                (
+                  (
+                    group by (node, uuid, namespace, pod) (gpu_allocation_info)
+                    * on(uuid, namespace, pod) group_left()
+                    sum by (uuid, namespace, pod) (gpu_process_sm_utilization_ratio{{pod!=""}})
+                  )
+                  or
+                  group by (node, uuid, namespace, pod) (gpu_allocation_info) * 0
+                )
+                / on(uuid) group_left()
+                (
+                  sum by (uuid) (
+                    group by (node, uuid, namespace, pod) (gpu_allocation_info)
+                    * on(uuid, namespace, pod) group_left()
+                    sum by (uuid, namespace, pod) (gpu_process_sm_utilization_ratio{{pod!=""}})
+                  ) > 0
+                )
+                or on(uuid, namespace, pod)
+                sum by (node, uuid, namespace, pod) ({ALLOCATION_SHARE})
+                """,
+            ),
+            Record(
                 "namespace:gpu_sm_activity:avg",
                 f"""
                 avg by (namespace, source) (
@@ -83,12 +118,12 @@ def _activity(c: RulesConfig) -> Group:
                 )
                 """,
             ),
-            Record("namespace:gpu_allocated:sum", f"sum by (namespace) ({ALLOCATION_SHARE})"),
+            Record("namespace:gpu_allocated:sum", f"sum by (namespace) ({USAGE_SHARE})"),
             Record(
                 "namespace:gpu_idle_allocated:sum",
                 f"""
                 sum by (namespace) (
-                  {ALLOCATION_SHARE}
+                  {USAGE_SHARE}
                   * on(uuid) group_left() ({SM_ACTIVITY} < bool {num(t.idle_sm_activity_ratio)})
                 )
                 """,
@@ -262,7 +297,69 @@ def _kv_cache(c: RulesConfig) -> Group:
     return Group("gpupulse.kv-cache", tuple(rules))
 
 
+def _tokens(c: RulesConfig) -> Group:
+    rate = c.windows.rate
+    engine_gpu = "group by (node, namespace, pod, model, uuid) (inference_engine_gpu_info)"
+    return Group(
+        "gpupulse.tokens",
+        (
+            Record(
+                MODEL_GPU_SHARE,
+                # Each GPU a model runs on (a tensor-parallel engine has one row per GPU), weighted by
+                # its pod's allocation share of that GPU; an engine on a GPU no pod holds (a static
+                # target) takes 1/k of it, k the models seen on that GPU.
+                f"""
+                (
+                  {engine_gpu}
+                  * on(namespace, pod, uuid) group_left()
+                  sum by (namespace, pod, uuid) ({USAGE_SHARE})
+                )
+                or
+                (
+                  {engine_gpu}
+                  / on(uuid) group_left()
+                  count by (uuid) ({engine_gpu})
+                )
+                """,
+            ),
+            Record(MODEL_GPUS, f"sum by (namespace, model) ({MODEL_GPU_SHARE})"),
+            Record(
+                MODEL_ENERGY_RATE,
+                # Joules per second (watts) of the model's GPUs by the same shares; max by uuid so a
+                # GPU scraped by two exporters (an HA pair) counts once.
+                f"""
+                sum by (namespace, model) (
+                  {MODEL_GPU_SHARE}
+                  * on(uuid) group_left()
+                  max by (uuid) (rate(gpu_energy_joules_total[{rate}]))
+                )
+                """,
+            ),
+            Record(
+                MODEL_PROMPT_TOKENS_RATE,
+                f"sum by (namespace, model) (rate(inference_prompt_tokens_total[{rate}]))",
+            ),
+            Record(
+                MODEL_GENERATION_TOKENS_RATE,
+                f"sum by (namespace, model) (rate(inference_generation_tokens_total[{rate}]))",
+            ),
+            Record(
+                MODEL_ENERGY_PER_TOKEN,
+                f"{MODEL_ENERGY_RATE} / ({MODEL_GENERATION_TOKENS_RATE} > 0)",
+            ),
+            Record(
+                MODEL_COST_PER_MILLION_TOKENS,
+                # GPU-seconds per generated token at the price per GPU-hour, for a million tokens.
+                f"{MODEL_GPUS} * {num(c.cost.price_per_gpu_hour)} / 3600 * 1e6"
+                f" / ({MODEL_GENERATION_TOKENS_RATE} > 0)",
+                labels={"currency": c.cost.currency},
+            ),
+        ),
+    )
+
+
 def recording_file(c: RulesConfig) -> RuleFile:
     """alerts/recording.rules.yaml."""
     memory, limits = _memory(c)
-    return RuleFile("recording", (_activity(c), _fragmentation(c), memory, limits, _latency(c), _kv_cache(c)))
+    groups = (_activity(c), _fragmentation(c), memory, limits, _latency(c), _kv_cache(c), _tokens(c))
+    return RuleFile("recording", groups)

@@ -1,15 +1,23 @@
-"""Serving: KV-cache hit ratio, batch latency, TTFT, inter-token latency, queue, per model and GPU."""
+"""Serving: KV-cache hit ratio, batch latency, TTFT, inter-token latency, queue, tokens, energy and cost
+per token, per model and GPU."""
 
 from __future__ import annotations
 
 from alerts.config import RulesConfig
-from alerts.rules.recording import SM_ACTIVITY
+from alerts.rules.recording import (
+    MODEL_COST_PER_MILLION_TOKENS,
+    MODEL_ENERGY_PER_TOKEN,
+    MODEL_GPUS,
+    SM_ACTIVITY,
+)
 from dashboards.boards.annotations import DIAGNOSES
 from dashboards.boards.filters import NAMESPACE, NODE, POD, UIDS, serving_filters
 from dashboards.grafana import Dashboard, Panel, Row, Target
 
 SEL = f'{NODE}, {NAMESPACE}, {POD}, model=~"$model"'
 MODEL = "{{namespace}}/{{model}}"
+# the per-model recording rules keep namespace and model only
+MODEL_SEL = f'{NAMESPACE}, model=~"$model"'
 
 
 def quantile(histogram: str, q: float, by: str = "namespace, model") -> str:
@@ -131,11 +139,47 @@ def dashboard(c: RulesConfig) -> Dashboard:
             ),
         ),
     )
+    tokens = Row(
+        "Tokens, energy and cost",
+        (
+            Panel(
+                "Tokens per second",
+                "timeseries",
+                "short",
+                (
+                    Target(_sum_rate("inference_generation_tokens_total"), MODEL + " generated"),
+                    Target(_sum_rate("inference_prompt_tokens_total"), MODEL + " prompt"),
+                ),
+                description="inference_*_tokens_total per model; engines without token counters are absent.",
+            ),
+            Panel(
+                "Energy per generated token",
+                "timeseries",
+                "joule",
+                (Target(f"{MODEL_ENERGY_PER_TOKEN}{{{MODEL_SEL}}}", MODEL),),
+                description="GPU energy of the model's GPUs (split by its pods' shares) per generated token.",
+            ),
+            Panel(
+                f"GPU cost per million generated tokens ({c.cost.currency})",
+                "timeseries",
+                "currencyUSD" if c.cost.currency == "USD" else "short",
+                (Target(f"{MODEL_COST_PER_MILLION_TOKENS}{{{MODEL_SEL}}}", MODEL),),
+                description="GPU-hours the model holds at the rules' price over its generated tokens; "
+                "a tensor-parallel engine counts all of its GPUs.",
+            ),
+            Panel(
+                "GPUs per model",
+                "timeseries",
+                "short",
+                (Target(f"{MODEL_GPUS}{{{MODEL_SEL}}}", MODEL),),
+            ),
+        ),
+    )
     return Dashboard(
         uid=UIDS["serving"],
         title="gpupulse / Inference serving",
-        description="KV cache, latency, queue and GPU activity of inference engines, per model and GPU.",
-        rows=(kv, latency, queue),
+        description="KV cache, latency, queue, GPU activity, tokens and cost per token of inference engines.",
+        rows=(kv, latency, queue, tokens),
         variables=serving_filters(),
         links=tuple(UIDS.values()),
         annotations=(DIAGNOSES,),

@@ -22,6 +22,7 @@ from exporter.attribution.kubelet import (
 )
 from exporter.attribution.poddir import DEFAULT_PODS_DIR, PodDirectory
 from exporter.attribution.resolve import PodResolver, ProcessDevices
+from exporter.attribution.slices import DEFAULT_DRIVERS, ResourceSliceSource, SliceDevice, SliceSettings
 from exporter.collectors.base import GpuProcess, NodeState, PodRef
 from exporter.collectors.blocking import ItemReader
 from exporter.collectors.flags import add_procfs_argument, collector_enabled, csv_list
@@ -72,6 +73,11 @@ class AttributionSettings:
     procfs_item_timeout_seconds: float = 0.2
     pod_lookup_timeout_seconds: float = 0.5  # kubelet pod directories read for UID -> name hints
     max_processes: int = 1000
+    # DRA: claim devices are named through this node's ResourceSlices; "" turns the slice watch off
+    # (claims then show with `driver/pool/device` ids and no uuid).
+    dra_node_name: str = ""
+    dra_api_url: str = "https://kubernetes.default.svc"
+    dra_drivers: tuple[str, ...] = DEFAULT_DRIVERS
 
     @property
     def round_deadline_seconds(self) -> float:
@@ -112,6 +118,11 @@ class AttributionCollector:
                 max_stale_seconds=settings.kubelet_max_stale_seconds,
             )
             self._tracker = PodResourcesTracker(client, tracker_settings, clock or SystemClock())
+        self._slices: ResourceSliceSource | None = None
+        if settings.dra_node_name:
+            self._slices = ResourceSliceSource(
+                SliceSettings(settings.dra_node_name, settings.dra_api_url, drivers=settings.dra_drivers)
+            )
         self._exported: set[tuple[str, int]] = set()
         self._dropped_total = 0
         self._reader: ItemReader[int, ProcessInfo] = ItemReader("attribution-procfs")
@@ -124,6 +135,15 @@ class AttributionCollector:
         return self._resolver.known_uids
 
     @property
+    def slices(self) -> ResourceSliceSource | None:
+        """The ResourceSlice watch (None when DRA name resolution is off)."""
+        return self._slices
+
+    def use_slices(self, source: ResourceSliceSource) -> None:
+        """Replace the ResourceSlice source (tests point it at their API server)."""
+        self._slices = source
+
+    @property
     def tracker(self) -> PodResourcesTracker | None:
         """The background pod-resources refresher (None when the kubelet part is off)."""
         return self._tracker
@@ -131,7 +151,9 @@ class AttributionCollector:
     async def collect(self, state: NodeState) -> Sequence[Metric]:
         """Publish allocations and pid_pods into `state`; fail the round while the kubelet is unreachable."""
         view = await self._kubelet_view()
-        rows = resolve(allocations_from_pods(view.pods, self._matcher), state.gpus)
+        index = await self._slice_index()
+        flat = allocations_from_pods(view.pods, self._matcher, index, self.settings.dra_drivers)
+        rows = resolve(flat, state.gpus)
         allocations = allocation_map(rows)
         state.allocations = allocations
         processes = tuple(state.processes)
@@ -151,7 +173,26 @@ class AttributionCollector:
         if view.error:
             # NodeState keeps the last good mapping until it goes stale; the families stay true too.
             raise PartialCollectorError(f"pod-resources: {view.error}", families)
+        unnamed = sum(
+            1 for a in flat if a.resource in self.settings.dra_drivers and a.device_id.count("/") == 2
+        )
+        if unnamed and (self._slices is None or self._slices.error):
+            why = "DRA name resolution is off" if self._slices is None else self._slices.error
+            raise PartialCollectorError(f"{unnamed} DRA claim devices without a uuid: {why}", families)
         return families
+
+    async def _slice_index(self) -> dict[tuple[str, str, str], SliceDevice] | None:
+        source = self._slices
+        if source is None:
+            return None
+        if source.stats.lists == 0 and source.stats.failures == 0:
+            source.start()
+            with contextlib.suppress(TimeoutError):
+                await source.wait_until(
+                    lambda: source.stats.lists > 0 or source.stats.failures > 0,
+                    self.settings.kubelet_first_wait_seconds,
+                )
+        return source.index()
 
     async def _kubelet_view(self) -> PodResourcesView:
         tracker = self._tracker
@@ -243,6 +284,8 @@ class AttributionCollector:
         """Stop the pod-resources refresher and the procfs worker."""
         if self._tracker is not None:
             await self._tracker.close()
+        if self._slices is not None:
+            await self._slices.close()
         self._reader.close()
 
 
@@ -308,7 +351,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="cap on per-process host CPU series; the rest are counted in "
         "gpupulse_series_dropped_total (default: %(default)s)",
     )
+    group.add_argument(
+        "--attribution.dra-node-name",
+        dest="attribution_dra_node_name",
+        default=os.environ.get("NODE_NAME", ""),
+        help="node whose ResourceSlices name DRA claim devices; empty turns the slice watch off "
+        "(default: $NODE_NAME)",
+    )
+    group.add_argument(
+        "--attribution.kube-api-url",
+        dest="attribution_kube_api_url",
+        default=_default_api_url(),
+        help="Kubernetes API base URL for the ResourceSlice watch (default: in-cluster service)",
+    )
+    group.add_argument(
+        "--attribution.dra-drivers",
+        dest="attribution_dra_drivers",
+        type=csv_list,
+        default=list(DEFAULT_DRIVERS),
+        help="DRA drivers whose devices are GPUs, comma-separated (default: %(default)s)",
+    )
     add_procfs_argument(parser)
+
+
+def _default_api_url() -> str:
+    host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+    if not host:
+        return "https://kubernetes.default.svc"
+    return f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
 
 
 def from_args(args: argparse.Namespace) -> AttributionCollector | None:
@@ -325,5 +395,9 @@ def from_args(args: argparse.Namespace) -> AttributionCollector | None:
         extra_resource_names=tuple(args.attribution_resource_names),
         procfs_path=args.path_procfs,
         max_processes=args.attribution_max_processes,
+        # the slice watch needs the API server: only where the kubelet part is on too
+        dra_node_name=args.attribution_dra_node_name if args.attribution_kubelet_socket != "" else "",
+        dra_api_url=args.attribution_kube_api_url,
+        dra_drivers=tuple(args.attribution_dra_drivers),
     )
     return AttributionCollector(settings)

@@ -1,13 +1,14 @@
-"""Device ids from the kubelet (device plugin ids) resolved against the GPUs NVML reports."""
+"""Device ids from the kubelet (device-plugin ids, DRA claim devices) resolved against the GPUs NVML knows."""
 
 from __future__ import annotations
 
 import fnmatch
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from exporter.attribution.podresources_proto import PodResources
+from exporter.attribution.slices import DEFAULT_DRIVERS, DeviceKey, SliceDevice
 from exporter.collectors.base import GpuRef, PodRef
 
 # Resource names the NVIDIA device plugin advertises: whole GPUs, time-sliced/MPS replicas
@@ -25,8 +26,9 @@ class Allocation:
     """One device the kubelet allocated to one container."""
 
     device_id: str  # replica suffix removed; GPU UUID, MIG UUID or the plugin's raw id
-    resource: str
+    resource: str  # the device plugin's resource name, or the DRA driver's name
     pod: PodRef
+    parent_uuid: str = ""  # a DRA MIG device's GPU, from its ResourceSlice
 
 
 @dataclass(frozen=True)
@@ -59,9 +61,21 @@ def normalize_device_id(device_id: str) -> str:
     return _GKE_VGPU_SUFFIX.sub("", _REPLICA_SUFFIX.sub("", device_id.strip()))
 
 
-def allocations_from_pods(pods: Iterable[PodResources], matcher: ResourceMatcher) -> tuple[Allocation, ...]:
-    """Flatten pod-resources into one Allocation per (device, container), replicas merged."""
-    seen: dict[tuple[str, str, PodRef], None] = {}
+def allocations_from_pods(
+    pods: Iterable[PodResources],
+    matcher: ResourceMatcher,
+    slices: Mapping[DeviceKey, SliceDevice] | None = None,
+    drivers: Sequence[str] = DEFAULT_DRIVERS,
+) -> tuple[Allocation, ...]:
+    """Flatten pod-resources into one Allocation per (device, container), replicas merged.
+
+    Device-plugin devices come by id; DRA claim devices of the GPU drivers by (driver, pool,
+    device), named through this node's ResourceSlices. A claim device no slice names yet keeps
+    `driver/pool/device` as its id, so the pod still shows, with an empty uuid. A claim shared by
+    several pods is reported under each of them, so each holds a share of the device.
+    """
+    seen: dict[tuple[str, str, PodRef], str] = {}
+    index = slices or {}
     for pod in pods:
         for container in pod.containers:
             ref = PodRef(namespace=pod.namespace, pod=pod.name, container=container.name)
@@ -69,8 +83,18 @@ def allocations_from_pods(pods: Iterable[PodResources], matcher: ResourceMatcher
                 if not matcher(devices.resource_name):
                     continue
                 for raw_id in devices.device_ids:
-                    seen[(normalize_device_id(raw_id), devices.resource_name, ref)] = None
-    return tuple(Allocation(device_id=d, resource=r, pod=p) for d, r, p in seen)
+                    seen[(normalize_device_id(raw_id), devices.resource_name, ref)] = ""
+            for claim in container.dynamic_resources:
+                for res in claim.claim_resources:
+                    if res.driver_name not in drivers:
+                        continue
+                    known = index.get((res.driver_name, res.pool_name, res.device_name))
+                    if known is None:
+                        device_id, parent = f"{res.driver_name}/{res.pool_name}/{res.device_name}", ""
+                    else:
+                        device_id, parent = known.uuid, known.parent_uuid
+                    seen.setdefault((device_id, res.driver_name, ref), parent)
+    return tuple(Allocation(device_id=d, resource=r, pod=p, parent_uuid=u) for (d, r, p), u in seen.items())
 
 
 def resolve(allocations: Iterable[Allocation], gpus: Sequence[GpuRef]) -> tuple[ResolvedAllocation, ...]:
@@ -99,7 +123,9 @@ def resolve(allocations: Iterable[Allocation], gpus: Sequence[GpuRef]) -> tuple[
         elif device_id.startswith("GPU-"):
             uuid = device_id
         elif device_id.startswith("MIG-"):
-            mig_uuid = device_id
+            # A MIG device NVML does not list (yet); a DRA slice still names its GPU.
+            mig_uuid, uuid = device_id, alloc.parent_uuid
+            gpu = parent_index.get(uuid, "") if uuid else ""
         rows.append(
             ResolvedAllocation(
                 key=key, uuid=uuid, gpu=gpu, mig_uuid=mig_uuid, resource=alloc.resource, pod=alloc.pod

@@ -4,7 +4,14 @@ The messages are built at import time from a FileDescriptorProto instead of comm
 output: four messages do not justify generated code that mypy and ruff would have to exclude, and
 this keeps the wire contract (package `v1`, service `PodResourcesLister`, field numbers copied from
 k8s.io/kubelet/pkg/apis/podresources/v1/api.proto) readable in one place. Only the fields we read
-are declared; protobuf skips the others (cpu_ids, memory, topology, dynamic_resources) on decode.
+are declared; protobuf skips the others (cpu_ids, memory, topology) on decode.
+
+`dynamic_resources` (field 5 of ContainerResources) carries the ResourceClaims a container uses
+(Dynamic Resource Allocation, reported by default since Kubernetes 1.34 with the beta feature gate
+KubeletPodResourcesDynamicResources): each claim's devices come as (driver, pool, device) names, not
+device ids; exporter/attribution/slices.py maps them to GPU and MIG UUIDs. DynamicResource starts at
+field 2 (its `class_name` = 1 was removed in 1.31); ClaimResource's `share_id` (5, optional) names a
+share of a device with consumable capacity.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ _STRING = descriptor_pb2.FieldDescriptorProto.TYPE_STRING
 _MESSAGE = descriptor_pb2.FieldDescriptorProto.TYPE_MESSAGE
 _OPTIONAL = descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL
 _REPEATED = descriptor_pb2.FieldDescriptorProto.LABEL_REPEATED
+_PROTO3_OPTIONAL = "proto3_optional"
 
 # message name -> [(field name, number, label, type, message type)]
 _MESSAGES: dict[str, list[tuple[str, int, int, int, str]]] = {
@@ -38,7 +46,21 @@ _MESSAGES: dict[str, list[tuple[str, int, int, int, str]]] = {
     "ContainerResources": [
         ("name", 1, _OPTIONAL, _STRING, ""),
         ("devices", 2, _REPEATED, _MESSAGE, ".v1.ContainerDevices"),
+        ("dynamic_resources", 5, _REPEATED, _MESSAGE, ".v1.DynamicResource"),
     ],
+    "DynamicResource": [
+        ("claim_name", 2, _OPTIONAL, _STRING, ""),
+        ("claim_namespace", 3, _OPTIONAL, _STRING, ""),
+        ("claim_resources", 4, _REPEATED, _MESSAGE, ".v1.ClaimResource"),
+    ],
+    "ClaimResource": [
+        ("cdi_devices", 1, _REPEATED, _MESSAGE, ".v1.CDIDevice"),
+        ("driver_name", 2, _OPTIONAL, _STRING, ""),
+        ("pool_name", 3, _OPTIONAL, _STRING, ""),
+        ("device_name", 4, _OPTIONAL, _STRING, ""),
+        ("share_id", 5, _OPTIONAL, _STRING, _PROTO3_OPTIONAL),
+    ],
+    "CDIDevice": [("name", 1, _OPTIONAL, _STRING, "")],
     "ContainerDevices": [
         ("resource_name", 1, _OPTIONAL, _STRING, ""),
         ("device_ids", 2, _REPEATED, _STRING, ""),
@@ -53,7 +75,12 @@ def _build_pool() -> descriptor_pool.DescriptorPool:
         message = fdp.message_type.add(name=message_name)
         for field_name, number, label, field_type, type_name in fields:
             field = message.field.add(name=field_name, number=number, label=label, type=field_type)
-            if type_name:
+            if type_name == _PROTO3_OPTIONAL:
+                # `optional string` in proto3: a synthetic oneof, so presence is kept on the wire.
+                field.proto3_optional = True
+                field.oneof_index = len(message.oneof_decl)
+                message.oneof_decl.add(name="_" + field_name)
+            elif type_name:
                 field.type_name = type_name
     service = fdp.service.add(name="PodResourcesLister")
     service.method.add(
@@ -77,9 +104,30 @@ class ContainerDevices:
 
 
 @dataclass(frozen=True)
+class ClaimResource:
+    """One device of a ResourceClaim: (driver, pool, device) names it uniquely on the cluster."""
+
+    driver_name: str
+    pool_name: str
+    device_name: str
+    cdi_devices: tuple[str, ...] = ()
+    share_id: str | None = None
+
+
+@dataclass(frozen=True)
+class DynamicResource:
+    """A ResourceClaim a container uses, with the devices allocated to it."""
+
+    claim_name: str
+    claim_namespace: str
+    claim_resources: tuple[ClaimResource, ...]
+
+
+@dataclass(frozen=True)
 class ContainerResources:
     name: str
     devices: tuple[ContainerDevices, ...]
+    dynamic_resources: tuple[DynamicResource, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -119,6 +167,7 @@ def encode_list_response(pods: Sequence[PodResources]) -> bytes:
                             {"resource_name": dev.resource_name, "device_ids": list(dev.device_ids)}
                             for dev in container.devices
                         ],
+                        "dynamic_resources": [_dynamic_to_dict(d) for d in container.dynamic_resources],
                     }
                     for container in pod.containers
                 ],
@@ -127,6 +176,38 @@ def encode_list_response(pods: Sequence[PodResources]) -> bytes:
         ]
     }
     return bytes(json_format.ParseDict(payload, _RESPONSE_CLASS()).SerializeToString())
+
+
+def _dynamic_to_dict(d: DynamicResource) -> dict[str, Any]:
+    resources = []
+    for r in d.claim_resources:
+        item: dict[str, Any] = {
+            "cdi_devices": [{"name": n} for n in r.cdi_devices],
+            "driver_name": r.driver_name,
+            "pool_name": r.pool_name,
+            "device_name": r.device_name,
+        }
+        if r.share_id is not None:
+            item["share_id"] = r.share_id
+        resources.append(item)
+    return {"claim_name": d.claim_name, "claim_namespace": d.claim_namespace, "claim_resources": resources}
+
+
+def _dynamic_from_dict(d: dict[str, Any]) -> DynamicResource:
+    return DynamicResource(
+        claim_name=str(d.get("claim_name", "")),
+        claim_namespace=str(d.get("claim_namespace", "")),
+        claim_resources=tuple(
+            ClaimResource(
+                driver_name=str(r.get("driver_name", "")),
+                pool_name=str(r.get("pool_name", "")),
+                device_name=str(r.get("device_name", "")),
+                cdi_devices=tuple(str(c.get("name", "")) for c in r.get("cdi_devices", ())),
+                share_id=str(r["share_id"]) if "share_id" in r else None,
+            )
+            for r in d.get("claim_resources", ())
+        ),
+    )
 
 
 def _parse(cls: type[Message], data: bytes) -> Message:
@@ -151,6 +232,9 @@ def _pod_from_dict(pod: dict[str, Any]) -> PodResources:
                         device_ids=tuple(str(i) for i in dev.get("device_ids", ())),
                     )
                     for dev in container.get("devices", ())
+                ),
+                dynamic_resources=tuple(
+                    _dynamic_from_dict(d) for d in container.get("dynamic_resources", ())
                 ),
             )
             for container in pod.get("containers", ())

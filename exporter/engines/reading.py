@@ -45,6 +45,9 @@ class ModelReading:
     kv_queries: float | None = None
     kv_unit: str = "tokens"
     kv_hit_ratio: float | None = None  # passthrough, only when the engine has no counters
+    # Cumulative prompt (prefill input) and generated tokens, from a counter or a histogram's _sum.
+    prompt_tokens: float | None = None
+    generation_tokens: float | None = None
     ttft: Histogram | None = None
     itl: Histogram | None = None
     e2e: Histogram | None = None
@@ -112,6 +115,14 @@ def merge_histograms(
         total_sum * scale,
         total_count,
     )
+
+
+def histogram_sum(
+    children: Sequence[HistogramSeries], keep: Callable[[Labels], bool] | None = None
+) -> float | None:
+    """Sum of the `_sum` of histogram children: the total of a per-request token-count histogram."""
+    vals = [c.sum for c in children if (keep is None or keep(c.labels)) and not math.isnan(c.sum)]
+    return sum(vals) if vals else None
 
 
 class ModelView:

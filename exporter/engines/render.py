@@ -62,7 +62,17 @@ def _hist_buckets(h: Histogram) -> list[tuple[str, float]]:
 
 def _series_of(r: ModelReading, gpus: int) -> int:
     """How many series a reading would have produced."""
-    n = gpus + sum(v is not None for v in (r.running, r.waiting, r.kv_usage_ratio, r.kv_hit_ratio))
+    n = gpus + sum(
+        v is not None
+        for v in (
+            r.running,
+            r.waiting,
+            r.kv_usage_ratio,
+            r.kv_hit_ratio,
+            r.prompt_tokens,
+            r.generation_tokens,
+        )
+    )
     if r.kv_hits is not None and r.kv_queries is not None:
         n += 2
     hists = (*r.batch.values(), r.ttft, r.itl, r.e2e, r.queue_time, r.batch_tokens)
@@ -83,6 +93,8 @@ class Families:
         self.hits = family(spec.KV_CACHE_HITS_TOTAL)
         self.queries = family(spec.KV_CACHE_QUERIES_TOTAL)
         self.hit_ratio = family(spec.KV_CACHE_HIT_RATIO)
+        self.prompt_tokens = family(spec.PROMPT_TOKENS_TOTAL)
+        self.generation_tokens = family(spec.GENERATION_TOKENS_TOTAL)
         self.usage = family(spec.KV_CACHE_USAGE_RATIO)
         self.running = family(spec.REQUESTS_RUNNING)
         self.waiting = family(spec.REQUESTS_WAITING)
@@ -145,22 +157,27 @@ class Families:
             (self.waiting, r.waiting),
             (self.usage, r.kv_usage_ratio),
             (self.hit_ratio, r.kv_hit_ratio),
+            (self.prompt_tokens, r.prompt_tokens),
+            (self.generation_tokens, r.generation_tokens),
         ):
             if value is not None and take(ep.endpoint, 1):
                 fam.add_metric(labels, value)
         if r.kv_hits is not None and r.kv_queries is not None and take(ep.endpoint, 2):
             self.hits.add_metric([*labels, r.kv_unit], r.kv_hits)
             self.queries.add_metric([*labels, r.kv_unit], r.kv_queries)
+        batch_added = False
         for phase, h in sorted(r.batch.items()):
             if take(ep.endpoint, len(h.buckets) + 2):
                 self.batch.add_metric([*labels, phase], _hist_buckets(h), h.sum)
+                batch_added = True
         for key, hist_family in self.hists.items():
             h = getattr(r, key)
             if h is not None and take(ep.endpoint, len(h.buckets) + 2):
                 hist_family.add_metric(labels, _hist_buckets(h), h.sum)
-        if r.batch and r.batch_source is not None:
+        if batch_added and r.batch_source is not None:
+            # Names the source of a histogram that is served; a series of its own under the caps.
             key3 = (ep.kind, r.batch_source.source, "true" if r.batch_source.proxy else "false")
-            if key3 not in self._batch_sources:
+            if key3 not in self._batch_sources and take(ep.endpoint, 1):
                 self._batch_sources.add(key3)
                 self.batch_source.add_metric(list(key3), 1.0)
         if ep.cold_start_seconds is not None and take(ep.endpoint, 1):
@@ -180,6 +197,8 @@ class Families:
             self.hits,
             self.queries,
             self.hit_ratio,
+            self.prompt_tokens,
+            self.generation_tokens,
             self.usage,
             self.running,
             self.waiting,

@@ -40,6 +40,7 @@ FAMILIES = frozenset(
         "sglang:realtime_tokens",
         "sglang:cached_tokens",
         "sglang:prompt_tokens",
+        "sglang:generation_tokens",
         "sglang:cache_hit_rate",
         "sglang:time_to_first_token_seconds",
         "sglang:inter_token_latency_seconds",
@@ -104,6 +105,9 @@ def normalize(expo: Exposition) -> list[ModelReading]:
             if ratio is not None and ratio > 1.0:
                 ratio /= 100.0  # 2024-era SGLang reported percent
             r.kv_hit_ratio = ratio
+        # Counted per finished request; summed over `is_streaming` and the other split labels.
+        r.prompt_tokens = counter_value(v.counter("sglang:prompt_tokens_total"))
+        r.generation_tokens = counter_value(v.counter("sglang:generation_tokens_total"))
         r.ttft = merge_histograms(v.histogram("sglang:time_to_first_token_seconds"))
         r.itl = merge_histograms(v.histogram("sglang:inter_token_latency_seconds"))
         r.e2e = merge_histograms(v.histogram("sglang:e2e_request_latency_seconds"))

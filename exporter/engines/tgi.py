@@ -8,7 +8,15 @@ apart per phase (`prefill` batches are the long ones, `decode` steps set the int
 from __future__ import annotations
 
 from exporter.engines.exposition import Exposition
-from exporter.engines.reading import DECODE, PREFILL, BatchSource, ModelReading, gauge_value, merge_histograms
+from exporter.engines.reading import (
+    DECODE,
+    PREFILL,
+    BatchSource,
+    ModelReading,
+    gauge_value,
+    histogram_sum,
+    merge_histograms,
+)
 
 KIND = "tgi"
 BATCH_SOURCE = "tgi_batch_inference_duration"
@@ -19,6 +27,8 @@ FAMILIES = frozenset(
         "tgi_request_duration",
         "tgi_request_mean_time_per_token_duration",
         "tgi_request_queue_duration",
+        "tgi_request_input_length",
+        "tgi_request_generated_tokens",
         BATCH_SOURCE,
     }
 )
@@ -34,6 +44,10 @@ def normalize(expo: Exposition) -> list[ModelReading]:
     r.queue_time = merge_histograms(expo.histogram("tgi_request_queue_duration"))
     # Per-request mean time per output token: the closest TGI has to an inter-token histogram.
     r.itl = merge_histograms(expo.histogram("tgi_request_mean_time_per_token_duration"))
+    # Token counts per request are histograms; their _sum is the running total. Input length is
+    # observed at validation (requests that fail later still count), generated tokens on success.
+    r.prompt_tokens = histogram_sum(expo.histogram("tgi_request_input_length"))
+    r.generation_tokens = histogram_sum(expo.histogram("tgi_request_generated_tokens"))
     children = expo.histogram(BATCH_SOURCE)
     for method, phase in _METHODS.items():
         hist = merge_histograms(children, keep=lambda lb, m=method: lb.get("method") == m)  # type: ignore[misc]

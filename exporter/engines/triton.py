@@ -26,6 +26,7 @@ from exporter.engines.reading import (
     ModelView,
     counter_value,
     gauge_value,
+    histogram_sum,
     merge_histograms,
     models,
 )
@@ -49,6 +50,10 @@ FAMILIES = frozenset(
         "vllm:e2e_request_latency_seconds",
         "vllm:request_queue_time_seconds",
         "vllm:iteration_tokens_total",
+        "vllm:prompt_tokens",
+        "vllm:generation_tokens",
+        "nv_llm_input_token_len",
+        "nv_llm_output_token_len",
     }
 )
 
@@ -84,6 +89,22 @@ def _kv_blocks(v: ModelView, r: ModelReading) -> None:
         r.kv_hits, r.kv_queries, r.kv_unit = reused, reused + allocated, "blocks"
 
 
+def _tokens(v: ModelView, r: ModelReading) -> None:
+    """vLLM backend: vLLM's counters; TRT-LLM backend: the _sum of its per-response token histograms."""
+    r.prompt_tokens = counter_value(v.counter("vllm:prompt_tokens_total"))
+    if r.prompt_tokens is None:
+        r.prompt_tokens = histogram_sum(
+            v.histogram("nv_llm_input_token_len"),
+            lambda lb: lb.get("response_metric_type") == "total_input_tokens",
+        )
+    r.generation_tokens = counter_value(v.counter("vllm:generation_tokens_total"))
+    if r.generation_tokens is None:
+        r.generation_tokens = histogram_sum(
+            v.histogram("nv_llm_output_token_len"),
+            lambda lb: lb.get("response_metric_type") == "total_output_tokens",
+        )
+
+
 def normalize(expo: Exposition) -> list[ModelReading]:
     """Map a Triton exposition to one reading per LLM model."""
     out: list[ModelReading] = []
@@ -103,6 +124,7 @@ def normalize(expo: Exposition) -> list[ModelReading]:
         if r.kv_usage_ratio is None:
             r.kv_usage_ratio = gauge_value(v.gauge("vllm:gpu_cache_usage_perc"), "mean")
 
+        _tokens(v, r)
         r.ttft = merge_histograms(v.histogram("vllm:time_to_first_token_seconds"))
         if r.ttft is None:
             r.ttft = merge_histograms(v.histogram("nv_inference_first_response_histogram_ms"), scale=1e-3)

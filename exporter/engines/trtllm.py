@@ -38,6 +38,7 @@ FAMILIES = frozenset(
         "trtllm_kv_cache_hit_rate",
         "trtllm_prompt_cached_tokens",
         "trtllm_prompt_tokens",
+        "trtllm_generation_tokens",
         BATCH_SOURCE,
         *_HISTOGRAMS,
         *("trtllm_" + name for name in _HISTOGRAMS),
@@ -64,6 +65,8 @@ def normalize(expo: Exposition) -> list[ModelReading]:
         prompt = counter_value(v.counter("trtllm_prompt_tokens_total"))
         reused = counter_value(v.counter("trtllm_kv_cache_reused_blocks_total"))
         missed = counter_value(v.counter("trtllm_kv_cache_missed_blocks_total"))
+        r.prompt_tokens = prompt
+        r.generation_tokens = counter_value(v.counter("trtllm_generation_tokens_total"))
         if cached is not None and prompt is not None:
             r.kv_hits, r.kv_queries, r.kv_unit = cached, prompt, "tokens"
         elif reused is not None and missed is not None:

@@ -42,6 +42,8 @@ FAMILIES = frozenset(
         "vllm:request_queue_time_seconds",
         "vllm:iteration_tokens_total",
         "vllm:model_forward_time_milliseconds",
+        "vllm:prompt_tokens",
+        "vllm:generation_tokens",
     }
 )
 
@@ -80,6 +82,9 @@ def normalize(expo: Exposition) -> list[ModelReading]:
         else:
             r.kv_hit_ratio = gauge_value(v.gauge("vllm:gpu_prefix_cache_hit_rate"), "mean")
 
+        # All prompt tokens, cached or computed (`prompt_tokens_by_source` splits the same total).
+        r.prompt_tokens = counter_value(v.counter("vllm:prompt_tokens_total"))
+        r.generation_tokens = counter_value(v.counter("vllm:generation_tokens_total"))
         r.ttft = merge_histograms(v.histogram("vllm:time_to_first_token_seconds"))
         itl_name = "vllm:inter_token_latency_seconds"
         if not v.histogram(itl_name):

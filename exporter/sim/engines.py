@@ -203,6 +203,13 @@ class SimEngine:
         eff.add_metric([*val, "storage_hit"], 0.0)
         out.append(eff)
         tok_lab, tok_val = ["engine_type", "model_name"], ["unified", self.spec.model]
+        for name, v in (
+            ("sglang:prompt_tokens", self.prompt_tokens),
+            ("sglang:generation_tokens", self.generation_tokens),
+        ):
+            c = CounterMetricFamily(name, name, labels=tok_lab)
+            c.add_metric(tok_val, v)
+            out.append(c)
         for key, name in (
             ("ttft", "sglang:time_to_first_token_seconds"),
             ("itl", "sglang:inter_token_latency_seconds"),

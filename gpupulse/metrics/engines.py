@@ -71,6 +71,22 @@ KV_CACHE_QUERIES_TOTAL = counter(
     _C,
     (*ENGINE_LABELS, "unit"),
 )
+PROMPT_TOKENS_TOTAL = counter(
+    "inference_prompt_tokens_total",
+    "",
+    "Prompt (prefill input) tokens the engine processed, cached or computed; counted at the engine's "
+    "own point (vLLM per step, SGLang/trtllm-serve per finished request, TGI at validation, Triton "
+    "TRT-LLM per response).",
+    _C,
+    ENGINE_LABELS,
+)
+GENERATION_TOKENS_TOTAL = counter(
+    "inference_generation_tokens_total",
+    "",
+    "Tokens the engine generated (output tokens); the denominator of energy and cost per token.",
+    _C,
+    ENGINE_LABELS,
+)
 KV_CACHE_HIT_RATIO = gauge(
     "inference_kv_cache_hit_ratio",
     "ratio",
@@ -166,6 +182,8 @@ ENGINE_METRICS: tuple[MetricSpec, ...] = (
     KV_CACHE_HITS_TOTAL,
     KV_CACHE_QUERIES_TOTAL,
     KV_CACHE_HIT_RATIO,
+    PROMPT_TOKENS_TOTAL,
+    GENERATION_TOKENS_TOTAL,
     KV_CACHE_USAGE_RATIO,
     BATCH_LATENCY_SECONDS,
     BATCH_SIZE_TOKENS,

@@ -6,6 +6,7 @@ import pytest
 
 from exporter.attribution.podresources_proto import (
     LIST_METHOD,
+    ClaimResource,
     ContainerDevices,
     ContainerResources,
     PodResources,
@@ -18,6 +19,16 @@ from exporter.errors import PodResourcesDecodeError
 def _ld(field: int, payload: bytes) -> bytes:
     """One length-delimited protobuf field (tag = field << 3 | 2)."""
     return bytes([field << 3 | 2, len(payload)]) + payload
+
+
+def _ldv(field: int, payload: bytes) -> bytes:
+    """A length-delimited field with a varint length (payloads of 128 bytes and more)."""
+    n, length = len(payload), b""
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        length += bytes([byte | (0x80 if n else 0)])
+        if not n:
+            return bytes([field << 3 | 2]) + length + payload
 
 
 def test_decodes_bytes_laid_out_like_the_kubelet_sends_them() -> None:
@@ -53,3 +64,34 @@ def test_round_trip_keeps_every_field() -> None:
 def test_garbage_is_a_decode_error() -> None:
     with pytest.raises(PodResourcesDecodeError):
         decode_list_response(b"\x0a\xff\xff")
+
+
+def test_dynamic_resources_decoded_with_the_kubelets_field_numbers() -> None:
+    # api.proto: ContainerResources.dynamic_resources=5; DynamicResource{claim_name=2,
+    # claim_namespace=3, claim_resources=4} (1 was class_name, removed in 1.31); ClaimResource{
+    # cdi_devices=1, driver_name=2, pool_name=3, device_name=4, optional share_id=5}; CDIDevice{name=1}.
+    claim_gpu = (
+        _ldv(1, _ldv(1, b"k8s.gpu.nvidia.com/device=gpu-0"))
+        + _ldv(2, b"gpu.nvidia.com")
+        + _ldv(3, b"node-1")
+        + _ldv(4, b"gpu-0")
+    )
+    claim_share = _ldv(2, b"gpu.nvidia.com") + _ldv(3, b"node-1") + _ldv(4, b"gpu-1") + _ldv(5, b"")
+    dynamic = _ldv(2, b"llama-gpus") + _ldv(3, b"serving") + _ldv(4, claim_gpu) + _ldv(4, claim_share)
+    container = _ldv(1, b"vllm") + _ldv(5, dynamic)
+    response = _ldv(1, _ldv(1, b"llama-0") + _ldv(2, b"serving") + _ldv(3, container))
+
+    ((pod,),) = (decode_list_response(response),)
+    (dra,) = pod.containers[0].dynamic_resources
+    assert (dra.claim_name, dra.claim_namespace) == ("llama-gpus", "serving")
+    first, second = dra.claim_resources
+    cdi = ("k8s.gpu.nvidia.com/device=gpu-0",)
+    assert first == ClaimResource("gpu.nvidia.com", "node-1", "gpu-0", cdi, None)
+    assert second.device_name == "gpu-1" and second.share_id == ""  # present though empty: optional keeps it
+    assert encode_list_response((pod,)) == response
+
+
+def test_a_kubelet_without_dynamic_resources_gives_none() -> None:
+    container = _ldv(1, b"c") + _ldv(2, _ldv(1, b"nvidia.com/gpu") + _ldv(2, b"GPU-a"))
+    (pod,) = decode_list_response(_ldv(1, _ldv(1, b"p") + _ldv(2, b"ns") + _ldv(3, container)))
+    assert pod.containers[0].dynamic_resources == ()

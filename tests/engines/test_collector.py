@@ -191,8 +191,9 @@ async def test_endpoints_with_identical_labels_do_not_emit_duplicate_series(
         await collector.close()
     assert len(samples(metrics, "inference_requests_running")) == 1
     assert up_of(metrics, a.url) == 1.0 and up_of(metrics, b.url) == 1.0
-    # running, waiting, usage, hits+queries, and batch/ttft/itl/e2e/queue-time/step-tokens histograms
-    expected = 3 + 2 + (19 + 3) * 2 + (22 + 3) + (21 + 3) + (21 + 3) + (13 + 3)
+    # running, waiting, usage, hits+queries, prompt+generated tokens, and
+    # batch/ttft/itl/e2e/queue-time/step-tokens histograms
+    expected = 3 + 2 + 2 + (19 + 3) * 2 + (22 + 3) + (21 + 3) + (21 + 3) + (13 + 3)
     assert value(metrics, "gpupulse_series_dropped_total", collector="engines") == expected
 
 

@@ -311,3 +311,101 @@ def test_vllm_v0_without_step_histograms_falls_back_to_model_forward_time() -> N
     assert r.batch["mixed"].buckets == ((0.01, 3.0), (0.025, 9.0), (math.inf, 10.0))  # ms -> s
     assert r.batch["mixed"].sum == pytest.approx(0.18)
     assert r.batch_source is not None and r.batch_source.source == "vllm:model_forward_time_milliseconds"
+
+
+@pytest.mark.parametrize(
+    ("fixture", "prompt", "generated"),
+    [
+        ("vllm-0.33.0", 1_843_208.0, 402_113.0),
+        ("vllm-v0-0.7.3", 1_843_208.0, 402_113.0),
+        ("vllm-0.10.2-multiproc", 1_843_208.0, 402_113.0),
+        ("vllm-ray-0.33.0", 1_843_208.0, 402_113.0),
+        ("vllm-0.33.0-dp2", 2 * 1_843_208.0, 2 * 402_113.0),  # both data-parallel engines summed
+        ("sglang-0.5.23", 5_114_542.0, 2_288_015.0),
+        ("sglang-0.4.10", 5_114_542.0, 2_288_015.0),
+        ("sglang-ray-0.5.23", 5_114_542.0, 2_288_015.0),
+        ("triton-vllm-backend", 1_843_208.0, 402_113.0),
+        ("trtllm-serve-2026", 1_843_208.0, 402_113.0),
+        ("trtllm-serve-2025", 1_843_208.0, 402_113.0),
+    ],
+)
+def test_prompt_and_generated_token_counters_normalized(
+    fixture: str, prompt: float, generated: float
+) -> None:
+    r = only(fixture)
+    assert (r.prompt_tokens, r.generation_tokens) == (prompt, generated)
+
+
+def test_vllm_prompt_tokens_by_source_are_not_added_to_the_total() -> None:
+    # vllm 0.33 has prompt_tokens_total and prompt_tokens_by_source_total (the same tokens split).
+    expo = expo_of("vllm-0.33.0")
+    assert "vllm:prompt_tokens_by_source" not in expo.counters  # not even kept by the parser
+    assert only("vllm-0.33.0").prompt_tokens == 1_843_208.0
+
+
+def _tgi_token_histograms(max_input_tokens: int, max_total_tokens: int) -> str:
+    """TGI's token histograms as metrics-exporter-prometheus renders them (router/src/server.rs buckets)."""
+
+    def render(name: str, help_text: str, bound: int, counts: list[int], total: int) -> str:
+        lines = [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
+        for i, c in enumerate(counts):
+            le = bound / 100.0 * (i + 1)
+            lines.append(f'{name}_bucket{{le="{int(le) if le.is_integer() else le!r}"}} {c}')
+        lines += [
+            f'{name}_bucket{{le="+Inf"}} {counts[-1]}',
+            f"{name}_sum {total}",
+            f"{name}_count {counts[-1]}",
+        ]
+        return "\n".join(lines) + "\n"
+
+    # 1800 requests; cumulative counts rise linearly to 1800 at the 50th bucket.
+    counts = [min(1800, 36 * (i + 1)) for i in range(100)]
+    return (
+        "\n"
+        + render("tgi_request_input_length", "Input tokens per request", max_input_tokens, counts, 1843208)
+        + "\n"
+        + render(
+            "tgi_request_generated_tokens", "Generated tokens per request", max_total_tokens, counts, 402113
+        )
+    )
+
+
+def test_tgi_tokens_are_the_sums_of_its_token_histograms() -> None:
+    text = load_fixture("tgi-3.3") + _tgi_token_histograms(8191, 8192)
+    (r,) = NORMALIZERS["tgi"](parse_exposition(text, wanted=WANTED, note_prefixes=PREFIXES))
+    assert (r.prompt_tokens, r.generation_tokens) == (1_843_208.0, 402_113.0)
+    assert only("tgi-3.3").prompt_tokens is None  # no histogram, no token count (never a 0)
+
+
+def test_triton_trtllm_tokens_from_the_per_response_histograms() -> None:
+    # custom_metrics_reporter.cc creates nv_llm_input_token_len beside the output histogram (same buckets).
+    head = "nv_llm_input_token_len"
+    labels = 'model="tensorrt_llm",response_metric_type="total_input_tokens",version="1"'
+    bounds = ("10", "50", "100", "500", "1000", "+Inf")
+    extra = "\n".join(
+        [f"# HELP {head} TRT LLM response metrics", f"# TYPE {head} histogram"]
+        + [f"{head}_count{{{labels}}} 1800", f"{head}_sum{{{labels}}} 1843208"]
+        + [
+            f'{head}_bucket{{{labels},le="{b}"}} {n}'
+            for b, n in zip(bounds, (0, 0, 12, 402, 1107, 1800), strict=True)
+        ]
+    )
+    (r,) = NORMALIZERS["triton"](
+        parse_exposition(
+            load_fixture("triton-trtllm-2.73") + extra + "\n", wanted=WANTED, note_prefixes=PREFIXES
+        )
+    )
+    assert (r.prompt_tokens, r.generation_tokens) == (1_843_208.0, 589_144.0)
+    r24 = only_of_kind("triton-trtllm-2024")
+    assert (r24.prompt_tokens, r24.generation_tokens) == (None, 589_144.0)  # released page: output only
+
+
+def only_of_kind(name: str) -> ModelReading:
+    (r,) = readings(name)[1]
+    return r
+
+
+def test_engines_without_token_counters_report_none() -> None:
+    for name in ("vllm-0.9.1", "dynamo-frontend"):
+        r = readings(name)[1][0]
+        assert (r.prompt_tokens, r.generation_tokens) == (None, None)

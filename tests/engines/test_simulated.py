@@ -7,11 +7,13 @@ import math
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from exporter.collectors.base import NodeState
+from exporter.engines import sglang
 from exporter.engines.collector import EnginesCollector
 from exporter.engines.exposition import parse_exposition
 from exporter.engines.settings import EngineSettings
@@ -97,6 +99,23 @@ def test_curves_integrate_into_counters_and_buckets(scenario: Path) -> None:
     assert median_bucket == pytest.approx(100, rel=0.01)  # half the requests are under the p50
     assert reading.itl is not None and reading.itl.count == pytest.approx(200 * 100)
     assert reading.itl.sum / reading.itl.count == pytest.approx(0.03, rel=0.1)
+    assert (reading.prompt_tokens, reading.generation_tokens) == (
+        pytest.approx(200_000),
+        pytest.approx(200 * 101),
+    )
+
+
+def test_simulated_sglang_serves_its_token_counters(scenario: Path) -> None:
+    spec = replace(load_engines(str(scenario))[0], kind="sglang")
+    clock = ManualClock()
+    engine = SimEngine(spec, clock, wall_start=0.0)
+    clock.set(100.0)
+    engine.advance()
+    reading = sglang.normalize(parse_exposition(_render(engine)))[0]
+    assert (reading.prompt_tokens, reading.generation_tokens) == (
+        pytest.approx(200_000),
+        pytest.approx(200 * 101),
+    )
 
 
 def _render(engine: SimEngine) -> str:
@@ -131,6 +150,9 @@ async def test_simulated_engine_scraped_end_to_end_with_cold_start(scenario: Pat
         queries = value(metrics, "inference_kv_cache_queries_total", model="llama-3-8b", unit="tokens")
         assert queries == pytest.approx(120 * 1000)
         assert value(metrics, "inference_kv_cache_usage_ratio", model="llama-3-8b") == 0.5
+        # the token counters the cost rules and `gpupulse report` divide by
+        assert value(metrics, "inference_prompt_tokens_total", pod="llama-0") == pytest.approx(120 * 1000)
+        assert value(metrics, "inference_generation_tokens_total", pod="llama-0") == pytest.approx(120 * 101)
         assert value(metrics, "inference_cold_start_seconds", pod="llama-0") == pytest.approx(60.0)
         count = value(metrics, "inference_batch_latency_seconds_count", model="llama-3-8b")
         assert count == pytest.approx(120 * 100)

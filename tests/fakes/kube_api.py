@@ -2,7 +2,7 @@
 
 Served: pods get/list/watch/delete (DeleteOptions preconditions), pods/eviction (policy/v1, PDB evaluation),
 nodes get/patch (merge and strategic-merge patch, resourceVersion conflicts), Leases get/create/replace,
-ReplicaSets get, Deployments get/patch, PodDisruptionBudgets list, and the training-job owners: batch/v1
+ReplicaSets get, Deployments get/patch, PodDisruptionBudgets list, the training-job owners: batch/v1
 Jobs and the custom resources of `SERVED` (JobSet, PyTorchJob, Volcano Job and Command,
 LeaderWorkerSet) get/list/create/delete, with labelSelector on lists, generateName and AlreadyExists on
 create, and DeleteOptions preconditions and propagationPolicy (Foreground and Background delete the
@@ -11,7 +11,10 @@ outside `SERVED` answers 404, as an API server without that CRD does. The kinds 
 (the controller's own GpuIncident and GpuRemediationState) have the status subresource, as their
 CRDs declare: create drops status, PUT replaces the main resource keeping status, PUT .../status
 changes only status; both updates need metadata.resourceVersion (422 without, 409 when stale);
-lists take limit and continue. Errors are real `Status` bodies.
+lists take limit and continue. ResourceSlices list/watch
+(resource.k8s.io, in the versions `resourceslice_versions` names: v1 and v1beta2 keep device attributes
+on the device, v1beta1 under `basic`, converted from one stored form as the API server does; a version
+not served answers 404). Errors are real `Status` bodies.
 Tests reach it through kubernetes_asyncio with a kubeconfig written by `write_kubeconfig`.
 
 Pods (all namespaces or one) can be listed and watched, as the exporter does. Watches follow the API
@@ -197,6 +200,42 @@ class _Watcher:
     node: str | None
     bookmarks: bool
     queue: asyncio.Queue[WatchEvent | str]  # events, or "BOOKMARK" / "CLOSE"
+    version: str = ""  # the API version the watch asked for (ResourceSlices are converted to it)
+
+
+def resourceslices_from_scenario(
+    api: FakeKubeAPI, doc: dict[str, Any], driver: str = "gpu.nvidia.com"
+) -> JSON:
+    """Publish a scenario's GPUs as NVIDIA's DRA driver does: one slice for the node, pool = node
+    name, `gpu-<index>` per GPU and `gpu-<index>-mig-<n>` per MIG instance (type, uuid, parentUUID)."""
+    devices: list[JSON] = []
+    for index, gpu in enumerate(doc.get("gpus") or ()):
+        uuid_ = str(gpu.get("uuid", ""))
+        devices.append(
+            {"name": f"gpu-{index}", "attributes": {"type": {"string": "gpu"}, "uuid": {"string": uuid_}}}
+        )
+        for n, instance in enumerate(((gpu.get("mig") or {}).get("instances")) or ()):
+            attributes = {
+                "type": {"string": "mig"},
+                "uuid": {"string": str(instance["uuid"])},
+                "parentUUID": {"string": uuid_},
+                "profile": {"string": str(instance.get("profile", ""))},
+            }
+            devices.append({"name": f"gpu-{index}-mig-{n}", "attributes": attributes})
+    node = str(doc["node"])
+    return api.add_resourceslice(f"{node}-{driver}", node, driver, node, devices)
+
+
+def slice_as(version: str, obj: JSON) -> JSON:
+    """A ResourceSlice stored in v1 form as the API server serves it in `version`."""
+    out = copy.deepcopy(obj)
+    out["apiVersion"] = f"resource.k8s.io/{version}"
+    if version == "v1beta1":
+        devices = out.get("spec", {}).get("devices", [])
+        for i, device in enumerate(devices):
+            basic = {k: device.pop(k) for k in ("attributes", "capacity") if k in device}
+            devices[i] = {"name": device["name"], "basic": basic}
+    return out
 
 
 def _pod_node(pod: JSON | None) -> str | None:
@@ -238,6 +277,9 @@ class FakeKubeAPI:
     deployments: dict[Key, JSON] = field(default_factory=dict)
     pdbs: dict[Key, JSON] = field(default_factory=dict)
     objects: dict[ObjKey, JSON] = field(default_factory=dict)  # Jobs and the custom resources of SERVED
+    resourceslices: dict[Key, JSON] = field(default_factory=dict)  # ("", name) -> v1 form
+    # resource.k8s.io versions served (a 1.32 cluster: v1beta1 only; 1.33: v1beta2 too; 1.34+: v1)
+    resourceslice_versions: tuple[str, ...] = ("v1", "v1beta2", "v1beta1")
     requests: list[Recorded] = field(default_factory=list)
     deleted: list[tuple[str, str, str]] = field(default_factory=list)  # (ns/name, uid, "delete"|"eviction")
     faults: list[Fault] = field(default_factory=list)
@@ -283,6 +325,7 @@ class FakeKubeAPI:
         r.add_put(objects + "/{name}", self._replace_object)
         r.add_put(objects + "/{name}/status", self._replace_object_status)
         r.add_delete(objects + "/{name}", self._delete_object)
+        r.add_get("/apis/resource.k8s.io/{version}/resourceslices", self._list_resourceslices)
         r.add_get("/_fake/requests", self._debug_requests)
         r.add_get("/_fake/state", self._debug_state)
         # a client that goes away ends its handler (a watch), as the API server cancels the request context
@@ -441,7 +484,7 @@ class FakeKubeAPI:
                 self._watchers_changed.clear()
 
     def _store(self, resource: str) -> dict[Key, JSON]:
-        stores = {"pods": self.pods}
+        stores = {"pods": self.pods, "resourceslices": self.resourceslices}
         if resource not in stores:
             raise ApiError(404, "NotFound", f"the server could not find the requested resource ({resource})")
         return stores[resource]
@@ -454,6 +497,35 @@ class FakeKubeAPI:
             self._compacted_rv = max(self._compacted_rv, dropped.rv)
         for w in self._watchers:
             w.queue.put_nowait(event)
+
+    def add_resourceslice(
+        self, name: str, node: str, driver: str, pool: str, devices: list[JSON], generation: int = 0
+    ) -> JSON:
+        """A ResourceSlice of `node` (v1 form: devices [{name, attributes: {k: {string: v}}}])."""
+        obj: JSON = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": self._meta(name, None),
+            "spec": {
+                "driver": driver,
+                "nodeName": node,
+                "pool": {"name": pool, "generation": generation, "resourceSliceCount": 1},
+                "devices": copy.deepcopy(devices),
+            },
+        }
+        old = self.resourceslices.get(("", name))
+        if old is not None:
+            obj["metadata"]["uid"] = old["metadata"]["uid"]
+        self.resourceslices[("", name)] = obj
+        self._emit("MODIFIED" if old is not None else "ADDED", obj, old, "resourceslices")
+        return obj
+
+    def remove_resourceslice(self, name: str) -> None:
+        """Delete a ResourceSlice (the driver unpublished it)."""
+        old = self.resourceslices.pop(("", name))
+        gone = copy.deepcopy(old)
+        gone["metadata"]["resourceVersion"] = self.next_rv()
+        self._emit("DELETED", gone, old, "resourceslices")
 
     def add_replicaset(self, namespace: str, name: str, deployment: str | None) -> None:
         owners = (
@@ -651,6 +723,25 @@ class FakeKubeAPI:
     async def _list_namespaced(self, request: web.Request) -> web.StreamResponse:
         return await self._collection(request, request.match_info["resource"], request.match_info["ns"])
 
+    async def _list_resourceslices(self, request: web.Request) -> web.StreamResponse:
+        version = request.match_info["version"]
+        if version not in self.resourceslice_versions:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        node = _node_selector(request)
+        if parse_bool(request.query.get("watch")):
+            return await self._watch(request, "resourceslices", None, node, version)
+        items = [
+            slice_as(version, o) for o in self.resourceslices.values() if node is None or _pod_node(o) == node
+        ]
+        return web.json_response(
+            {
+                "kind": "ResourceSliceList",
+                "apiVersion": f"resource.k8s.io/{version}",
+                "metadata": {"resourceVersion": str(self._rv)},
+                "items": items,
+            }
+        )
+
     async def _collection(
         self, request: web.Request, resource: str, namespace: str | None
     ) -> web.StreamResponse:
@@ -690,18 +781,20 @@ class FakeKubeAPI:
         return None
 
     async def _watch(
-        self, request: web.Request, resource: str, namespace: str | None, node: str | None
+        self, request: web.Request, resource: str, namespace: str | None, node: str | None, version: str = ""
     ) -> web.StreamResponse:
         since = request.query.get("resourceVersion", "")
         if since not in ("", "0") and not since.isdigit():
             raise ApiError(400, "BadRequest", f"invalid resource version: {since}")
         timeout = float(request.query.get("timeoutSeconds") or 0) or None
         bookmarks = parse_bool(request.query.get("allowWatchBookmarks"))
-        watcher = _Watcher(resource, namespace, node, bookmarks, asyncio.Queue())
+        watcher = _Watcher(resource, namespace, node, bookmarks, asyncio.Queue(), version)
         response = web.StreamResponse(headers={"Content-Type": "application/json"})
         await response.prepare(request)
 
         async def send(kind: str, obj: JSON) -> None:
+            if resource == "resourceslices" and kind != "ERROR" and kind != "BOOKMARK":
+                obj = slice_as(version, obj)
             await response.write(json.dumps({"type": kind, "object": obj}).encode() + b"\n")
 
         if since not in ("", "0") and int(since) < self._compacted_rv:

@@ -1,4 +1,5 @@
-"""A fake kubelet serving pod-resources v1 `List` over a unix socket with grpc.aio."""
+"""A fake kubelet serving pod-resources v1 `List` over a unix socket with grpc.aio (device-plugin
+devices and DRA claims, `dynamic_resources`, in the real v1 messages)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import contextlib
 import os
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import grpc
@@ -13,12 +15,16 @@ import grpc.aio
 
 from exporter.attribution.podresources_proto import (
     SERVICE_NAME,
+    ClaimResource,
     ContainerDevices,
     ContainerResources,
+    DynamicResource,
     PodResources,
     decode_list_request,
     encode_list_response,
 )
+
+DRA_DRIVER = "gpu.nvidia.com"  # NVIDIA's DRA driver
 
 
 def _identity(data: bytes) -> bytes:
@@ -51,12 +57,15 @@ def pods_from_scenario(doc: Mapping[str, Any]) -> tuple[PodResources, ...]:
     containers[].gpus: NVML indices (whole GPUs, or time-slice replicas `GPU-…::<n>` with
     `shared: true`); containers[].mig: [gpu index, index into mig.instances] pairs; `resource` overrides the
     resource name. GPUs without a `uuid` in the scenario fall back to GKE's `nvidia<index>` ids.
+    containers[].claims: [{name, namespace?, devices: [DRA device names]}], ResourceClaims of NVIDIA's
+    DRA driver in the pool named after the scenario's node (tests/fakes/kube_api.py publishes the slice).
     """
     gpus = list(doc.get("gpus") or ())
     replica = 0
     out = []
     for entry in doc.get("pods") or ():
         containers: dict[str, dict[str, list[str]]] = {}
+        claims: dict[str, tuple[DynamicResource, ...]] = {}
         for container in entry.get("containers") or ():
             shared = bool(container.get("shared", False))
             default = "nvidia.com/gpu.shared" if shared else "nvidia.com/gpu"
@@ -74,7 +83,20 @@ def pods_from_scenario(doc: Mapping[str, Any]) -> tuple[PodResources, ...]:
             for gpu_index, instance in container.get("mig") or ():
                 ids.append(str(gpus[gpu_index]["mig"]["instances"][instance]["uuid"]))
             containers[str(container["name"])] = {resource: ids} if ids else {}
-        out.append(pod(str(entry.get("namespace", "default")), str(entry["name"]), containers))
+            claims[str(container["name"])] = tuple(
+                DynamicResource(
+                    str(c["name"]),
+                    str(c.get("namespace", entry.get("namespace", "default"))),
+                    tuple(
+                        ClaimResource(DRA_DRIVER, str(doc.get("node", "")), str(d))
+                        for d in c.get("devices", ())
+                    ),
+                )
+                for c in container.get("claims") or ()
+            )
+        built = pod(str(entry.get("namespace", "default")), str(entry["name"]), containers)
+        with_claims = tuple(replace(c, dynamic_resources=claims.get(c.name, ())) for c in built.containers)
+        out.append(replace(built, containers=with_claims))
     return tuple(out)
 
 

@@ -396,6 +396,24 @@ def test_controller_rbac_equals_docs_rbac(inst: Installed) -> None:
     assert lease_role["rules"] == want_ns
 
 
+def test_exporter_rbac_equals_docs_rbac(inst: Installed) -> None:
+    text = (ROOT / "docs" / "rbac.md").read_text()
+    (block,) = re.findall(r"```yaml exporter\n(.*?)```", text, flags=re.DOTALL)
+    pods, slices = yaml.safe_load(block)["rules"]
+    exporter = inst.values["exporter"]
+    want = [
+        r
+        for r, on in ((pods, exporter["engines"]["discoverPods"]), (slices, exporter["dra"]["enabled"]))
+        if on
+    ]
+    roles = [o for o in inst.of_kind("ClusterRole") if o["metadata"]["name"].endswith("-exporter")]
+    if not exporter["enabled"] or not want:
+        assert roles == []
+        return
+    (role,) = roles
+    assert role["rules"] == want
+
+
 # --- rules and dashboards
 
 
