@@ -372,6 +372,20 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "",
         "YAML mapping of Kubernetes backend settings (eviction deadline, PDB policy, ...).",
     ),
+    Flag(
+        "kube.ledger",
+        str,
+        _K.ledger,
+        "Where incidents live: sqlite (local file) or kubernetes (GpuIncident objects; no shared volume).",
+        choices=("sqlite", "kubernetes"),
+    ),
+    Flag("kube.incident-keep", int, _K.incident_keep, "Closed GpuIncident objects kept at most."),
+    Flag(
+        "kube.incident-retention",
+        parse_flag_duration,
+        format_duration(_K.incident_retention_seconds),
+        "Closed GpuIncident objects older than this are deleted.",
+    ),
     Flag("log.format", str, _S.log_format, "Log format.", choices=FORMATS),
     Flag("log.level", str.lower, _S.log_level, "Log level.", choices=LEVELS),
 )
@@ -560,6 +574,9 @@ def kube_settings_from_values(v: Mapping[str, Any], environ: Mapping[str, str]) 
         renew_deadline_seconds=v["kube_renew_deadline"],
         retry_period_seconds=v["kube_retry_period"],
         backend_config_file=_path_or_none(v["kube_backend_config"]),
+        ledger=v["kube_ledger"],
+        incident_keep=v["kube_incident_keep"],
+        incident_retention_seconds=v["kube_incident_retention"],
     )
 
 

@@ -36,6 +36,7 @@ from remediation.ledger import Ledger, connect
 from remediation.metrics import RemediationMetrics
 from remediation.model import ActionBackend, AlertEvent, Engine, NodeLabels, Pager
 from remediation.operations import Operations
+from remediation.replication import LedgerMirror, TrackedLedger
 from remediation.runner import EffectRunner
 from remediation.settings import EngineSettings
 from remediation.signatures import SignatureLibrary, load_library
@@ -62,6 +63,7 @@ class RemediationEngine:
         verifier: PromQLVerifier | None,
         node_labels: NodeLabels | None = None,
         diagnoser: Diagnoser | None = None,
+        mirror: LedgerMirror | None = None,
     ) -> None:
         self.settings = settings
         self.node_labels = node_labels
@@ -72,8 +74,16 @@ class RemediationEngine:
         self.pager = pager
         self.tracer = tracer
         self.verifier = verifier
-        self._db = Ledger(connect(db_path, verify=True))  # decisions, on the executor thread only
-        self._ro = Ledger(connect(db_path))  # sync API reads and the rare operator writes
+        # cluster mode (docs/design/ha.md): the ledger is a cache written through to `mirror`
+        self._mirror = mirror
+        self._tracked: TrackedLedger | None = None
+        if mirror is not None:
+            self._tracked = TrackedLedger(connect(db_path, verify=True))
+            self._db: Ledger = self._tracked
+            self._ro: Ledger = self._tracked.sibling(connect(db_path))
+        else:
+            self._db = Ledger(connect(db_path, verify=True))  # decisions, on the executor thread only
+            self._ro = Ledger(connect(db_path))  # sync API reads and the rare operator writes
         self._transitions = Transitions(
             settings,
             self._db,
@@ -94,11 +104,13 @@ class RemediationEngine:
             self._decide,
             diagnoser,
             settings.diagnosis,
+            may_act=mirror.may_act if mirror is not None else None,
         )
         self._operations = Operations(settings, self._ro, library, clock, metrics)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpupulse-engine")
         self._lock = asyncio.Lock()
         self._closed = False
+        self._broken: Exception | None = None  # a write-through that failed for good
         self._transitions.recover()
 
     # ------------------------------------------------------------------ Engine protocol: async
@@ -179,10 +191,42 @@ class RemediationEngine:
         """Run one transition on the decision thread, then hand its effects to the runner."""
         if self._closed:
             raise RuntimeError("engine is closed")
+        if self._broken is not None:
+            raise self._broken
         async with self._lock:
             loop = asyncio.get_running_loop()
-            effects = await loop.run_in_executor(self._executor, self._transitions.transact, fn)
+            if self._tracked is None or self._mirror is None:
+                effects = await loop.run_in_executor(self._executor, self._transitions.transact, fn)
+            else:
+                effects = await self._decide_through(loop, fn, self._tracked, self._mirror)
         self._runner.dispatch(effects)
+
+    async def _decide_through(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        fn: Callable[[Transitions], list[Effect]],
+        tracked: TrackedLedger,
+        mirror: LedgerMirror,
+    ) -> list[Effect]:
+        """Cluster mode: commit, write what changed through to the shared store, then (and only then)
+        return the effects. A write that fails for good drops the effects and breaks the engine."""
+
+        def transact() -> tuple[list[Effect], Any]:
+            try:
+                effects = self._transitions.transact(fn)
+            finally:
+                tracked.end_transaction()
+            return effects, tracked.collect()
+
+        effects, snapshot = await loop.run_in_executor(self._executor, transact)
+        if snapshot:
+            try:
+                await mirror.write(snapshot)
+            except Exception as exc:
+                self._broken = exc
+                raise
+            tracked.written(snapshot)
+        return effects
 
 
 def build_engine(
@@ -196,6 +240,7 @@ def build_engine(
     tracer_provider: TracerProvider | None = None,
     library: SignatureLibrary | None = None,
     node_labels: NodeLabels | None = None,
+    mirror: LedgerMirror | None = None,
 ) -> Engine:
     """Load and validate the signatures, open the ledger tables and resume where the last run stopped.
 
@@ -227,6 +272,7 @@ def build_engine(
         else None,
         node_labels=node_labels,
         diagnoser=diagnoser_from_settings(settings, clock or SystemClock()),
+        mirror=mirror,
     )
 
 

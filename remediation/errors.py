@@ -17,6 +17,8 @@
     │   ├── KubeNotFound (404)  KubeConflict (409)  KubeTooManyRequests (429)
     │   └── KubeForbidden (403)  KubeUnavailable (5xx, no answer)  KubeInvalid (422, 400)
     ├── LeadershipLost                this replica stopped leading: exit so it restarts as a follower
+    │   └── ReplicationLost           the ledger's write-through to the cluster failed for good
+    │       └── Fenced                another replica wrote our incidents, or our lease lapsed
     ├── NotLeader                     an engine call reached a follower
     ├── SelectorError (ValueError)    not a valid Kubernetes label selector
     └── SignatureError (ValueError)   a signature file is invalid (names file, signature and field)
@@ -138,6 +140,15 @@ class KubeInvalid(KubeError):
 
 class LeadershipLost(RemediationError):
     """This replica stopped leading; the process exits so it restarts clean, as a follower."""
+
+
+class ReplicationLost(LeadershipLost):
+    """The write-through of a decision to the cluster's incidents failed: its effects are dropped and
+    the replica steps down (the next leader rebuilds from the cluster)."""
+
+
+class Fenced(ReplicationLost):
+    """Another replica wrote our incidents since we read them, or our lease lapsed: stop acting."""
 
 
 class NotLeader(RemediationError):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
 from remediation.decide.pages import with_diagnosis
@@ -43,6 +43,7 @@ class EffectRunner:
         record: Record,
         diagnoser: Diagnoser | None = None,
         diagnosis: EngineDiagnosisSettings | None = None,
+        may_act: Callable[[], bool] | None = None,
     ) -> None:
         self.backend = backend
         self.pager = pager
@@ -54,6 +55,9 @@ class EffectRunner:
         self.diagnosis = diagnosis or EngineDiagnosisSettings()
         self._diagnosis_gate = asyncio.Semaphore(self.diagnosis.max_concurrent)
         self._diagnoses_waiting = 0
+        # the fencing rule (cluster mode): checked before every effect; a fenced effect is not run and
+        # stays `started` / pending in the shared ledger, for the next leader to verify
+        self._may_act = may_act
         self._tasks: set[asyncio.Task[None]] = set()
         # one lock per page dedup key: a resolve never overtakes the trigger it resolves
         self._page_locks: dict[str, asyncio.Lock] = {}
@@ -74,9 +78,13 @@ class EffectRunner:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
+    def fenced(self) -> bool:
+        """True when this replica may no longer carry out effects."""
+        return self._may_act is not None and not self._may_act()
+
     def dispatch(self, effects: Sequence[Effect]) -> None:
         for eff in effects:
-            coro: Awaitable[None]
+            coro: Coroutine[Any, Any, None]
             if isinstance(eff, Act):
                 coro = self._run_action(eff)
             elif isinstance(eff, SendPage):
@@ -87,7 +95,7 @@ class EffectRunner:
                 coro = self._run_diagnose(eff)
             else:
                 coro = self._run_promql(eff)
-            task = asyncio.ensure_future(coro)
+            task = asyncio.ensure_future(self._unless_fenced(eff, coro))
             self._tasks.add(task)
             task.add_done_callback(self._task_done)
 
@@ -96,6 +104,14 @@ class EffectRunner:
         if not task.cancelled() and task.exception() is not None:
             # the ledger still says `started`/`page_pending`: the next start or tick picks it up
             log.error("engine effect failed", exc_info=task.exception())
+
+    async def _unless_fenced(self, eff: Effect, coro: Coroutine[Any, Any, None]) -> None:
+        # checked as each effect starts, not at dispatch: the lease may lapse in between
+        if self.fenced():
+            coro.close()
+            log.warning("fenced: %s not run; the next leader verifies it", type(eff).__name__)
+            return
+        await coro
 
     async def _run_action(self, eff: Act) -> None:
         started = time.monotonic()

@@ -259,6 +259,13 @@ class KubeSettings:
     retry_period_seconds: float = 2.0
     # YAML mapping of KubernetesBackendSettings fields (eviction deadline, PDB policy, ...)
     backend_config_file: Path | None = None
+    # where incidents live: "sqlite" (the local ledger file) or "kubernetes" (GpuIncident custom
+    # resources; the local file is the leader's cache, rebuilt at each takeover: docs/design/ha.md)
+    ledger: str = "sqlite"
+    # closed GpuIncident objects kept: the newest incident_keep, none closed longer ago than retention
+    incident_keep: int = 1000
+    incident_retention_seconds: float = 30 * 86400.0
+    incident_prune_interval_seconds: float = 600.0
 
 
 @dataclass(frozen=True)

@@ -61,6 +61,8 @@ class StormResult:
     rss_peak: int = 0
     rss_after: int = 0
     api_requests: int = 0
+    ledger: str = "sqlite"
+    ledger_writes: int = 0  # cluster mode: creates and status writes of the GpuIncident kinds
 
     def checks(self) -> list[tuple[str, str, bool | None]]:
         """The table rows."""
@@ -114,6 +116,11 @@ class StormResult:
                 self.rss_peak - self.rss_before < 200 * MIB,
             ),
             ("fake API requests", f"{self.api_requests}", None),
+            (
+                f"ledger API writes (--kube.ledger {self.ledger})",
+                f"{self.ledger_writes} ({self.ledger_writes / max(self.incidents, 1):.2f} per incident)",
+                None,
+            ),
         ]
 
 
@@ -215,13 +222,14 @@ def run(
     workdir: Path,
     budget_nodes: int = 3,
     wait_full_group: bool = True,
+    ledger: str = "sqlite",
 ) -> StormResult:
     """Run the proof in `workdir`."""
     rng = random.Random(seed)
     firing = [f"gpu-{i:05d}" for i in sorted(rng.sample(range(nodes), firing_count))]
     rng.shuffle(firing)
     api = FakeKube(workdir, seed_cluster(nodes, firing))
-    res = StormResult(nodes=nodes, firing=firing_count, budget_nodes=budget_nodes)
+    res = StormResult(nodes=nodes, firing=firing_count, budget_nodes=budget_nodes, ledger=ledger)
     api.start()
     sink = PagerSink()
 
@@ -235,6 +243,7 @@ def run(
                 f"--kube.kubeconfig={api.kubeconfig}",
                 "--kube.namespace=gpupulse",
                 "--kube.identity=storm-0",
+                f"--kube.ledger={ledger}",
                 f"--cluster.node-count={nodes}",
                 f"--safety.max-nodes-migrated={budget_nodes}",
                 "--pager=webhook",
@@ -263,6 +272,9 @@ def run(
     finally:
         api.stop()
     res.api_requests = len(log)
+    res.ledger_writes = sum(
+        1 for r in log if r["method"] in ("POST", "PUT") and "/remediation.gpupulse.io/" in r["path"]
+    )
     res.nodes_patched = {
         r["path"].rsplit("/", 1)[-1] for r in log if r["method"] == "PATCH" and "/nodes/" in r["path"]
     }
@@ -288,12 +300,21 @@ def main() -> int:
     parser.add_argument("--budget-nodes", type=int, default=3, help="--safety.max-nodes-migrated")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--workdir", default="")
+    parser.add_argument("--ledger", choices=("sqlite", "kubernetes"), default="sqlite", help="--kube.ledger")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="gpupulse-storm-") as tmp:
         workdir = Path(args.workdir or tmp)
         workdir.mkdir(parents=True, exist_ok=True)
         try:
-            res = run(args.nodes, args.firing, args.seconds, args.seed, workdir, args.budget_nodes)
+            res = run(
+                args.nodes,
+                args.firing,
+                args.seconds,
+                args.seed,
+                workdir,
+                args.budget_nodes,
+                ledger=args.ledger,
+            )
         except ProofError as e:
             print(f"storm proof could not run: {e}", file=sys.stderr)
             return 1

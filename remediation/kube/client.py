@@ -283,3 +283,44 @@ class KubeClient:
             )
         )
         return self._json(lease)
+
+    # --- custom resources (remediation.gpupulse.io: incidents and the controller's switches)
+
+    async def list_custom_objects(
+        self, group: str, version: str, namespace: str, plural: str, limit: int = 500
+    ) -> list[JSON]:
+        """Every object of one kind in the namespace, read in pages of `limit` (continue tokens)."""
+        items: list[JSON] = []
+        token = ""
+        while True:
+            kwargs: dict[str, Any] = {"limit": limit, "_request_timeout": self._timeout}
+            if token:
+                kwargs["_continue"] = token
+            page = await self._call(
+                self._custom.list_namespaced_custom_object(group, version, namespace, plural, **kwargs)
+            )
+            items.extend(dict(i) for i in page.get("items") or [])
+            token = str((page.get("metadata") or {}).get("continue") or "")
+            if not token:
+                return items
+
+    async def replace_custom_object_status(
+        self, group: str, version: str, namespace: str, plural: str, name: str, body: Mapping[str, Any]
+    ) -> JSON:
+        """Replace an object's status subresource; 409 when metadata.resourceVersion is stale."""
+        out = await self._call(
+            self._custom.replace_namespaced_custom_object_status(
+                group, version, namespace, plural, name, dict(body), _request_timeout=self._timeout
+            )
+        )
+        return dict(out)
+
+    async def delete_custom_object(
+        self, group: str, version: str, namespace: str, plural: str, name: str
+    ) -> None:
+        """Delete one namespaced custom object."""
+        await self._call(
+            self._custom.delete_namespaced_custom_object(
+                group, version, namespace, plural, name, _request_timeout=self._timeout
+            )
+        )

@@ -70,6 +70,11 @@ class LeaderElector:
         return self._clock.monotonic() - self._last_renew < self._settings.renew_deadline_seconds
 
     @property
+    def term(self) -> int:
+        """The Lease's leaseTransitions as last read: one number per leadership, growing (a fencing token)."""
+        return self._observed.lease_transitions if self._observed else 0
+
+    @property
     def observed_holder(self) -> str:
         """Who held the Lease when we last read it."""
         return self._observed.holder_identity if self._observed else ""

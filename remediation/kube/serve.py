@@ -15,18 +15,20 @@ import logging
 import signal
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import yaml
 
 from gpupulse.clock import SystemClock
-from remediation.errors import ConfigError, LeadershipLost, NotLeader
+from remediation.errors import ConfigError, KubeError, LeadershipLost, NotLeader
 from remediation.metrics import RemediationMetrics
 from remediation.model import AlertEvent, Engine
 from remediation.settings import Settings
 
 if TYPE_CHECKING:
     from remediation.backends.kubernetes import KubernetesBackendSettings
+    from remediation.kube.incidents import IncidentStore
     from remediation.kube.leader import LeaderElector
     from remediation.kube.runtime import KubeRuntime
     from remediation.server import RunningService
@@ -153,8 +155,60 @@ async def connect_kube(settings: Settings) -> KubeRuntime:
         raise ConfigError(f"cannot reach the Kubernetes API ({where}): {e}") from e
 
 
-async def build_kube_engine(settings: Settings, metrics: RemediationMetrics, proxy: EngineProxy) -> Engine:
-    """The ladder engine on the shared ledger with the Kubernetes backend; recovers interrupted actions."""
+async def open_cluster_ledger(
+    settings: Settings, runtime: KubeRuntime, elector: LeaderElector | None
+) -> IncidentStore:
+    """`--kube.ledger kubernetes`: throw the local ledger away and rebuild it from the GpuIncident
+    objects (it may be behind, or ahead of a write that never landed); returns the write-through."""
+    from remediation.kube.incidents import IncidentStore, IncidentStoreSettings
+    from remediation.ledger import Ledger, connect
+    from remediation.replication import restore
+
+    kube = settings.kube
+    store = IncidentStore(
+        runtime.client,
+        IncidentStoreSettings(
+            namespace=kube.namespace,
+            identity=kube.identity,
+            term=elector.term if elector is not None else 0,
+            write_deadline_seconds=kube.renew_deadline_seconds,
+        ),
+        may_act=(lambda: elector.is_leader) if elector is not None else (lambda: True),
+    )
+    snapshot = await store.load()
+
+    def rebuild() -> int:
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{settings.db_path}{suffix}").unlink(missing_ok=True)
+        ledger = Ledger(connect(settings.db_path))
+        try:
+            return restore(ledger, snapshot)
+        finally:
+            ledger.conn.close()
+
+    count = await asyncio.to_thread(rebuild)
+    log.info("%s rebuilt its ledger from %d GpuIncident object(s)", kube.identity, count)
+    return store
+
+
+async def _prune_incidents(settings: Settings, store: IncidentStore) -> None:
+    kube = settings.kube
+    while True:
+        try:
+            deleted = await store.prune(time.time(), kube.incident_retention_seconds, kube.incident_keep)
+            if deleted:
+                log.info("pruned %d closed GpuIncident object(s)", deleted)
+        except KubeError as exc:
+            log.warning("pruning GpuIncident objects failed: %s", exc)
+        await asyncio.sleep(kube.incident_prune_interval_seconds)
+
+
+async def build_kube_engine(
+    settings: Settings, metrics: RemediationMetrics, proxy: EngineProxy, mirror: IncidentStore | None = None
+) -> Engine:
+    """The ladder engine on the ledger with the Kubernetes backend; recovers interrupted actions.
+
+    With a mirror (cluster mode) every decision is written through to the GpuIncident objects."""
     from remediation.kube.nodelabels import KubeNodeLabels
 
     engine_mod = importlib.import_module("remediation.engine")
@@ -167,6 +221,7 @@ async def build_kube_engine(settings: Settings, metrics: RemediationMetrics, pro
             SystemClock(),
             backend=proxy.runtime.backend,
             node_labels=KubeNodeLabels(proxy.runtime.client),
+            mirror=mirror,
         )
     except ValueError as e:
         raise ConfigError(str(e)) from e
@@ -193,7 +248,8 @@ async def serve_kubernetes(settings: Settings) -> None:
 
     async def factory(s: Settings, metrics: RemediationMetrics) -> Engine:
         if runtime.elector is None:
-            proxy.engine = await build_kube_engine(s, metrics, proxy)
+            mirror = await open_cluster_ledger(s, runtime, None) if s.kube.ledger == "kubernetes" else None
+            proxy.engine = await build_kube_engine(s, metrics, proxy, mirror)
         return proxy
 
     try:
@@ -228,12 +284,44 @@ async def _serve_with_election(
     # a follower keeps accepting into the inbox but never drains it: the worker runs only while leading
     await worker.stop()
     lost = asyncio.Event()
+    trim: asyncio.Task[None] | None = None
+    if settings.kube.ledger == "kubernetes":  # each replica's own inbox: a follower trims its copies
+        from remediation.kube.follower import trim_follower_inbox
+
+        trim = asyncio.create_task(
+            trim_follower_inbox(
+                service.ctl.inbox,
+                settings.engine.max_event_age_seconds,
+                max(1.0, settings.engine.max_event_age_seconds / 10),
+                SystemClock(),
+            )
+        )
 
     async def lead() -> None:
         log.info("%s leads: opening the ledger and draining the inbox", proxy.identity)
-        proxy.engine = await build_kube_engine(settings, service.ctl.metrics, proxy)
+        if trim is not None:
+            trim.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await trim
+        mirror = None
+        if settings.kube.ledger == "kubernetes":
+            mirror = await open_cluster_ledger(settings, proxy.runtime, elector)
+        proxy.engine = await build_kube_engine(settings, service.ctl.metrics, proxy, mirror)
         worker.start()
-        await _rescan_shared_inbox(service, max(1.0, 5 * settings.engine_tick_interval_seconds))
+        rescan = _rescan_shared_inbox(service, max(1.0, 5 * settings.engine_tick_interval_seconds))
+        if mirror is None:
+            await rescan
+            return
+        # a write-through that failed for good ends leadership (the next leader rebuilds from the cluster)
+        tasks = [asyncio.ensure_future(rescan), asyncio.ensure_future(_prune_incidents(settings, mirror))]
+        try:
+            await mirror.lost_event.wait()
+            assert mirror.lost is not None
+            raise mirror.lost
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     async def stopped() -> None:
         await worker.stop(settings.shutdown_grace_seconds)
@@ -251,6 +339,8 @@ async def _serve_with_election(
     finally:
         for task in waiters:
             task.cancel()
+        if trim is not None:
+            trim.cancel()
         election.cancel()  # releases the Lease when leading, after the worker and engine stopped
         with contextlib.suppress(asyncio.CancelledError):
             await election

@@ -57,7 +57,11 @@ RESOURCES: dict[str, list[Resource]] = {
         Resource("persistentvolumeclaims", "PersistentVolumeClaim", True),
         Resource("pods", "Pod", True),
     ],
-    "apps/v1": [Resource("daemonsets", "DaemonSet", True), Resource("deployments", "Deployment", True)],
+    "apps/v1": [
+        Resource("daemonsets", "DaemonSet", True),
+        Resource("deployments", "Deployment", True),
+        Resource("statefulsets", "StatefulSet", True),
+    ],
     "rbac.authorization.k8s.io/v1": [
         Resource("clusterroles", "ClusterRole", False),
         Resource("clusterrolebindings", "ClusterRoleBinding", False),
@@ -68,6 +72,7 @@ RESOURCES: dict[str, list[Resource]] = {
     "policy/v1": [Resource("poddisruptionbudgets", "PodDisruptionBudget", True)],
     "node.k8s.io/v1": [Resource("runtimeclasses", "RuntimeClass", False)],
     "coordination.k8s.io/v1": [Resource("leases", "Lease", True)],
+    "apiextensions.k8s.io/v1": [Resource("customresourcedefinitions", "CustomResourceDefinition", False)],
     "monitoring.coreos.com/v1": [
         Resource("servicemonitors", "ServiceMonitor", True),
         Resource("podmonitors", "PodMonitor", True),
@@ -321,8 +326,17 @@ class FakeHelmAPI:
     # --- what the chart produced
 
     def chart_objects(self) -> list[JSON]:
-        """Every object created by the install except Helm's own release record."""
-        return [o for o in self.created if o.get("type") != RELEASE_SECRET_TYPE]
+        """Every object the install created from the chart's templates (not Helm's release record,
+        not the CRDs of crds/, which Helm installs first and apart from the release's manifest)."""
+        return [
+            o
+            for o in self.created
+            if o.get("type") != RELEASE_SECRET_TYPE and o.get("kind") != "CustomResourceDefinition"
+        ]
+
+    def crds(self) -> list[JSON]:
+        """CustomResourceDefinitions created (Helm installs the chart's crds/ before its templates)."""
+        return [o for o in self.created if o.get("kind") == "CustomResourceDefinition"]
 
     def stored(self, group_version: str, plural: str, namespace: str, name: str) -> JSON | None:
         """The object as the store holds it now (after updates and patches)."""
@@ -504,6 +518,19 @@ class FakeHelmAPI:
             resourceVersion=self._next_rv(),
             creationTimestamp=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         )
+        if res.kind == "CustomResourceDefinition":
+            # what the apiextensions controllers report moments after a valid CRD is created; Helm
+            # waits for Established before it installs the chart
+            obj["status"] = {
+                "conditions": [
+                    {"type": "NamesAccepted", "status": "True", "reason": "NoConflicts"},
+                    {"type": "Established", "status": "True", "reason": "InitialNamesAccepted"},
+                ],
+                "acceptedNames": obj.get("spec", {}).get("names", {}),
+                "storedVersions": [
+                    v["name"] for v in obj.get("spec", {}).get("versions", []) if v.get("storage")
+                ],
+            }
         self.objects[key] = obj
         self.created.append(copy.deepcopy(obj))
         return web.json_response(obj, status=201)

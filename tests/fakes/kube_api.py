@@ -7,7 +7,11 @@ Jobs and the custom resources of `SERVED` (JobSet, PyTorchJob, Volcano Job and C
 LeaderWorkerSet) get/list/create/delete, with labelSelector on lists, generateName and AlreadyExists on
 create, and DeleteOptions preconditions and propagationPolicy (Foreground and Background delete the
 pods the object controls, as the garbage collector would; Orphan leaves them). A group/version/plural
-outside `SERVED` answers 404, as an API server without that CRD does. ResourceSlices list/watch
+outside `SERVED` answers 404, as an API server without that CRD does. The kinds in `WITH_STATUS`
+(the controller's own GpuIncident and GpuRemediationState) have the status subresource, as their
+CRDs declare: create drops status, PUT replaces the main resource keeping status, PUT .../status
+changes only status; both updates need metadata.resourceVersion (422 without, 409 when stale);
+lists take limit and continue. ResourceSlices list/watch
 (resource.k8s.io, in the versions `resourceslice_versions` names: v1 and v1beta2 keep device attributes
 on the device, v1beta1 under `basic`, converted from one stored form as the API server does; a version
 not served answers 404). Errors are real `Status` bodies.
@@ -59,6 +63,13 @@ SERVED: dict[tuple[str, str], str] = {
     ("batch.volcano.sh/v1alpha1", "jobs"): "Job",
     ("bus.volcano.sh/v1alpha1", "commands"): "Command",
     ("leaderworkerset.x-k8s.io/v1", "leaderworkersets"): "LeaderWorkerSet",
+    ("remediation.gpupulse.io/v1", "gpuincidents"): "GpuIncident",
+    ("remediation.gpupulse.io/v1", "gpuremediationstates"): "GpuRemediationState",
+}
+# kinds served with the status subresource (helm/gpupulse/crds/remediation.gpupulse.io.yaml)
+WITH_STATUS = {
+    ("remediation.gpupulse.io/v1", "gpuincidents"),
+    ("remediation.gpupulse.io/v1", "gpuremediationstates"),
 }
 ObjKey = tuple[str, str, str, str]  # (group/version, plural, namespace, name)
 _SELECTOR_TERM = re.compile(r"^\s*(!?)([A-Za-z0-9._/-]+)\s*(?:(==|=|!=)\s*([A-Za-z0-9._-]*))?\s*$")
@@ -311,6 +322,8 @@ class FakeKubeAPI:
         r.add_get(objects, self._list_objects)
         r.add_post(objects, self._create_object)
         r.add_get(objects + "/{name}", self._get_object)
+        r.add_put(objects + "/{name}", self._replace_object)
+        r.add_put(objects + "/{name}/status", self._replace_object_status)
         r.add_delete(objects + "/{name}", self._delete_object)
         r.add_get("/apis/resource.k8s.io/{version}/resourceslices", self._list_resourceslices)
         r.add_get("/_fake/requests", self._debug_requests)
@@ -1008,18 +1021,29 @@ class FakeKubeAPI:
     async def _list_objects(self, request: web.Request) -> web.Response:
         api_version, plural, ns = self._served(request)
         terms = parse_label_selector(request.query.get("labelSelector", ""))
-        items = [
-            o
-            for (av, pl, ons, _), o in self.objects.items()
-            if (av, pl, ons) == (api_version, plural, ns)
-            and selector_matches(terms, o["metadata"].get("labels") or {})
-        ]
+        items = sorted(
+            (
+                o
+                for (av, pl, ons, _), o in self.objects.items()
+                if (av, pl, ons) == (api_version, plural, ns)
+                and selector_matches(terms, o["metadata"].get("labels") or {})
+            ),
+            key=lambda o: str(o["metadata"]["name"]),
+        )
+        meta: JSON = {"resourceVersion": str(self._rv)}
+        start = request.query.get("continue", "")
+        if start:  # opaque to clients; the API server encodes a key the same way in spirit
+            items = [o for o in items if str(o["metadata"]["name"]) > start]
+        limit = int(request.query.get("limit", "0") or 0)
+        if limit and len(items) > limit:
+            items = items[:limit]
+            meta["continue"] = str(items[-1]["metadata"]["name"])
         kind = SERVED[(api_version, plural)]
         return web.json_response(
             {
                 "kind": f"{kind}List",
                 "apiVersion": api_version,
-                "metadata": {"resourceVersion": str(self._rv)},
+                "metadata": meta,
                 "items": copy.deepcopy(items),
             }
         )
@@ -1042,8 +1066,60 @@ class FakeKubeAPI:
             raise ApiError(409, "AlreadyExists", f'{plural} "{name}" already exists', {"name": name})
         obj = dict(body)
         obj["metadata"] = {**meta, **self._meta(name, ns)}
+        if (api_version, plural) in WITH_STATUS:  # the status subresource: a create does not set status
+            obj.pop("status", None)
+            obj["metadata"]["generation"] = 1
         self.objects[(api_version, plural, ns, name)] = obj
         return web.json_response(obj, status=201)
+
+    def _check_update(self, key: ObjKey, current: JSON, body: JSON) -> None:
+        wanted = (body.get("metadata") or {}).get("resourceVersion")
+        resource = f"{key[1]}.{key[0].split('/')[0]}"
+        if not wanted:  # custom resources do not allow unconditional updates
+            raise ApiError(
+                422,
+                "Invalid",
+                f'{resource} "{key[3]}" is invalid: metadata.resourceVersion: Invalid value: 0: '
+                "must be specified for an update",
+            )
+        if wanted != current["metadata"]["resourceVersion"]:
+            raise self._conflict(resource, key[3])
+
+    def _with_status(self, request: web.Request) -> tuple[ObjKey, JSON]:
+        key, current = self._object(request)
+        if (key[0], key[1]) not in WITH_STATUS:
+            raise ApiError(
+                405, "MethodNotAllowed", "this fake serves updates for the status-subresource kinds only"
+            )
+        return key, current
+
+    async def _replace_object(self, request: web.Request) -> web.Response:
+        key, current = self._with_status(request)
+        body = copy.deepcopy(await _body(request) or {})
+        self._check_update(key, current, body)
+        new = {k: v for k, v in body.items() if k != "status"}
+        if "status" in current:  # the main resource never changes status
+            new["status"] = copy.deepcopy(current["status"])
+        meta = body.get("metadata") or {}
+        new["metadata"] = {
+            **current["metadata"],
+            "labels": meta.get("labels"),
+            "resourceVersion": self.next_rv(),
+        }
+        if body.get("spec") != current.get("spec"):
+            new["metadata"]["generation"] = current["metadata"].get("generation", 1) + 1
+        self.objects[key] = new
+        return web.json_response(new)
+
+    async def _replace_object_status(self, request: web.Request) -> web.Response:
+        key, current = self._with_status(request)
+        body = copy.deepcopy(await _body(request) or {})
+        self._check_update(key, current, body)
+        new = copy.deepcopy(current)  # a status write changes only status
+        new["status"] = body.get("status") or {}
+        new["metadata"]["resourceVersion"] = self.next_rv()
+        self.objects[key] = new
+        return web.json_response(new)
 
     async def _delete_object(self, request: web.Request) -> web.Response:
         key, obj = self._object(request)
@@ -1077,6 +1153,7 @@ class FakeKubeAPI:
                 "pods": {f"{ns}/{name}": p for (ns, name), p in self.pods.items()},
                 "leases": {f"{ns}/{name}": lease for (ns, name), lease in self.leases.items()},
                 "deleted": [list(d) for d in self.deleted],
+                "custom": {f"{pl}/{ns}/{n}": o for (_, pl, ns, n), o in self.objects.items()},
             }
         )
 

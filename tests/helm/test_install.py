@@ -105,8 +105,7 @@ def test_no_selector_uses_the_chart_version_label(inst: Installed) -> None:
 def test_services_select_their_workloads_pods(inst: Installed) -> None:
     for service in inst.of_kind("Service"):
         component = service["metadata"]["labels"]["app.kubernetes.io/component"]
-        kind = "DaemonSet" if component == "exporter" else "Deployment"
-        workload = inst.one(kind)
+        workload = inst.one("DaemonSet") if component == "exporter" else _controller(inst)
         pod_labels = workload["spec"]["template"]["metadata"]["labels"]
         assert service["spec"]["selector"].items() <= pod_labels.items()
         assert workload["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
@@ -122,7 +121,7 @@ def test_references_resolve_to_created_objects(inst: Installed) -> None:
         inst.values["controller"]["pager"]["existingSecret"],
     }
     names = {(o["kind"], o["metadata"]["name"]) for o in inst.objects}
-    for kind in ("DaemonSet", "Deployment"):
+    for kind in ("DaemonSet", "Deployment", "StatefulSet"):
         for workload in inst.of_kind(kind):
             spec = workload["spec"]["template"]["spec"]
             assert ("ServiceAccount", spec["serviceAccountName"]) in names
@@ -220,7 +219,7 @@ def _controller(inst: Installed) -> JSON:
     if not inst.values["controller"]["enabled"]:
         assert inst.of_kind("Deployment") == []
         pytest.skip("controller disabled in this values file")
-    return inst.one("Deployment")
+    return inst.one("StatefulSet" if inst.values["controller"]["cluster"]["enabled"] else "Deployment")
 
 
 POD_NAME = "pulse-gpupulse-controller-7d9f8-abcde"
@@ -323,7 +322,14 @@ def test_leader_election_exactly_when_replicated(inst: Installed) -> None:
 def test_replicas_sharing_one_ledger_are_placed_on_one_node(inst: Installed) -> None:
     deployment = _controller(inst)
     affinity = deployment["spec"]["template"]["spec"].get("affinity", {})
-    if inst.values["controller"]["replicas"] > 1 and not inst.values["controller"]["affinity"]:
+    cluster = inst.values["controller"]["cluster"][
+        "enabled"
+    ]  # no shared ledger: tests/helm/test_cluster_mode.py
+    if (
+        inst.values["controller"]["replicas"] > 1
+        and not inst.values["controller"]["affinity"]
+        and not cluster
+    ):
         (term,) = affinity["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
         assert term["topologyKey"] == "kubernetes.io/hostname"
         assert term["labelSelector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
@@ -384,7 +390,10 @@ def test_controller_rbac_equals_docs_rbac(inst: Installed) -> None:
         want = [r for r in want if r["resources"] != ["deployments"]]
     assert role["rules"] == want
     (lease_role,) = inst.of_kind("Role")
-    assert lease_role["rules"] == doc["Role"]["rules"]
+    want_ns = doc["Role"]["rules"]
+    if not inst.values["controller"]["cluster"]["enabled"]:
+        want_ns = [r for r in want_ns if r["apiGroups"] != ["remediation.gpupulse.io"]]
+    assert lease_role["rules"] == want_ns
 
 
 def test_exporter_rbac_equals_docs_rbac(inst: Installed) -> None:
@@ -431,14 +440,24 @@ def test_dashboard_configmaps_equal_dashboards(inst: Installed) -> None:
 # --- Helm refuses bad values before touching the cluster
 
 
+def _only_crds_written(api: FakeHelmAPI) -> bool:
+    """Helm installs crds/ before it renders (and so validates) the values: nothing else is written."""
+    writes = [r for r in api.requests if r.method != "GET"]
+    return (
+        bool(writes)
+        and all("/apis/apiextensions.k8s.io/" in r.path for r in writes)
+        and api.chart_objects() == []
+        and len(api.crds()) == 2
+    )
+
+
 async def test_invalid_values_fail_the_schema_before_anything_is_created(tmp_path: Path) -> None:
     import helm_sdkpy
 
     api = FakeHelmAPI(namespaces={"bad"})
     with pytest.raises(helm_sdkpy.InstallError) as failure:
         await install(api, tmp_path, "bad", {"controller": {"replicas": 7}})
-    assert [r for r in api.requests if r.method != "GET"] == []
-    assert api.created == []
+    assert _only_crds_written(api)
     assert "/controller/replicas" in str(failure.value)
 
 
@@ -448,7 +467,7 @@ async def test_template_guard_fails_before_anything_is_created(tmp_path: Path) -
     api = FakeHelmAPI(namespaces={"bad"})
     with pytest.raises(helm_sdkpy.InstallError) as failure:
         await install(api, tmp_path, "bad", {"controller": {"replicas": 2, "backend": "local"}})
-    assert [r for r in api.requests if r.method != "GET"] == []
+    assert _only_crds_written(api)
     assert "leader election uses a Lease" in str(failure.value)
 
 
@@ -459,7 +478,7 @@ async def test_replicas_on_a_shared_filesystem_are_refused(tmp_path: Path) -> No
     values = {"controller": {"replicas": 2, "persistence": {"accessModes": ["ReadWriteMany"]}}}
     with pytest.raises(helm_sdkpy.InstallError) as failure:
         await install(api, tmp_path, "bad", values)
-    assert [r for r in api.requests if r.method != "GET"] == []
+    assert _only_crds_written(api)
     assert "needs a local filesystem" in str(failure.value)
 
 

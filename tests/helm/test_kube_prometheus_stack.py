@@ -36,6 +36,7 @@ def _service(inst: Installed, component: str) -> JSON:
         s
         for s in inst.of_kind("Service")
         if s["metadata"]["labels"]["app.kubernetes.io/component"] == component
+        and s["spec"].get("clusterIP") != "None"  # cluster mode's per-replica names: not scraped, not routed
     ]
     return service
 
@@ -196,7 +197,7 @@ def test_alertmanager_configs_follow_the_matcher_strategy_and_reach_the_controll
     (port,) = service["spec"]["ports"]
     own = inst.result["namespace"]
     url = f"http://{service['metadata']['name']}.{own}.svc:{port['port']}/api/v1/alerts"
-    volumes = {v["name"]: v for v in inst.one("Deployment")["spec"]["template"]["spec"]["volumes"]}
+    volumes = {v["name"]: v for v in _controller_workload(inst)["spec"]["template"]["spec"]["volumes"]}
     mounted = volumes["token"]["secret"]["secretName"]
     main = inst.named("Secret", mounted)
     for amc in configs:
@@ -357,7 +358,7 @@ def test_controller_pdb_selects_the_controller_pods(inst: Installed) -> None:
         assert pdbs == []
         return
     (pdb,) = pdbs
-    pods = inst.one("Deployment")["spec"]["template"]["metadata"]["labels"]
+    pods = _controller_workload(inst)["spec"]["template"]["metadata"]["labels"]
     assert pdb["spec"]["selector"]["matchLabels"].items() <= pods.items()
     budget = values["podDisruptionBudget"]
     if budget["minAvailable"] is not None:
@@ -367,10 +368,15 @@ def test_controller_pdb_selects_the_controller_pods(inst: Installed) -> None:
         assert pdb["spec"]["maxUnavailable"] == budget["maxUnavailable"]
 
 
+def _controller_workload(inst: Installed) -> JSON:
+    """The controller's Deployment, or its StatefulSet in cluster mode."""
+    return inst.one("StatefulSet" if inst.values["controller"]["cluster"]["enabled"] else "Deployment")
+
+
 def test_images_use_the_global_registry_and_every_pull_secret(inst: Installed) -> None:
     registry = inst.values["global"]["imageRegistry"] or inst.values["image"]["registry"]
     want_secrets = inst.values["global"]["imagePullSecrets"] + inst.values["imagePullSecrets"]
-    for workload in inst.of_kind("DaemonSet") + inst.of_kind("Deployment"):
+    for workload in inst.of_kind("DaemonSet") + inst.of_kind("Deployment") + inst.of_kind("StatefulSet"):
         spec = workload["spec"]["template"]["spec"]
         (container,) = spec["containers"]
         assert container["image"] == f"{registry}/{inst.values['image']['repository']}:0.1.0"
@@ -382,7 +388,7 @@ def test_probes_resources_volumes_and_annotations_come_from_values(inst: Install
         values = inst.values[key]
         if not values["enabled"]:
             continue
-        workload = inst.one(kind)
+        workload = _controller_workload(inst) if key == "controller" else inst.one(kind)
         pod = workload["spec"]["template"]
         (container,) = pod["spec"]["containers"]
         assert container["livenessProbe"] == values["livenessProbe"]

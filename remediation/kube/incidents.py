@@ -1,0 +1,287 @@
+"""Incidents as GpuIncident custom resources: the shared ledger of cluster mode (docs/design/ha.md).
+
+One object per incident (`incident-<id>`), its spec fixed at creation (what `kubectl get` prints:
+target, signature), its status rewritten by each decision that touches it (the full ledger row, the
+newest entries, handled dedup keys, alert states) through the status subresource with the
+resourceVersion last seen. The operator switches live in one GpuRemediationState, `controller`.
+
+Every status carries `writer` (holder, lease term). A 409 re-reads the object: written under a newer
+term means we were deposed (Fenced); otherwise the write is retried on the new version. API server
+errors are retried with backoff until the write deadline (the renew deadline), then ReplicationLost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpupulse.clock import Clock, SystemClock
+from remediation.errors import (
+    Fenced,
+    KubeConflict,
+    KubeError,
+    KubeNotFound,
+    KubeTooManyRequests,
+    KubeUnavailable,
+    ReplicationLost,
+)
+from remediation.kube.client import JSON, KubeClient
+from remediation.replication import IncidentSnapshot, Snapshot
+
+log = logging.getLogger(__name__)
+
+GROUP = "remediation.gpupulse.io"
+VERSION = "v1"
+INCIDENTS = "gpuincidents"
+SWITCHES = "gpuremediationstates"
+SWITCHES_NAME = "controller"
+# the layout of spec and status; readers accept older and newer objects (see restore's column rule)
+SCHEMA_VERSION = 1
+LABELS = {"app.kubernetes.io/managed-by": "gpupulse-remediation"}
+CLOSED_STATES = ("closed", "ignored")
+
+
+def incident_name(incident_id: int) -> str:
+    """The object name of an incident."""
+    return f"incident-{incident_id}"
+
+
+def _target(row: Mapping[str, Any]) -> str:
+    pod = "/".join(p for p in (row.get("target_namespace"), row.get("target_pod")) if p)
+    where = pod if row.get("target_kind") == "pod" else row.get("target_uuid") or pod
+    return f"{row.get('target_kind', '')}:{row.get('target_node', '')}" + (f"/{where}" if where else "")
+
+
+@dataclass(frozen=True)
+class IncidentStoreSettings:
+    """Where the incidents live and how long a write may keep trying."""
+
+    namespace: str
+    identity: str
+    term: int = 0  # the Lease's leaseTransitions when this replica became leader
+    write_deadline_seconds: float = 10.0  # the renew deadline: past it the lease may be someone else's
+    retry_initial_seconds: float = 0.05
+    retry_max_seconds: float = 1.0
+
+
+@dataclass
+class StoreCounts:
+    """API calls this store made (for the proofs' writes-per-incident figure)."""
+
+    creates: int = 0
+    status_writes: int = 0
+    conflicts: int = 0
+    retries: int = 0
+    deletes: int = 0
+
+    @property
+    def writes(self) -> int:
+        return self.creates + self.status_writes + self.deletes
+
+
+class IncidentStore:
+    """The LedgerMirror over the API server (remediation/replication.py)."""
+
+    def __init__(
+        self,
+        client: KubeClient,
+        settings: IncidentStoreSettings,
+        may_act: Callable[[], bool],
+        clock: Clock | None = None,
+    ) -> None:
+        self._client = client
+        self._s = settings
+        self._may_act = may_act
+        self._clock = clock or SystemClock()
+        self._rv: dict[tuple[str, str], str] = {}
+        self.counts = StoreCounts()
+        # the failure that ended this store's writes (the serving loop steps down on it)
+        self.lost: ReplicationLost | None = None
+        self.lost_event = asyncio.Event()
+
+    def may_act(self) -> bool:
+        """The fencing rule: effects and writes only while the lease is renewed within its deadline."""
+        return self._may_act()
+
+    # -- reading back -----------------------------------------------------------------------------
+
+    async def load(self) -> Snapshot:
+        """Every incident and the switches, as the cluster holds them (a new leader's starting point)."""
+        objs = await self._client.list_custom_objects(GROUP, VERSION, self._s.namespace, INCIDENTS)
+        incidents: list[IncidentSnapshot] = []
+        for obj in objs:
+            name = str(obj["metadata"]["name"])
+            self._rv[(INCIDENTS, name)] = str(obj["metadata"]["resourceVersion"])
+            snap = _snapshot_of(obj)
+            if snap is None:  # created, but its first status write never landed: no decision behind it
+                log.info("incident object %s has no status yet; skipped", name)
+                continue
+            incidents.append(snap)
+        switches: dict[str, Any] = {}
+        try:
+            obj = await self._client.get_custom_object(
+                GROUP, VERSION, self._s.namespace, SWITCHES, SWITCHES_NAME
+            )
+            self._rv[(SWITCHES, SWITCHES_NAME)] = str(obj["metadata"]["resourceVersion"])
+            switches = dict((obj.get("status") or {}).get("switches") or {})
+        except KubeNotFound:
+            pass
+        return Snapshot(tuple(sorted(incidents, key=lambda i: i.id)), switches)
+
+    # -- writing through --------------------------------------------------------------------------
+
+    async def write(self, snapshot: Snapshot) -> None:
+        """Write each changed incident, then the switches; Fenced / ReplicationLost when it cannot."""
+        if self.lost is not None:
+            raise self.lost
+        try:
+            await self._write_all(snapshot)
+        except ReplicationLost as exc:
+            self.lost = exc
+            self.lost_event.set()
+            raise
+
+    async def _write_all(self, snapshot: Snapshot) -> None:
+        for inc in snapshot.incidents:
+            row = inc.row
+            spec = {
+                "schemaVersion": SCHEMA_VERSION,
+                "id": inc.id,
+                "key": row.get("key", ""),
+                "signature": row.get("signature", ""),
+                "alertname": row.get("alertname", ""),
+                "target": _target(row),
+            }
+            status = {
+                "state": row.get("state", ""),
+                "rung": row.get("rung", ""),
+                "resolution": row.get("resolution", ""),
+                "row": dict(row),
+                "entries": [dict(e) for e in inc.entries],
+                "handled": [dict(h) for h in inc.handled],
+                "alerts": [dict(a) for a in inc.alerts],
+                "diagnoses": [dict(d) for d in inc.diagnoses],
+            }
+            await self._write(INCIDENTS, "GpuIncident", incident_name(inc.id), spec, status)
+        if snapshot.switches is not None:
+            await self._write(
+                SWITCHES,
+                "GpuRemediationState",
+                SWITCHES_NAME,
+                {"schemaVersion": SCHEMA_VERSION},
+                {"switches": {k: dict(v) for k, v in snapshot.switches.items()}},
+            )
+
+    async def _write(self, plural: str, kind: str, name: str, spec: JSON, status: JSON) -> None:
+        deadline = self._clock.monotonic() + self._s.write_deadline_seconds
+        delay = self._s.retry_initial_seconds
+        writer = {"holder": self._s.identity, "term": self._s.term}
+        while True:
+            if not self._may_act():
+                raise Fenced(f"{self._s.identity}: lease not renewed in time; not writing {name}")
+            try:
+                rv = self._rv.get((plural, name)) or await self._create(plural, kind, name, spec)
+                body = {
+                    "apiVersion": f"{GROUP}/{VERSION}",
+                    "kind": kind,
+                    "metadata": {"name": name, "namespace": self._s.namespace, "resourceVersion": rv},
+                    "status": {**status, "writer": writer},
+                }
+                out = await self._client.replace_custom_object_status(
+                    GROUP, VERSION, self._s.namespace, plural, name, body
+                )
+                self.counts.status_writes += 1
+                self._rv[(plural, name)] = str(out["metadata"]["resourceVersion"])
+                return
+            except KubeConflict:
+                self.counts.conflicts += 1
+                await self._adopt(plural, name)
+                continue  # a fresh version to write on: no wait
+            except KubeNotFound:  # deleted behind our back (a person, a prune): create it again
+                self._rv.pop((plural, name), None)
+            except (KubeUnavailable, KubeTooManyRequests) as exc:
+                log.warning("writing %s/%s: %s; retrying", plural, name, exc)
+            except KubeError as exc:
+                raise ReplicationLost(f"cannot write {plural}/{name}: {exc}") from exc
+            self.counts.retries += 1
+            if self._clock.monotonic() + delay > deadline:
+                raise ReplicationLost(
+                    f"cannot write {plural}/{name} within {self._s.write_deadline_seconds} s"
+                )
+            await self._clock.sleep(delay)
+            delay = min(delay * 2, self._s.retry_max_seconds)
+
+    async def _create(self, plural: str, kind: str, name: str, spec: JSON) -> str:
+        body = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": kind,
+            "metadata": {"name": name, "namespace": self._s.namespace, "labels": dict(LABELS)},
+            "spec": spec,
+        }
+        try:
+            out = await self._client.create_custom_object(GROUP, VERSION, self._s.namespace, plural, body)
+        except KubeConflict:  # AlreadyExists: our own create whose answer was lost, or another writer's
+            return await self._adopt(plural, name)
+        self.counts.creates += 1
+        rv = str(out["metadata"]["resourceVersion"])
+        self._rv[(plural, name)] = rv
+        return rv
+
+    async def _adopt(self, plural: str, name: str) -> str:
+        """Take the current version of an object we conflicted on, unless a newer term wrote it."""
+        current = await self._client.get_custom_object(GROUP, VERSION, self._s.namespace, plural, name)
+        writer = (current.get("status") or {}).get("writer") or {}
+        term = int(writer.get("term", -1))
+        if term > self._s.term:
+            raise Fenced(
+                f"{self._s.identity} (term {self._s.term}): {plural}/{name} was written by "
+                f"{writer.get('holder')} in term {term}; stepping down"
+            )
+        rv = str(current["metadata"]["resourceVersion"])
+        self._rv[(plural, name)] = rv
+        return rv
+
+    # -- pruning ----------------------------------------------------------------------------------
+
+    async def prune(self, now: float, retention_seconds: float, keep: int) -> int:
+        """Delete closed incidents closed longer ago than retention_seconds or beyond the newest
+        `keep` closed ones; open incidents are never pruned. Returns how many were deleted."""
+        objs = await self._client.list_custom_objects(GROUP, VERSION, self._s.namespace, INCIDENTS)
+        closed: list[tuple[int, float, str]] = []
+        for obj in objs:
+            row = ((obj.get("status") or {}).get("row")) or {}
+            if row.get("state") in CLOSED_STATES:
+                closed_at = float(row.get("closed_at") or row.get("updated_at") or 0.0)
+                closed.append((int(row.get("id", 0)), closed_at, str(obj["metadata"]["name"])))
+        closed.sort(reverse=True)  # newest id first
+        doomed = [name for i, (_, at, name) in enumerate(closed) if i >= keep or at < now - retention_seconds]
+        deleted = 0
+        for name in doomed:
+            if not self._may_act():
+                break
+            try:
+                await self._client.delete_custom_object(GROUP, VERSION, self._s.namespace, INCIDENTS, name)
+            except KubeNotFound:
+                pass
+            self.counts.deletes += 1
+            self._rv.pop((INCIDENTS, name), None)
+            deleted += 1
+        return deleted
+
+
+def _snapshot_of(obj: JSON) -> IncidentSnapshot | None:
+    status = obj.get("status") or {}
+    row = status.get("row")
+    if not isinstance(row, dict) or "id" not in row:
+        return None
+    return IncidentSnapshot(
+        id=int(row["id"]),
+        row=row,
+        entries=list(status.get("entries") or []),
+        handled=list(status.get("handled") or []),
+        alerts=list(status.get("alerts") or []),
+        diagnoses=list(status.get("diagnoses") or []),
+    )
