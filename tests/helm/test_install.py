@@ -299,6 +299,12 @@ def test_controller_starts_with_the_rendered_args_env_and_secrets(inst: Installe
     assert engine.budgets.max_pages_per_window == values["safety"]["maxPagesPerWindow"]
     assert engine.budgets.page_window_seconds == parse_flag_duration(values["safety"]["pageWindow"])
     assert engine.external_url == values["externalUrl"]
+    # the Prometheus it verifies against and diagnoses from (docs/design/diagnosis.md)
+    assert engine.prometheus_url == values["prometheus"]["url"]
+    assert engine.diagnosis.enabled is values["diagnosis"]["enabled"]
+    assert engine.diagnosis.wait_seconds == parse_flag_duration(values["diagnosis"]["wait"])
+    assert engine.diagnosis.deadline_seconds == parse_flag_duration(values["diagnosis"]["deadline"])
+    assert engine.diagnosis.dashboard_url == values["diagnosis"]["dashboardUrl"]
     assert engine.max_event_age_seconds == parse_flag_duration(values["maxEventAge"])
     assert settings.web_read_header_timeout_seconds == parse_flag_duration(values["readHeaderTimeout"])
     assert settings.web_read_body_timeout_seconds == parse_flag_duration(values["readBodyTimeout"])
