@@ -4,23 +4,8 @@ from __future__ import annotations
 
 import re
 
-# Words that look like identifiers in PromQL but are not metric names.
-_KEYWORDS = frozenset(
+_AGGREGATORS = frozenset(
     {
-        "by",
-        "without",
-        "on",
-        "ignoring",
-        "group_left",
-        "group_right",
-        "bool",
-        "offset",
-        "and",
-        "or",
-        "unless",
-        "inf",
-        "nan",
-        # aggregators, which may be followed by `by (...)` before their parenthesis
         "sum",
         "avg",
         "min",
@@ -34,6 +19,28 @@ _KEYWORDS = frozenset(
         "stdvar",
         "count_values",
     }
+)
+# Words that look like identifiers in PromQL but are not metric names (aggregators among them, which
+# may be followed by `by (...)` before their parenthesis).
+_KEYWORDS = (
+    frozenset(
+        {
+            "by",
+            "without",
+            "on",
+            "ignoring",
+            "group_left",
+            "group_right",
+            "bool",
+            "offset",
+            "and",
+            "or",
+            "unless",
+            "inf",
+            "nan",
+        }
+    )
+    | _AGGREGATORS
 )
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'')
 _MATCHERS = re.compile(r"\{[^{}]*\}")
@@ -78,22 +85,6 @@ def base_metric(name: str) -> str:
 
 # --- multi-cluster ---------------------------------------------------------------------------------
 
-_AGGREGATORS = frozenset(
-    {
-        "sum",
-        "avg",
-        "min",
-        "max",
-        "count",
-        "group",
-        "topk",
-        "bottomk",
-        "quantile",
-        "stddev",
-        "stdvar",
-        "count_values",
-    }
-)
 _GROUPING = frozenset({"by", "without", "on", "ignoring", "group_left", "group_right"})
 _IDENT_START = re.compile(r"[A-Za-z_:]")
 _IDENT_REST = re.compile(r"[A-Za-z0-9_:]*")
