@@ -206,7 +206,15 @@ GPM_METRICS: Final[dict[str, int]] = {
     "tensor_active": pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL,
     "dram_active": pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL,
 }
+# Device-level GPM traffic rates, in MiB/s (nvml.h); GPU instances have no per-instance PCIe/NVLink
+GPM_RATE_METRICS: Final[dict[str, int]] = {
+    "pcie_tx": pynvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC,
+    "pcie_rx": pynvml.NVML_GPM_METRIC_PCIE_RX_PER_SEC,
+    "nvlink_tx": pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC,
+    "nvlink_rx": pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC,
+}
 GPM_MIN_INTERVAL_SECONDS: Final = 0.1  # nvml.h: the two samples must be more than 100 ms apart
+_MIB: Final = 1024.0 * 1024.0
 
 
 # --- a device and its per-call bookkeeping -------------------------------------------------------
@@ -223,6 +231,8 @@ class Device:
     nvlink_count: int | None = None
     nvlink_remote: dict[int, tuple[bool, str | None]] = field(default_factory=dict)  # link -> (switch, bus)
     nvlink_states: dict[tuple[int, bool], NvLinkState] = field(default_factory=dict)  # (link, up) -> state
+    # (field timestamp in µs, tx KiB, rx KiB): the previous NVLink throughput counter reading
+    nvlink_counters: tuple[int, float | None, float | None] | None = None
 
     def optional(self, key: str, fn: Callable[..., T], *args: Any) -> T | None:
         """Call fn; None when the feature is absent (remembered) or failed this round. Lost GPUs raise."""
@@ -452,6 +462,75 @@ def read_nvlink(dev: Device) -> list[NvLinkState]:
     return links
 
 
+@dataclass(frozen=True)
+class InterconnectReading:
+    """PCIe and NVLink traffic in bytes/s, per direction; None where the GPU cannot tell."""
+
+    pcie_tx: float | None = None
+    pcie_rx: float | None = None
+    nvlink_tx: float | None = None
+    nvlink_rx: float | None = None
+
+
+_KIB: Final = 1024.0
+_ALL_LINKS: Final = 0xFFFFFFFF  # nvml.h: a scopeId of UINT_MAX sums the throughput field over all links
+_NVLINK_THROUGHPUT: Final = [
+    (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, _ALL_LINKS),
+    (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, _ALL_LINKS),
+]
+
+
+def _counter_rate(now: float | None, before: float | None, seconds: float) -> float | None:
+    # a counter that went down was reset (driver reload, GPU reset) or wrapped: no rate this round
+    if now is None or before is None or now < before:
+        return None
+    return (now - before) * _KIB / seconds
+
+
+def _nvlink_rates(dev: Device) -> tuple[float | None, float | None]:
+    """NVLink data bytes/s from the cumulative KiB counters, over the interval since the last read."""
+    if "nvlinktput" in dev.absent:
+        return None, None
+    fields = dev.optional("nvlinktput", pynvml.nvmlDeviceGetFieldValues, dev.handle, _NVLINK_THROUGHPUT)
+    if fields is None:
+        return None, None
+    tx_field, rx_field = fields[0], fields[1]
+    tx, rx = _field_value(tx_field), _field_value(rx_field)
+    if tx is None and rx is None:
+        if tx_field.nvmlReturn == rx_field.nvmlReturn == pynvml.NVML_ERROR_NOT_SUPPORTED:
+            dev.absent.add("nvlinktput")  # no NVLink, or a driver without the counters
+        dev.nvlink_counters = None
+        return None, None
+    stamp = int(max(tx_field.timestamp, rx_field.timestamp))  # µs, when the driver read the counters
+    before, dev.nvlink_counters = dev.nvlink_counters, (stamp, tx, rx)
+    if before is None:
+        return None, None  # first reading: only the baseline
+    seconds = (stamp - before[0]) / 1e6
+    if seconds <= 0:
+        dev.nvlink_counters = before  # the same cached reading again: keep the older baseline
+        return None, None
+    return _counter_rate(tx, before[1], seconds), _counter_rate(rx, before[2], seconds)
+
+
+def read_interconnect(dev: Device) -> InterconnectReading:
+    """PCIe and NVLink traffic without GPM (before Hopper, or a GPU in MIG mode).
+
+    PCIe: nvmlDeviceGetPcieThroughput, a byte counter the driver samples over 20 ms, in KB/s (1 KB
+    granularity; read as KiB). NVLink: the data throughput field values, cumulative KiB summed over
+    the links, turned into a rate between two reads.
+    """
+    h, opt = dev.handle, dev.optional
+    tx = opt("pcietx", pynvml.nvmlDeviceGetPcieThroughput, h, pynvml.NVML_PCIE_UTIL_TX_BYTES)
+    rx = opt("pcierx", pynvml.nvmlDeviceGetPcieThroughput, h, pynvml.NVML_PCIE_UTIL_RX_BYTES)
+    nvlink_tx, nvlink_rx = _nvlink_rates(dev)
+    return InterconnectReading(
+        pcie_tx=None if tx is None else tx * _KIB,
+        pcie_rx=None if rx is None else rx * _KIB,
+        nvlink_tx=nvlink_tx,
+        nvlink_rx=nvlink_rx,
+    )
+
+
 def _mig_handles(dev: Device) -> list[tuple[Any, str]]:
     h = dev.handle
     count = dev.optional("migcount", pynvml.nvmlDeviceGetMaxMigDeviceCount, h) or 0
@@ -503,7 +582,12 @@ class GpmSampler:
 
     def __init__(self, handle: Any, monotonic: Monotonic, gpu_instance_id: int | None = None) -> None:
         self._handle, self._gi, self._monotonic = handle, gpu_instance_id, monotonic
-        self._ids = list(GPM_METRICS.values())
+        # (name, metric id, ratio?): ratios arrive in percent; the device's traffic rates in MiB/s,
+        # read from the same sample pair at no extra sampling cost
+        self._wanted = [(name, mid, True) for name, mid in GPM_METRICS.items()]
+        if gpu_instance_id is None:
+            self._wanted += [(name, mid, False) for name, mid in GPM_RATE_METRICS.items()]
+        self._ids = [mid for _, mid, _ in self._wanted]
         self._prev = call(pynvml.nvmlGpmSampleAlloc)
         self._cur = call(pynvml.nvmlGpmSampleAlloc)
         self._prev_t: float | None = None
@@ -522,7 +606,8 @@ class GpmSampler:
             call(pynvml.nvmlGpmMigSampleGet, self._handle, self._gi, sample)
 
     def poll(self) -> dict[str, float] | None:
-        """Ratios (0..1) per metric name; None on the first poll or when polled too soon."""
+        """Ratios (0..1), and for a whole GPU traffic rates in bytes/s, per metric name; None on the first
+        poll or when polled too soon. A metric the GPU does not support is left out."""
         now = self._monotonic()
         if self._prev_t is None:
             self._take(self._prev)
@@ -542,12 +627,12 @@ class GpmSampler:
             self._prev_t = now
         out: dict[str, float] = {}
         metrics = self._metrics
-        for i, name in enumerate(GPM_METRICS):
+        for i, (name, _, ratio) in enumerate(self._wanted):
             m = metrics[i]
             if m.nvmlReturn == pynvml.NVML_SUCCESS:
                 value = m.value
                 if math.isfinite(value):
-                    out[name] = min(max(value / 100.0, 0.0), 1.0)
+                    out[name] = min(max(value / 100.0, 0.0), 1.0) if ratio else max(value * _MIB, 0.0)
         return out
 
     def close(self) -> None:
