@@ -231,8 +231,8 @@ class Device:
     nvlink_count: int | None = None
     nvlink_remote: dict[int, tuple[bool, str | None]] = field(default_factory=dict)  # link -> (switch, bus)
     nvlink_states: dict[tuple[int, bool], NvLinkState] = field(default_factory=dict)  # (link, up) -> state
-    # (field timestamp in µs, tx KiB, rx KiB): the previous NVLink throughput counter reading
-    nvlink_counters: tuple[int, float | None, float | None] | None = None
+    # "pcie" / "nvlink" -> (field timestamp in µs, tx, rx): the previous traffic counter reading
+    counters: dict[str, tuple[int, float | None, float | None]] = field(default_factory=dict)
 
     def optional(self, key: str, fn: Callable[..., T], *args: Any) -> T | None:
         """Call fn; None when the feature is absent (remembered) or failed this round. Lost GPUs raise."""
@@ -474,61 +474,79 @@ class InterconnectReading:
 
 _KIB: Final = 1024.0
 _ALL_LINKS: Final = 0xFFFFFFFF  # nvml.h: a scopeId of UINT_MAX sums the throughput field over all links
-_NVLINK_THROUGHPUT: Final = [
-    (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, _ALL_LINKS),
-    (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, _ALL_LINKS),
-]
+# Cumulative traffic counters read as field values: (tx field, rx field, bytes per count).
+# PCIe: bytes, driver 555 and newer ("value can be wrapped"); NVLink: data KiB summed over the links.
+_COUNTERS: Final = {
+    "pcie": (
+        (pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, 0),
+        (pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES, 0),
+        1.0,
+    ),
+    "nvlink": (
+        (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, _ALL_LINKS),
+        (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, _ALL_LINKS),
+        _KIB,
+    ),
+}
+# what a driver answers for a field it does not have (older drivers do not know the newer IDs)
+_FIELD_ABSENT: Final = {pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_INVALID_ARGUMENT}
 
 
-def _counter_rate(now: float | None, before: float | None, seconds: float) -> float | None:
+def _counter_rate(now: float | None, before: float | None, per_second: float) -> float | None:
     # a counter that went down was reset (driver reload, GPU reset) or wrapped: no rate this round
     if now is None or before is None or now < before:
         return None
-    return (now - before) * _KIB / seconds
+    return (now - before) * per_second
 
 
-def _nvlink_rates(dev: Device) -> tuple[float | None, float | None]:
-    """NVLink data bytes/s from the cumulative KiB counters, over the interval since the last read."""
-    if "nvlinktput" in dev.absent:
-        return None, None
-    fields = dev.optional("nvlinktput", pynvml.nvmlDeviceGetFieldValues, dev.handle, _NVLINK_THROUGHPUT)
-    if fields is None:
-        return None, None
-    tx_field, rx_field = fields[0], fields[1]
+def _counter_rates(
+    dev: Device, group: str, tx_field: Any, rx_field: Any
+) -> tuple[float | None, float | None]:
+    """Bytes/s per direction from one group's counters, over the interval since its last reading."""
     tx, rx = _field_value(tx_field), _field_value(rx_field)
     if tx is None and rx is None:
-        if tx_field.nvmlReturn == rx_field.nvmlReturn == pynvml.NVML_ERROR_NOT_SUPPORTED:
-            dev.absent.add("nvlinktput")  # no NVLink, or a driver without the counters
-        dev.nvlink_counters = None
+        if tx_field.nvmlReturn in _FIELD_ABSENT and rx_field.nvmlReturn in _FIELD_ABSENT:
+            dev.absent.add("counters:" + group)  # no NVLink, or a driver without these counters
+        dev.counters.pop(group, None)
         return None, None
     stamp = int(max(tx_field.timestamp, rx_field.timestamp))  # µs, when the driver read the counters
-    before, dev.nvlink_counters = dev.nvlink_counters, (stamp, tx, rx)
+    before = dev.counters.get(group)
+    if before is not None and stamp <= before[0]:
+        return None, None  # the same cached reading again: keep the older baseline
+    dev.counters[group] = (stamp, tx, rx)
     if before is None:
         return None, None  # first reading: only the baseline
-    seconds = (stamp - before[0]) / 1e6
-    if seconds <= 0:
-        dev.nvlink_counters = before  # the same cached reading again: keep the older baseline
-        return None, None
-    return _counter_rate(tx, before[1], seconds), _counter_rate(rx, before[2], seconds)
+    per_second = _COUNTERS[group][2] * 1e6 / (stamp - before[0])
+    return _counter_rate(tx, before[1], per_second), _counter_rate(rx, before[2], per_second)
 
 
 def read_interconnect(dev: Device) -> InterconnectReading:
     """PCIe and NVLink traffic without GPM (before Hopper, or a GPU in MIG mode).
 
-    PCIe: nvmlDeviceGetPcieThroughput, a byte counter the driver samples over 20 ms, in KB/s (1 KB
-    granularity; read as KiB). NVLink: the data throughput field values, cumulative KiB summed over
-    the links, turned into a rate between two reads.
+    Both come from cumulative counters (field values, one call) turned into a rate between two reads,
+    so the first read gives none. A driver older than 555 has no PCIe byte counters: then
+    nvmlDeviceGetPcieThroughput, which samples the traffic for 20 ms per direction while it blocks the
+    GPU's worker, in KB/s of 1 KB granularity (read as KiB).
     """
-    h, opt = dev.handle, dev.optional
-    tx = opt("pcietx", pynvml.nvmlDeviceGetPcieThroughput, h, pynvml.NVML_PCIE_UTIL_TX_BYTES)
-    rx = opt("pcierx", pynvml.nvmlDeviceGetPcieThroughput, h, pynvml.NVML_PCIE_UTIL_RX_BYTES)
-    nvlink_tx, nvlink_rx = _nvlink_rates(dev)
-    return InterconnectReading(
-        pcie_tx=None if tx is None else tx * _KIB,
-        pcie_rx=None if rx is None else rx * _KIB,
-        nvlink_tx=nvlink_tx,
-        nvlink_rx=nvlink_rx,
-    )
+    h = dev.handle
+    groups = [g for g in _COUNTERS if "counters:" + g not in dev.absent]
+    rates: dict[str, tuple[float | None, float | None]] = {}
+    if groups:
+        ids = [f for g in groups for f in _COUNTERS[g][:2]]
+        fields = dev.optional("counters", pynvml.nvmlDeviceGetFieldValues, h, ids)
+        if "counters" in dev.absent:  # no field values at all
+            dev.absent.update("counters:" + g for g in _COUNTERS)
+        elif fields is not None:
+            for i, g in enumerate(groups):
+                rates[g] = _counter_rates(dev, g, fields[2 * i], fields[2 * i + 1])
+    pcie_tx, pcie_rx = rates.get("pcie", (None, None))
+    if "counters:pcie" in dev.absent:
+        tx = dev.optional("pcietx", pynvml.nvmlDeviceGetPcieThroughput, h, pynvml.NVML_PCIE_UTIL_TX_BYTES)
+        rx = dev.optional("pcierx", pynvml.nvmlDeviceGetPcieThroughput, h, pynvml.NVML_PCIE_UTIL_RX_BYTES)
+        pcie_tx = None if tx is None else tx * _KIB
+        pcie_rx = None if rx is None else rx * _KIB
+    nvlink_tx, nvlink_rx = rates.get("nvlink", (None, None))
+    return InterconnectReading(pcie_tx=pcie_tx, pcie_rx=pcie_rx, nvlink_tx=nvlink_tx, nvlink_rx=nvlink_rx)
 
 
 def _mig_handles(dev: Device) -> list[tuple[Any, str]]:

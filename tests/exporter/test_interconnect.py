@@ -73,29 +73,41 @@ async def test_gpm_rates_are_bytes_per_second_over_the_tick_and_absent_on_the_fi
         }
 
 
-async def test_without_gpm_pcie_comes_from_the_driver_sample_and_nvlink_from_the_counters(
-    tmp_path: Path,
-) -> None:
+async def test_without_gpm_both_come_from_the_counters_as_a_rate_from_the_second_read(tmp_path: Path) -> None:
     async with simulated_exporter(_scenario(tmp_path, [A100]), collectors=["gpm"]) as h:
         await h.tick(0)
-        # nvmlDeviceGetPcieThroughput is a rate already; the NVLink counters need a second read
-        assert _series(h, PCIE_THROUGHPUT) == {
-            (A100_UUID, "tx"): pytest.approx(3 * GIB),
-            (A100_UUID, "rx"): pytest.approx(4 * GIB),
-        }
-        assert _series(h, NVLINK_THROUGHPUT) == {}
+        assert _series(h, PCIE_THROUGHPUT) == {} and _series(h, NVLINK_THROUGHPUT) == {}  # baseline only
         await h.tick(4.0)  # counters over [0, 4]: the ramp averages 20 GiB/s
-        nvlink = _series(h, NVLINK_THROUGHPUT)
-        assert nvlink == {
+        assert _series(h, PCIE_THROUGHPUT) == {
+            (A100_UUID, "tx"): pytest.approx(3 * GIB, rel=1e-6),
+            (A100_UUID, "rx"): pytest.approx(4 * GIB, rel=1e-6),
+        }
+        assert _series(h, NVLINK_THROUGHPUT) == {
             (A100_UUID, "tx"): pytest.approx(20 * GIB, rel=1e-6),
             (A100_UUID, "rx"): pytest.approx(50 * GIB, rel=1e-6),
         }
 
 
+async def test_a_driver_without_pcie_counters_uses_the_20_ms_pcie_sample(tmp_path: Path) -> None:
+    # the PCIe byte counters came with driver 555; before it, nvmlDeviceGetPcieThroughput is a rate
+    path = _scenario(tmp_path, [A100], driver_version="535.183.01")
+    async with simulated_exporter(path, collectors=["gpm"]) as h:
+        await h.tick(0)
+        assert _series(h, PCIE_THROUGHPUT) == {
+            (A100_UUID, "tx"): pytest.approx(3 * GIB, rel=1e-5),
+            (A100_UUID, "rx"): pytest.approx(4 * GIB, rel=1e-5),
+        }
+        assert _series(h, NVLINK_THROUGHPUT) == {}
+        await h.tick(4.0)
+        assert _series(h, NVLINK_THROUGHPUT)[(A100_UUID, "rx")] == pytest.approx(50 * GIB, rel=1e-6)
+        assert h.sim.calls["nvmlDeviceGetPcieThroughput"] == 4
+
+
 async def test_not_supported_gives_no_series_rather_than_zero(tmp_path: Path) -> None:
     no_pcie = {**A100, "not_supported": ["nvmlDeviceGetPcieThroughput"]}
     no_nvlink = {"model": "H100-SXM5-80GB", "uuid": H100_UUID}  # a PCIe card: GPM has no NVLink rate
-    async with simulated_exporter(_scenario(tmp_path, [no_nvlink, no_pcie]), collectors=["gpm"]) as h:
+    path = _scenario(tmp_path, [no_nvlink, no_pcie], driver_version="535.183.01")
+    async with simulated_exporter(path, collectors=["gpm"]) as h:
         for _ in range(3):
             await h.tick(1.0)
         assert set(_series(h, PCIE_THROUGHPUT)) == {(H100_UUID, "tx"), (H100_UUID, "rx")}
@@ -120,16 +132,17 @@ async def test_a_counter_that_went_down_gives_no_rate_then_recovers(tmp_path: Pa
         await h.tick(0)
         await h.tick(1.0)
         assert len(_series(h, NVLINK_THROUGHPUT)) == 2
-        dev = h.fleet.slots[0].device
-        assert dev.nvlink_counters is not None
-        stamp, tx, rx = dev.nvlink_counters
-        assert tx is not None and rx is not None
-        # as after a GPU reset or driver reload: the baseline is above what the counters read now
-        dev.nvlink_counters = (stamp, tx + 2**40, rx + 2**40)
+        counters = h.fleet.slots[0].device.counters
+        for group in ("pcie", "nvlink"):
+            stamp, tx, rx = counters[group]
+            assert tx is not None and rx is not None
+            # as after a GPU reset or driver reload: the baseline is above what the counters read now
+            counters[group] = (stamp, tx + 2**40, rx + 2**40)
         await h.tick(1.0)
-        assert _series(h, NVLINK_THROUGHPUT) == {}  # never a negative rate
+        assert _series(h, NVLINK_THROUGHPUT) == {} and _series(h, PCIE_THROUGHPUT) == {}  # never negative
         await h.tick(1.0)
         assert _series(h, NVLINK_THROUGHPUT)[(A100_UUID, "rx")] == pytest.approx(50 * GIB, rel=1e-6)
+        assert _series(h, PCIE_THROUGHPUT)[(A100_UUID, "rx")] == pytest.approx(4 * GIB, rel=1e-6)
 
 
 async def test_series_of_a_lost_gpu_are_removed(tmp_path: Path) -> None:
@@ -144,7 +157,7 @@ async def test_series_of_a_lost_gpu_are_removed(tmp_path: Path) -> None:
 
 
 async def test_a_hung_throughput_call_does_not_stall_the_sample_or_hide_another_gpu(tmp_path: Path) -> None:
-    faults = [{"gpu": 1, "call": "nvmlDeviceGetPcieThroughput", "kind": "hang", "from": 2, "until": 100}]
+    faults = [{"gpu": 1, "call": "nvmlDeviceGetFieldValues", "kind": "hang", "from": 2, "until": 100}]
     async with simulated_exporter(_scenario(tmp_path, [H100, A100], faults=faults), collectors=["gpm"]) as h:
         await h.tick(0)
         await h.tick(1.0)

@@ -167,7 +167,21 @@ def test_pcie_throughput_is_kb_per_second_over_the_last_20_ms(sim: Installer, cl
     )
     (h,) = handles()
     clock.set(5)
-    assert N.nvmlDeviceGetPcieThroughput(h, N.NVML_PCIE_UTIL_TX_BYTES) == int((5 - 0.01) * 2**20)  # the ramp at 4.99 s, in KiB/s
+    assert N.nvmlDeviceGetPcieThroughput(h, N.NVML_PCIE_UTIL_TX_BYTES) == int(
+        (5 - 0.01) * 2**20
+    )  # the ramp at 4.99 s, in KiB/s
     assert N.nvmlDeviceGetPcieThroughput(h, N.NVML_PCIE_UTIL_RX_BYTES) == 1024
     with pytest.raises(N.NVMLError_InvalidArgument):
         N.nvmlDeviceGetPcieThroughput(h, N.NVML_PCIE_UTIL_COUNT)
+
+
+def test_a_driver_before_555_has_no_pcie_byte_counters(sim: Installer) -> None:
+    sim(
+        {"driver_version": "535.183.01", "gpus": [{"model": "A100", "nvlink": {"links": 12, "switch": True}}]}
+    )
+    (h,) = handles()
+    pcie, nvlink = N.nvmlDeviceGetFieldValues(
+        h, [N.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, (N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, 0xFFFFFFFF)]
+    )
+    assert pcie.nvmlReturn == N.NVML_ERROR_NOT_SUPPORTED
+    assert nvlink.nvmlReturn == N.NVML_SUCCESS
