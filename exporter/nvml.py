@@ -500,7 +500,7 @@ def _counter_rate(now: float | None, before: float | None, per_second: float) ->
 
 
 def _counter_rates(
-    dev: Device, group: str, tx_field: Any, rx_field: Any
+    dev: Device, group: str, tx_field: Any, rx_field: Any, now_us: int
 ) -> tuple[float | None, float | None]:
     """Bytes/s per direction from one group's counters, over the interval since its last reading."""
     tx, rx = _field_value(tx_field), _field_value(rx_field)
@@ -509,7 +509,8 @@ def _counter_rates(
             dev.absent.add("counters:" + group)  # no NVLink, or a driver without these counters
         dev.counters.pop(group, None)
         return None, None
-    stamp = int(max(tx_field.timestamp, rx_field.timestamp))  # µs, when the driver read the counters
+    # µs since 1970 when the driver read the counters; our own clock if a driver leaves it unset
+    stamp = int(max(tx_field.timestamp, rx_field.timestamp)) or now_us
     before = dev.counters.get(group)
     if before is not None and stamp <= before[0]:
         return None, None  # the same cached reading again: keep the older baseline
@@ -520,25 +521,27 @@ def _counter_rates(
     return _counter_rate(tx, before[1], per_second), _counter_rate(rx, before[2], per_second)
 
 
-def read_interconnect(dev: Device) -> InterconnectReading:
+def read_interconnect(dev: Device, monotonic: Monotonic) -> InterconnectReading:
     """PCIe and NVLink traffic without GPM (before Hopper, or a GPU in MIG mode).
 
     Both come from cumulative counters (field values, one call) turned into a rate between two reads,
     so the first read gives none. A driver older than 555 has no PCIe byte counters: then
     nvmlDeviceGetPcieThroughput, which samples the traffic for 20 ms per direction while it blocks the
-    GPU's worker, in KB/s of 1 KB granularity (read as KiB).
+    GPU's worker, in KB/s of 1 KB granularity (read as KiB). `monotonic` stands in for a field
+    timestamp the driver did not set.
     """
     h = dev.handle
     groups = [g for g in _COUNTERS if "counters:" + g not in dev.absent]
     rates: dict[str, tuple[float | None, float | None]] = {}
     if groups:
         ids = [f for g in groups for f in _COUNTERS[g][:2]]
+        now_us = int(monotonic() * 1e6)
         fields = dev.optional("counters", pynvml.nvmlDeviceGetFieldValues, h, ids)
         if "counters" in dev.absent:  # no field values at all
             dev.absent.update("counters:" + g for g in _COUNTERS)
         elif fields is not None:
             for i, g in enumerate(groups):
-                rates[g] = _counter_rates(dev, g, fields[2 * i], fields[2 * i + 1])
+                rates[g] = _counter_rates(dev, g, fields[2 * i], fields[2 * i + 1], now_us)
     pcie_tx, pcie_rx = rates.get("pcie", (None, None))
     if "counters:pcie" in dev.absent:
         tx = dev.optional("pcietx", pynvml.nvmlDeviceGetPcieThroughput, h, pynvml.NVML_PCIE_UTIL_TX_BYTES)

@@ -50,9 +50,10 @@ class GpmCollector:
         specs = c.GPM_METRICS + c.INTERCONNECT_METRICS
         fam = {spec.name: table(spec).family() for spec in specs}
         poll = partial(poll_gpm, monotonic=self.fleet.clock.monotonic)
+        counters = partial(read_interconnect, monotonic=self.fleet.clock.monotonic)
         # all in the tick's batch: one deadline per GPU, shared with the other collectors
         futures = [
-            (slot, self.fleet.submit(slot, poll if _uses_gpm(slot) else read_interconnect))
+            (slot, self.fleet.submit(slot, poll if _uses_gpm(slot) else counters))
             for slot in self.fleet.live()
         ]
         for slot, fut in futures:

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+import pynvml as N
 import pytest
 
 from alerts.rules.training import NVLINK_THROUGHPUT, PCIE_THROUGHPUT, TRAINING_SERIES
 from exporter.collectors.gpus import Outcome
+from exporter.nvml import Device, _counter_rates, _placeholder
 from gpupulse.metrics import gpu as c
 from gpupulse.metrics.catalog import ALL_SPECS
 from tests.exporter.harness import Harness, simulated_exporter
@@ -176,3 +179,30 @@ def test_the_training_rules_read_the_families_the_catalog_declares() -> None:
         assert spec.name in TRAINING_SERIES and catalog[spec.name] is spec
         # the rules join on uuid and sum the directions away; the labels are those of every gpu_* family
         assert spec.labels == ("uuid", "gpu", "direction") and spec.unit == "bytes_per_second"
+
+
+def _field(value: int, timestamp_us: int) -> Any:
+    # the shape of pynvml's c_nvmlFieldValue_t as _counter_rates reads it (unsigned long long)
+    return SimpleNamespace(
+        nvmlReturn=N.NVML_SUCCESS,
+        valueType=N.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG,
+        value=SimpleNamespace(ullVal=value),
+        timestamp=timestamp_us,
+    )
+
+
+def test_a_counter_reading_the_driver_did_not_timestamp_is_timed_by_our_clock() -> None:
+    dev = Device(static=_placeholder(0), handle=None)
+    assert _counter_rates(dev, "nvlink", _field(0, 0), _field(0, 0), now_us=1_000_000) == (None, None)
+    tx, rx = _counter_rates(dev, "nvlink", _field(1024, 0), _field(2048, 0), now_us=3_000_000)
+    assert (tx, rx) == (512 * 1024.0, 1024 * 1024.0)  # KiB over 2 s
+
+
+def test_a_repeated_cached_reading_keeps_the_older_baseline() -> None:
+    dev = Device(static=_placeholder(0), handle=None)
+    _counter_rates(dev, "pcie", _field(0, 1_000_000), _field(0, 1_000_000), now_us=0)
+    assert _counter_rates(dev, "pcie", _field(0, 1_000_000), _field(0, 1_000_000), now_us=0) == (None, None)
+    assert _counter_rates(dev, "pcie", _field(100, 2_000_000), _field(50, 2_000_000), now_us=0) == (
+        100.0,
+        50.0,
+    )
