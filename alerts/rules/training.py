@@ -59,7 +59,9 @@ def _records(c: RulesConfig) -> tuple[Record, ...]:
     busy_idle = (
         f"max by (uuid) (gpu_utilization_ratio) >= {num(t.training_kernel_resident_ratio)}\n"
         f"and on(uuid) (\n{compute_idle}\n)\n"
-        f"and on(uuid) (sum by (uuid) ({PCIE_THROUGHPUT}) <= {quiet})\n"
+        # "no traffic seen" rather than "traffic seen to be zero": a GPU whose driver has no PCIe
+        # counters (NOT_SUPPORTED, never exported as 0) is judged by its compute alone
+        f"unless on(uuid) (sum by (uuid) ({PCIE_THROUGHPUT}) > {quiet})\n"
         f"unless on(uuid) (sum by (uuid) ({NVLINK_THROUGHPUT}) > {quiet})"
     )
     return (
