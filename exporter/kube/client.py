@@ -18,8 +18,11 @@ class ApiSettings:
     api_url: str = "https://kubernetes.default.svc"
     token_path: Path = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
     ca_path: Path | None = Path("/var/run/secrets/kubernetes.io/serviceaccount/ca.crt")
-    timeout_seconds: float = 5.0
-    watch_timeout_seconds: float = 300.0  # jittered up to twice as long, as client-go's reflector
+    timeout_seconds: float = 5.0  # one LIST, and the first sync a reader waits for
+    # Each watch asks the server to end it after this long, jittered up to twice as long (client-go's
+    # reflector uses 5-10 min), so watches spread over API server replicas after a rollout.
+    watch_timeout_seconds: float = 300.0
+    # After a failed LIST or WATCH wait this long, doubling up to retry_max_seconds.
     retry_seconds: float = 1.0
     retry_max_seconds: float = 60.0
 

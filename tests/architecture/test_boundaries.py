@@ -55,12 +55,7 @@ def test_one_module_talks_to_the_kubernetes_api_in_the_controller() -> None:
 
 
 def test_the_shared_reflector_talks_to_the_kubernetes_api_in_the_exporter() -> None:
-    # exporter/kube (below the plug-ins) holds the client and the list+watch reflector that
-    # attribution's ResourceSlice and pod-metadata watches share; engines' pod discovery still has
-    # its own reflector loop (moving it is open).
+    # exporter/kube (below the plug-ins) holds the client and the list+watch reflector that engines'
+    # pod discovery and attribution's ResourceSlice and pod-metadata watches share.
     users = _importers("exporter", "kubernetes_asyncio")
-    assert users == {
-        "exporter/kube/client.py",
-        "exporter/kube/reflector.py",
-        "exporter/engines/kube_pods.py",
-    }, users
+    assert users == {"exporter/kube/client.py", "exporter/kube/reflector.py"}, users
