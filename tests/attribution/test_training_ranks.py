@@ -303,3 +303,26 @@ def test_the_series_the_training_rules_read_is_the_catalogs() -> None:
     assert spec.labels == ("uuid", "gpu", *LABELS[1:])
     assert spec.type == "info"
     assert RANK_INFO not in pending_training_series()
+
+
+async def test_the_pod_watch_follows_adds_changes_and_deletes(api: FakeKubeAPI, tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text(api.token)
+    api.add_pod("research", "w-0", "gpu-node-train", labels={"jobset.sigs.k8s.io/jobset-name": "a"})
+    api.add_pod("research", "elsewhere", "other-node", labels={"jobset.sigs.k8s.io/jobset-name": "b"})
+    source = PodMetadataSource(
+        ApiSettings("gpu-node-train", api.url, token_path=token, ca_path=None, retry_seconds=0.05)
+    )
+    source.start()
+    try:
+        await source.wait_until(lambda: source.lookup("research", "w-0") is not None, 10)
+        assert source.lookup("research", "elsewhere") is None  # only this node's pods
+        api.update_pod("research", "w-0", lambda p: p["metadata"]["labels"].update({"x": "1"}))
+        await source.wait_until(
+            lambda: (m := source.lookup("research", "w-0")) is not None and "x" in m.labels, 10
+        )
+        api.remove_pod("research", "w-0")
+        await source.wait_until(lambda: source.lookup("research", "w-0") is None, 10)
+        assert len(source) == 0 and source.stats.lists == 1
+    finally:
+        await source.close()
