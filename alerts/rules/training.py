@@ -18,8 +18,7 @@ from gpupulse.xid import xid_class
 
 PCIE_THROUGHPUT = "gpu_pcie_throughput_bytes_per_second"
 NVLINK_THROUGHPUT = "gpu_nvlink_throughput_bytes_per_second"
-# the series the exporter adds for training (issue 13); the lint checks the rules against these until
-# the metric catalog declares them
+# the series the exporter adds for training (the catalog declares them: gpupulse/metrics/)
 TRAINING_SERIES = (RANK_INFO, PCIE_THROUGHPUT, NVLINK_THROUGHPUT)
 
 THROTTLE_REASONS = "sw_power_cap|hw_slowdown|sw_thermal_slowdown|hw_thermal_slowdown|hw_power_brake_slowdown"

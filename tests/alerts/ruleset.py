@@ -34,13 +34,7 @@ def load_rules() -> list[dict[str, Any]]:
 
 
 def known_metrics() -> set[str]:
-    """Every metric gpupulse exports, the exporter's and the controller's (gpupulse.metrics.catalog),
-    and the training series the rules already read."""
-    from alerts.rules.training import TRAINING_SERIES
+    """Every metric gpupulse exports, the exporter's and the controller's (gpupulse.metrics.catalog)."""
     from gpupulse.metrics.catalog import ALL_SPECS
 
-    # the training series not exported yet (issue 13: docs/design/training.md) are allowed until they
-    # join the catalog with the collector that writes them; one the catalog declares needs no allowance
-    catalog = {spec.name for spec in ALL_SPECS}
-    pending = set(TRAINING_SERIES) - catalog
-    return catalog | pending
+    return {spec.name for spec in ALL_SPECS}
