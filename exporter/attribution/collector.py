@@ -249,7 +249,10 @@ class AttributionCollector:
         """The rank rows of this round, under the max_ranks cap (the rest counted as dropped)."""
         pods = self._pods
         lookup: Callable[[str, str], PodMeta | None] = pods.lookup if pods is not None else _no_meta
-        rows = rank_rows(processes, pid_pods, lookup, environs)
+        # a watch that never listed and failed (403, unreachable) names ranks from the environ alone;
+        # one that listed (or is still trying) is waited for: what it lacks now is late, not absent
+        wait = pods is not None and pods.started and (pods.stats.lists > 0 or pods.stats.failures == 0)
+        rows = rank_rows(processes, pid_pods, lookup, environs, wait_for_pods=wait)
         kept = cap_rows(rows, self._ranks_kept, self.settings.max_ranks)
         self._dropped_total += len(rows) - len(kept)
         capped = len(kept) < len(rows)

@@ -61,13 +61,21 @@ def rank_rows(
     pid_pods: Mapping[int, PodRef],
     pod_meta: Callable[[str, str], PodMeta | None],
     environs: Mapping[int, Mapping[str, str]],
+    wait_for_pods: bool = False,
 ) -> list[RankRow]:
     """The rank rows of these GPU processes, sorted and without duplicates (a rank holding several
-    GPUs has one row per GPU; two processes of one rank on one GPU share a row)."""
+    GPUs has one row per GPU; two processes of one rank on one GPU share a row).
+
+    wait_for_pods: the pod watch is healthy, so a pod it has not seen yet is only late (the kubelet
+    can list a pod before the watch delivers it): its processes get no row this round rather than an
+    environ-only identity (`torchrun`) that would flip to the owner's a round later, a second job.
+    """
     rows: set[RankRow] = set()
     for proc in processes:
         pod = pid_pods.get(proc.pid)
         meta = pod_meta(pod.namespace, pod.pod) if pod is not None and pod.pod else None
+        if meta is None and pod is not None and pod.pod and wait_for_pods:
+            continue
         labels = meta.labels if meta is not None else {}
         owners = meta.owner_refs if meta is not None else ()
         identity = rank_identity(labels, owners, environs.get(proc.pid, {}))

@@ -326,3 +326,21 @@ async def test_the_pod_watch_follows_adds_changes_and_deletes(api: FakeKubeAPI, 
         assert len(source) == 0 and source.stats.lists == 1
     finally:
         await source.close()
+
+
+async def test_a_pod_the_watch_has_not_delivered_yet_gets_no_row_until_it_does(node: Node) -> None:
+    node.seed()
+    # the kubelet lists the pod before the API server's watch delivers it
+    node.api.remove_pod("research", "llama-train-worker-3")
+    async with exporter(node.collector()) as h:
+        early = ranks(h.text())
+        (entry,) = [p for p in node.doc["pods"] if p["name"] == "llama-train-worker-3"]
+        pods_to_api_from_scenario(node.api, {**node.doc, "pods": [entry]})
+        for _ in range(3):
+            await h.tick(1.0)
+        late = ranks(h.text())
+    # never a `torchrun` identity that would flip to the PyTorchJob's a round later (two jobs for one)
+    worker = "llama-train-worker-3"
+    assert {r for r in early if r[2] == worker} == set()
+    assert {r for r in late if r[2] == worker} == {r for r in EXPECTED if r[2] == worker}
+    assert early == {r for r in EXPECTED if r[2] != worker}
