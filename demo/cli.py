@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from demo.binaries import MissingBinaryError
+from demo.costs import cost_summary
 from demo.pager_sink import describe_page
 from demo.procs import StartupError, Supervisor, log_tail
 from demo.simnode import DEFAULT_SCENARIO
@@ -45,6 +46,13 @@ def _write_state(path: Path, stack: Stack, world_pid: int) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(doc, indent=2))
     tmp.replace(path)
+
+
+def _print_costs(timeline: Timeline, lines: Sequence[str]) -> None:
+    print("What it cost (from the demo's Prometheus):", file=timeline.out)
+    for line in lines:
+        print(f"  {line}", file=timeline.out)
+    print("", file=timeline.out, flush=True)
 
 
 def _print_verdict(timeline: Timeline, checks: Sequence[Check], interrupted: bool) -> None:
@@ -142,6 +150,8 @@ async def run_demo(opts: DemoOptions, stop: asyncio.Event) -> int:
         await watcher
         checks = evaluate(expect, list(ledger.incidents.values()), stack.sink.pages)
         _print_verdict(timeline, checks, interrupted)
+        dra_node = stack.dra_node.node if stack.dra_node is not None else None
+        _print_costs(timeline, await cost_summary(prometheus_url, dra_node))
         if interrupted:
             timeline.line("STOP", "interrupted: stopping everything")
         elif died or not all(c.ok for c in checks):

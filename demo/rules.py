@@ -1,8 +1,8 @@
 """A fast copy of our alert rules for the demo, generated from alerts/config.yaml at start.
 
-Only what the three scripted incidents need is shortened; every other alert keeps its production
-`for:` (one minute or more), so it cannot fire by accident during a three-minute demo. alerts/ is
-never written: the copy goes into the demo's temporary directory.
+Only what the three scripted incidents and the cost summary (demo/costs.py) need is shortened; every
+other alert keeps its production `for:` (one minute or more), so it cannot fire by accident during a
+three-minute demo. alerts/ is never written: the copy goes into the demo's temporary directory.
 """
 
 from __future__ import annotations
@@ -16,6 +16,11 @@ from alerts.generate import render_rules, write_rules
 # Deep-merged over alerts/config.yaml (alerts.config.load_config).
 DEMO_RULE_OVERRIDES: Mapping[str, Any] = {
     "windows": {
+        # the latency, KV-cache and token recording rules: rate() divides by the whole window, so a
+        # 5m window over a demo's first minutes reads a fraction of the real tokens/s and the summary's
+        # cost per token would be several times too high; the alerts on these rules keep their
+        # production `for:` and cannot fire in the demo either way
+        "rate": "1m",
         # an XID keeps its alert active this long; the scripted faults repeat every 3 s
         "event": "6s",
         # the leak must outgrow the workload's own recent history, not a week of it

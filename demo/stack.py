@@ -22,6 +22,7 @@ from aiohttp import web
 from demo.binaries import ensure_binaries
 from demo.configs import EXPORTER_JOB, ScrapeTarget, alertmanager_config, prometheus_config, write_yaml
 from demo.control import ActionRequest, make_control_app
+from demo.dranode import DraNode, start_dra_node
 from demo.pager_sink import PagerSink
 from demo.procs import StartupError, Supervisor, free_port
 from demo.rules import write_demo_rules
@@ -61,6 +62,7 @@ class Stack:
     sink: PagerSink = field(default_factory=PagerSink)
     control_runner: web.AppRunner | None = None
     node: SimNode | None = None
+    dra_node: DraNode | None = None
     urls: dict[str, str] = field(default_factory=dict)
 
     async def close(self, keep_temp: bool) -> None:
@@ -68,6 +70,8 @@ class Stack:
         await self.supervisor.stop_all()
         if self.node is not None:
             await self.node.close()
+        if self.dra_node is not None:
+            await self.dra_node.close()
         if self.control_runner is not None:
             await self.control_runner.cleanup()
         await self.sink.stop()
@@ -201,6 +205,10 @@ async def start_stack(stack: Stack, opts: DemoOptions) -> tuple[str, str, World]
     control_url = await _start_control(stack, world, control_token)
 
     targets = [ScrapeTarget(f"127.0.0.1:{stack.node.port}", world.node)]
+    # a second node, on DRA: its exporter runs the real attribution code (demo/dranode.py)
+    dra = stack.dra_node = await start_dra_node(stack.supervisor, wd, _child_env())
+    stack.urls[f"exporter (simulated DRA node {dra.node})"] = dra.metrics_url
+    targets.append(ScrapeTarget(f"127.0.0.1:{dra.port}", dra.node))
     if opts.real_gpus == "on" or (opts.real_gpus == "auto" and nvml_present()):
         real = await _start_real_exporter(stack)
         if real is not None:
@@ -279,6 +287,7 @@ async def start_stack(stack: Stack, opts: DemoOptions) -> tuple[str, str, World]
         stack.supervisor.wait_http_ok(ctl, f"{controller_url}/readyz", READY_TIMEOUT_SECONDS),
         stack.supervisor.wait_http_ok(am, f"http://127.0.0.1:{am_port}/-/ready", READY_TIMEOUT_SECONDS),
         stack.supervisor.wait_http_ok(prom, f"{prometheus_url}/-/ready", READY_TIMEOUT_SECONDS),
+        dra.wait_ready(stack.supervisor, READY_TIMEOUT_SECONDS),
     )
     await _wait_first_scrape(prometheus_url, READY_TIMEOUT_SECONDS)
     stack.urls["Prometheus"] = prometheus_url

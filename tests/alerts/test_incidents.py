@@ -7,18 +7,24 @@ few seconds and `for: 2s`. Each incident is a scenario in exporter/scenarios/inc
 its own `gpupulse-exporter --simulate`; serving incidents add `gpupulse-sim-engine` processes, pod
 attribution comes from the fake kubelet and a fake /proc built from the scenario's `pods` section (its
 CPU counters follow each process's `host_cpu_cores`), and page-cache eviction is real (the scenario's
-`page_cache` section: a weight file the pagecache collector watches, evicted with posix_fadvise).
+`page_cache` section: a weight file the pagecache collector watches, evicted with posix_fadvise). A DRA
+incident's claims come the same way (the fake kubelet's `dynamic_resources`), named through the node's
+ResourceSlice, which the exporter watches on the in-process API server of tests/fakes/kube_api.py.
 Nothing but the scenario files says what happens when.
 
 Over the whole run (from before Prometheus's first scrape), no alert outside the expected ones may be
 pending or firing at any moment: read back from Prometheus's own ALERTS series. Afterwards every panel
 query of the fleet, node and serving dashboards must return data (a finite value); the remediation
-dashboard, fed by the controller, is checked the same way by tests/demo/test_demo_run.py.
+dashboard, fed by the controller, is checked the same way by tests/demo/test_demo_run.py. The DRA
+node's allocation rows, GPU families and per-namespace costs, and the serving node's energy and cost per
+generated token per model (expected values derived from the scenario files and alerts/config.yaml), are
+checked too.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import shutil
 import sys
@@ -28,12 +34,14 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
 import yaml
 from aiohttp import web
 
+from alerts.config import load_config
 from alerts.generate import render_rules
 from alerts.rules.promql import metric_names
 from alerts.rules.recording import HARD_LIMIT
@@ -44,7 +52,8 @@ from exporter.sim.scenario import ProcessSpec
 from tests.alerts.panel_queries import CONTROLLER_DASHBOARDS, has_data, panel_queries
 from tests.alerts.ruleset import ROOT, TESTS_DIR
 from tests.attribution.helpers import ProcfsTree, advance_host_cpu, procfs_from_scenario
-from tests.fakes.kubelet import FakeKubelet, pods_from_scenario
+from tests.fakes.kube_api import FakeKubeAPI, resourceslices_from_scenario
+from tests.fakes.kubelet import DRA_DRIVER, FakeKubelet, pods_from_scenario
 from tests.fakes.prometheus_process import PromHandle, free_port, prometheus_available, running_prometheus
 
 pytestmark = [
@@ -96,6 +105,7 @@ class Incident:
     kill_after_first_scrape: bool = False
     broken_engines_config: bool = False  # an unparsable --engines.config: that collector fails every round
     attributed: bool = False  # fake kubelet and /proc from the scenario's `pods` section
+    dra: bool = False  # with attribution: the node's ResourceSlice served by an in-process API server
     # alerts that fire, resolve and fire again: (pod, alert name, at least how many times)
     recurring: tuple[tuple[str, str, int], ...] = ()
 
@@ -127,6 +137,18 @@ INCIDENTS = (
         attributed=True,
     ),
     Incident("incident-xid79", {None: frozenset({"GPUFellOffBus"})}),
+    Incident(
+        "incident-dra",
+        {
+            # named only through the DRA claim: the XID alert joins gpu_allocation_info's sole holder
+            "llama-0": frozenset({"GPUXidAppError"}),
+            # both pods of the shared claim hold the idle GPU
+            "embed-0": frozenset({"GPUIdleWhileAllocated"}),
+            "rerank-0": frozenset({"GPUIdleWhileAllocated"}),
+        },
+        attributed=True,
+        dra=True,
+    ),
     Incident(
         "incident-hwfaults",
         {
@@ -171,6 +193,7 @@ INCIDENTS = (
         # vLLM V0 has no prefix-cache counters, only the gpu_prefix_cache_hit_rate gauge: the exporter
         # passes it through as inference_kv_cache_hit_ratio (the simulated engine always has counters)
         recorded_engines=(RecordedEngine("vllm-v0-0.7.3.prom", "llama-3.1-8b", "serving", "llm-v0-0"),),
+        attributed=True,  # the engines' pods hold GPUs: the per-model token rules charge them
     ),
 )
 
@@ -234,7 +257,24 @@ async def _attribution_args(stack: AsyncExitStack, incident: Incident, tmp: Path
     if any(p.host_cpu_cores.const != 0.0 for p in processes):
         follower = asyncio.create_task(_follow_host_cpu(tree.root, processes, time.monotonic()))
         stack.callback(follower.cancel)
+    dra: list[str] = []
+    if incident.dra:
+        api = FakeKubeAPI()
+        await api.start()
+        stack.push_async_callback(api.stop)
+        resourceslices_from_scenario(api, doc)
+        token = tmp / f"{incident.scenario}-token"
+        token.write_text(api.token)
+        dra = [
+            "--attribution.dra-node-name",
+            str(doc["node"]),
+            "--attribution.kube-api-url",
+            api.url,
+            "--attribution.kube-token-file",
+            str(token),
+        ]
     return [
+        *dra,
         "--attribution.kubelet-socket",
         kubelet.socket_path,
         "--attribution.kubelet-pods-dir",
@@ -293,6 +333,14 @@ async def _start_incident(
         for engine, engine_port in late:
             await _start_engine(stack, incident, engine, engine_port, tmp, wait_ready=False)
     return port, exporter
+
+
+def _start_order(incidents: Sequence[Incident]) -> list[list[Incident]]:
+    """The incidents in start-up batches: those without a page_cache section, then those with one."""
+    late = [
+        i for i in incidents if load_scenario(str(SCENARIOS / f"{i.scenario}.yaml")).extra.get("page_cache")
+    ]
+    return [batch for batch in ([i for i in incidents if i not in late], late) if batch]
 
 
 def _target(port: int, model: str, namespace: str, pod: str) -> dict[str, str]:
@@ -383,12 +431,22 @@ async def test_incidents_raise_exactly_their_alerts_and_dashboards_have_data(tmp
     async with AsyncExitStack() as stack:
         short = Path(tempfile.mkdtemp(prefix="gp-"))
         stack.callback(shutil.rmtree, short, True)
-        started = await asyncio.gather(*(_start_incident(stack, i, tmp_path, short) for i in INCIDENTS))
-        ports = {i.scenario: port for i, (port, _) in zip(INCIDENTS, started, strict=True)}
-        procs = {i.scenario: proc for i, (_, proc) in zip(INCIDENTS, started, strict=True)}
-        for incident in INCIDENTS:
-            await _wait_http(f"http://127.0.0.1:{ports[incident.scenario]}/metrics", procs[incident.scenario])
+        ports: dict[str, int] = {}
+        procs: dict[str, asyncio.subprocess.Process] = {}
+        begin = time.monotonic()
+        # Incidents that evict page cache start once the others answer: the eviction (45 s into the
+        # scenario) needs a residency baseline in Prometheus, and on a loaded machine starting a dozen
+        # exporters at once can take most of those 45 s.
+        for batch in _start_order(INCIDENTS):
+            started = await asyncio.gather(*(_start_incident(stack, i, tmp_path, short) for i in batch))
+            for incident, (port, proc) in zip(batch, started, strict=True):
+                ports[incident.scenario], procs[incident.scenario] = port, proc
+            for incident in batch:
+                await _wait_http(
+                    f"http://127.0.0.1:{ports[incident.scenario]}/metrics", procs[incident.scenario]
+                )
         t0 = time.monotonic()
+        print(f"start-up of {len(INCIDENTS)} incidents: {t0 - begin:.1f} s")
         prom = await stack.enter_async_context(
             running_prometheus(_prometheus_config(ports, [r.name for r in rules]), rule_files=rules)
         )
@@ -421,6 +479,8 @@ async def test_incidents_raise_exactly_their_alerts_and_dashboards_have_data(tmp
         await _assert_recurring_alerts_fire_at_the_same_limit(prom, time.monotonic() - t0)
 
         await _assert_cold_start_measured(prom)
+        await _assert_dra_node(prom)
+        await _assert_token_costs(prom)
         await _assert_dashboard_queries_return_data(prom)
 
 
@@ -505,3 +565,145 @@ async def _assert_dashboard_queries_return_data(prom: PromHandle) -> None:
             empty.append(f"{query} (absent metrics: {', '.join(absent) or 'none'})")
     assert not empty, "dashboard queries without data:\n" + "\n".join(empty)
     print(f"dashboard queries with data: {len(queries)} (remediation dashboard: tests/demo/test_demo_run.py)")
+
+
+# The recording rules are averaged over this window before they are compared with the scenario: a 5 s
+# rate of counters that step once a second (the exporter's engine scrapes) is within a few per cent only
+# on average.
+COST_AVERAGE = "30s"
+COST_TOLERANCE = 0.10  # relative
+
+
+def _close(measured: float | None, expected: float, tolerance: float = COST_TOLERANCE) -> bool:
+    if measured is None or not math.isfinite(measured):
+        return False
+    return abs(measured - expected) <= tolerance * expected
+
+
+def _dra_allocations(doc: dict[str, Any]) -> set[tuple[str, str, str, str, str]]:
+    """(namespace, pod, uuid, mig_uuid, resource) per device a scenario pod holds, as the exporter must
+    report them: claim devices named as resourceslices_from_scenario publishes them, plugin GPUs by index."""
+    gpus = doc["gpus"]
+    out = set()
+    for pod in doc["pods"]:
+        for container in pod["containers"]:
+            for claim in container.get("claims", ()):
+                for device in claim["devices"]:
+                    index, _, mig = str(device).removeprefix("gpu-").partition("-mig-")
+                    gpu = gpus[int(index)]
+                    mig_uuid = gpu["mig"]["instances"][int(mig)]["uuid"] if mig else ""
+                    out.add((pod["namespace"], pod["name"], str(gpu["uuid"]), str(mig_uuid), DRA_DRIVER))
+            for index in container.get("gpus", ()):
+                out.add((pod["namespace"], pod["name"], str(gpus[index]["uuid"]), "", "nvidia.com/gpu"))
+    return out
+
+
+async def _assert_dra_node(prom: PromHandle) -> None:
+    """The DRA node: one allocation row per claim holder, the free GPU in every GPU family, the XID alert
+    naming the claim's pod, and per-namespace costs with the shared and the MIG claim."""
+    for incident in (i for i in INCIDENTS if i.dra):
+        doc = yaml.safe_load((SCENARIOS / f"{incident.scenario}.yaml").read_text())
+        node = incident.node
+        rows = {
+            (m["namespace"], m["pod"], m["uuid"], m.get("mig_uuid", ""), m["resource"])
+            for m in (s["metric"] for s in await prom.query(f'gpu_allocation_info{{node="{node}"}}'))
+        }
+        expected = _dra_allocations(doc)
+        assert rows == expected, f"{node}: allocation rows {sorted(rows)}, expected {sorted(expected)}"
+
+        # every GPU family (a series per uuid, no pod) reports the GPU nobody holds as it reports a held one
+        families: dict[str, set[str]] = {}
+        for s in await prom.query(f'group by (__name__, uuid) ({{node="{node}", uuid!="", pod=""}})'):
+            families.setdefault(s["metric"]["uuid"], set()).add(s["metric"]["__name__"])
+        held = {uuid for _, _, uuid, _, _ in rows}
+        free = [str(g["uuid"]) for g in doc["gpus"] if g["uuid"] not in held]
+        plugin_gpu = next(uuid for _, _, uuid, _, resource in rows if resource != DRA_DRIVER)
+        assert free, f"{node}: the scenario has no unallocated GPU"
+        assert len(families[plugin_gpu]) >= 10, f"{node}: GPU families {sorted(families[plugin_gpu])}"
+        for uuid in free:
+            lacks = sorted(families[plugin_gpu] - families.get(uuid, set()))
+            assert families.get(uuid) == families[plugin_gpu], f"{node}: the free GPU {uuid} lacks {lacks}"
+
+        # the XID alert names the pod of the GPU's own claim, with its namespace, and nothing else
+        xid = await prom.query(
+            f'last_over_time(ALERTS{{alertname="GPUXidAppError", alertstate="firing", node="{node}"}}[10m])'
+        )
+        named = {(s["metric"].get("namespace"), s["metric"].get("pod"), s["metric"].get("uuid")) for s in xid}
+        xid_pods = {pod for pod, names in incident.expected.items() if "GPUXidAppError" in names}
+        owner = next((ns, pod, uuid) for ns, pod, uuid, _, _ in rows if pod in xid_pods)
+        assert named == {owner}, f"{node}: GPUXidAppError labels {named}, expected {owner}"
+
+        # GPU-hours by namespace: each GPU's holders share it (the shared claim by SM share, here 3:1),
+        # a MIG claim charges its parent GPU; the shared claim's GPU is idle, so its cost is idle cost too
+        price = load_config().cost.price_per_gpu_hour
+        holders: dict[str, set[tuple[str, str]]] = {}
+        for ns, pod, uuid, _, _ in rows:
+            holders.setdefault(uuid, set()).add((ns, pod))
+        for ns in sorted({ns for ns, *_ in rows}):
+            gpus = sum(1 for uuid, pods in holders.items() if any(n == ns for n, _ in pods))
+            cost = await prom.query_value(f'namespace:gpu_allocated_cost_per_hour:sum{{namespace="{ns}"}}')
+            assert cost is not None and abs(cost - gpus * price) < 1e-6, f"{node}: {ns} costs {cost}/h"
+        shares = {
+            s["metric"]["pod"]: float(s["value"][1])
+            for s in await prom.query(f'uuid_namespace_pod:gpu_usage:share{{node="{node}"}}')
+        }
+        procs = {p["pid"]: p for p in doc["processes"]}
+        for pods in (pods for pods in holders.values() if len(pods) > 1):
+            sm = {pod: sum(_sm_of(doc, procs, ns, pod)) for ns, pod in pods}
+            for pod, value in sm.items():
+                expected_share = value / sum(sm.values())
+                assert abs(shares[pod] - expected_share) < 0.01, f"{node}: {pod}'s share {shares[pod]}"
+            ns = next(iter(pods))[0]
+            idle = await prom.query_value(f'namespace:gpu_idle_cost_per_hour:sum{{namespace="{ns}"}}')
+            assert idle is not None and abs(idle - price) < 1e-6, f"{node}: shared claim idle cost {idle}"
+        print(f"{node}: {len(rows)} allocation rows, free GPUs {free}, usage shares {shares}")
+
+
+def _sm_of(doc: dict[str, Any], procs: dict[int, Any], namespace: str, pod: str) -> list[float]:
+    """The scenario's sm_utilization of each process of a pod."""
+    entry = next(e for e in doc["pods"] if e["namespace"] == namespace and e["name"] == pod)
+    return [float(procs[pid].get("sm_utilization", 0.0)) for c in entry["containers"] for pid in c["pids"]]
+
+
+async def _assert_token_costs(prom: PromHandle) -> None:
+    """Energy per generated token and GPU cost per million generated tokens, per model, as the scenario
+    implies: tokens/s from the engines' curves, watts and GPUs from the GPUs their pods hold, the price
+    from alerts/config.yaml."""
+    cost = load_config().cost
+    checked = 0
+    for incident in (i for i in INCIDENTS if i.engines and i.attributed):
+        path = str(SCENARIOS / f"{incident.scenario}.yaml")
+        doc = yaml.safe_load((SCENARIOS / f"{incident.scenario}.yaml").read_text())
+        scenario = load_scenario(path)
+        held = {
+            (entry["namespace"], entry["name"]): [i for c in entry["containers"] for i in c.get("gpus", ())]
+            for entry in doc.get("pods") or ()
+        }
+        models: dict[tuple[str, str], list[float]] = {}  # (namespace, model) -> [tokens/s, GPUs, watts]
+        for spec in load_engines(path):
+            gpus = held.get((spec.namespace, spec.pod), [])
+            if not gpus:
+                continue  # an engine on no GPU of a pod is charged nothing
+            t = scenario.duration_seconds / 2  # the curves the test compares are flat by then
+            acc = models.setdefault((spec.namespace, spec.model), [0.0, 0.0, 0.0])
+            acc[0] += spec.curves["request_rate"].at(t) * spec.curves["output_tokens"].at(t)
+            acc[1] += len(gpus)
+            acc[2] += sum(scenario.gpus[i].power_watts.at(t) for i in gpus)
+        for (ns, model), (tokens, gpus, watts) in sorted(models.items()):
+            selector = f'{{namespace="{ns}", model="{model}"}}'
+            joules = watts / tokens
+            dollars = gpus * cost.price_per_gpu_hour / 3600 * 1e6 / tokens
+            for rule, expected in (
+                ("namespace_model:gpu_energy_joules_per_generated_token:ratio", joules),
+                ("namespace_model:gpu_cost_per_million_generated_tokens:ratio", dollars),
+            ):
+                now = await prom.query_value(rule + selector)
+                assert now is not None and math.isfinite(now) and now > 0, f"{rule}{selector} = {now}"
+                measured = await prom.query_value(f"avg_over_time({rule}{selector}[{COST_AVERAGE}])")
+                print(f"{rule}{selector}: {measured:.4f} (expected {expected:.4f}, now {now:.4f})")
+                assert _close(measured, expected), (
+                    f"{rule}{selector}: {measured} over {COST_AVERAGE}, "
+                    f"expected {expected} ± {COST_TOLERANCE:.0%}"
+                )
+                checked += 1
+    assert checked >= 4, "no serving model with GPUs and token counters in the replay"

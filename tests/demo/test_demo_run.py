@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -13,8 +14,13 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+import yaml
 
+from alerts.config import load_config
 from demo.binaries import find_binaries
+from demo.dranode import DRA_SCENARIO
+from demo.simnode import DEFAULT_SCENARIO
+from exporter.sim.engine_spec import load_engines
 from tests.alerts.panel_queries import CONTROLLER_DASHBOARDS, PanelQuery, by_uid, has_data, panel_queries
 
 pytestmark = [
@@ -24,7 +30,7 @@ pytestmark = [
 
 CONSOLE_SCRIPT = Path(sys.executable).with_name("gpupulse-demo")
 DEMO = [str(CONSOLE_SCRIPT)] if CONSOLE_SCRIPT.exists() else [sys.executable, "-m", "demo.cli"]
-CHILDREN = {"prometheus", "alertmanager", "controller", "sim-engine"}
+CHILDREN = {"prometheus", "alertmanager", "controller", "sim-engine", "exporter-dra"}
 # The remediation dashboard's queries, with the window Grafana's $__rate_interval takes for a range of
 # about an hour at the demo's 1 s scrape interval: long enough to hold the demo's few actions.
 CONTROLLER_QUERIES = by_uid(panel_queries(rate_interval="1m"), CONTROLLER_DASHBOARDS)
@@ -135,10 +141,37 @@ async def test_full_run_plays_the_ladder_and_leaves_nothing_running(tmp_path: Pa
     assert "WORLD    restarted serving/chat-" in text and "drained GPU 2" in text
     assert "PAGE     [CRITICAL] gpupulse-incident-" in text
     _assert_nothing_left(state_file, proc.pid)
+    _assert_costs_printed(text)
     # every panel of the remediation dashboard showed data from the controller during the run
     assert len(CONTROLLER_QUERIES) >= 12
     missing = [str(q) for q in CONTROLLER_QUERIES if q not in proven]
     assert not missing, "remediation dashboard queries without data during the demo:\n" + "\n".join(missing)
+
+
+def _assert_costs_printed(text: str) -> None:
+    """The summary's cost per token agrees with the demo scenario's engine; the DRA node's claims, free GPU
+    and namespaces are all there."""
+    price = load_config().cost.price_per_gpu_hour
+    engine = load_engines(str(DEFAULT_SCENARIO))[0]
+    tokens = engine.curves["request_rate"].at(60) * engine.curves["output_tokens"].at(60)
+    gpus = next(
+        len(c.get("gpus", ()))
+        for p in yaml.safe_load(DEFAULT_SCENARIO.read_text())["pods"]
+        if (p["namespace"], p["name"]) == (engine.namespace, engine.pod)
+        for c in p["containers"]
+    )
+    expected = gpus * price / 3600 * 1e6 / tokens
+    pattern = rf"serving: ([0-9.]+) USD per 1M generated tokens for model {re.escape(engine.model)} "
+    found = re.search(pattern, text)
+    assert found, text[-3000:]
+    # the demo's 1m rate window is full when the summary is read; its counters step every 2 s
+    assert abs(float(found[1]) - expected) <= 0.15 * expected, f"{found[0]}: expected {expected:.3f}"
+    dra = yaml.safe_load(DRA_SCENARIO.read_text())
+    claims = sum(len(c["devices"]) for p in dra["pods"] for k in p["containers"] for c in k.get("claims", ()))
+    line = next(ln for ln in text.splitlines() if f"DRA node {dra['node']}:" in ln)
+    assert f"{claims} claims attributed to pods, 1 device-plugin allocation(s), 1 of 5 GPUs free" in line
+    for ns in {p["namespace"] for p in dra["pods"]}:
+        assert f"{ns} {price:.2f}" in line, line
 
 
 @pytest.mark.timeout(120)

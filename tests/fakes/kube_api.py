@@ -50,6 +50,8 @@ from typing import Any
 
 from aiohttp import web
 
+from demo.slices import scenario_slice_devices
+
 JSON = dict[str, Any]
 Key = tuple[str, str]
 
@@ -207,23 +209,9 @@ def resourceslices_from_scenario(
     api: FakeKubeAPI, doc: dict[str, Any], driver: str = "gpu.nvidia.com"
 ) -> JSON:
     """Publish a scenario's GPUs as NVIDIA's DRA driver does: one slice for the node, pool = node
-    name, `gpu-<index>` per GPU and `gpu-<index>-mig-<n>` per MIG instance (type, uuid, parentUUID)."""
-    devices: list[JSON] = []
-    for index, gpu in enumerate(doc.get("gpus") or ()):
-        uuid_ = str(gpu.get("uuid", ""))
-        devices.append(
-            {"name": f"gpu-{index}", "attributes": {"type": {"string": "gpu"}, "uuid": {"string": uuid_}}}
-        )
-        for n, instance in enumerate(((gpu.get("mig") or {}).get("instances")) or ()):
-            attributes = {
-                "type": {"string": "mig"},
-                "uuid": {"string": str(instance["uuid"])},
-                "parentUUID": {"string": uuid_},
-                "profile": {"string": str(instance.get("profile", ""))},
-            }
-            devices.append({"name": f"gpu-{index}-mig-{n}", "attributes": attributes})
+    name, `gpu-<index>` per GPU and `gpu-<index>-mig-<n>` per MIG instance (demo/slices.py names them)."""
     node = str(doc["node"])
-    return api.add_resourceslice(f"{node}-{driver}", node, driver, node, devices)
+    return api.add_resourceslice(f"{node}-{driver}", node, driver, node, scenario_slice_devices(doc))
 
 
 def pods_to_api_from_scenario(api: FakeKubeAPI, doc: dict[str, Any]) -> list[JSON]:
