@@ -96,7 +96,7 @@ async def test_dra_node_attributes_every_claim_and_reports_every_gpu(tmp_path: P
                 async with session.get(node.metrics_url) as r:
                     text = await r.text()
                 rows = series(text, "gpu_allocation_info")
-                if len(rows) == 5 and all(s["uuid"] for s in rows):
+                if len(rows) == 5 and all(s["uuid"] and s["gpu"] for s in rows):
                     break
                 await asyncio.sleep(0.2)
     finally:
