@@ -1,8 +1,8 @@
 """Pod attribution for the simulated node, from the demo world instead of the kubelet and /proc.
 
 It publishes the same things the real attribution collector does (NodeState.pid_pods and
-.allocations, and `gpu_allocation_info`), so the processes collector labels PIDs with their pods and
-the allocation recording rules work as on a Kubernetes node.
+.allocations, `gpu_allocation_info` and `gpu_training_rank_info`), so the processes collector labels
+PIDs with their pods, and the allocation and training rules work as on a Kubernetes node.
 """
 
 from __future__ import annotations
@@ -17,8 +17,26 @@ from demo.world import World
 from exporter.collectors.base import NodeState
 from exporter.collectors.series import family
 from gpupulse.metrics.attribution import GPU_ALLOCATION_INFO
+from gpupulse.metrics.spec import info
 
 RESOURCE = "nvidia.com/gpu"
+# Until the exporter's own spec lands (issue 13, i13a): the label set the training rules join on
+GPU_TRAINING_RANK_INFO = info(
+    "gpu_training_rank_info",
+    "A GPU held by one rank of a training job (the demo world's ranks).",
+    "attribution",
+    (
+        "uuid",
+        "gpu",
+        "namespace",
+        "pod",
+        "training_job_kind",
+        "training_job",
+        "rank",
+        "local_rank",
+        "world_size",
+    ),
+)
 
 
 class DemoPodCollector:
@@ -40,7 +58,23 @@ class DemoPodCollector:
                     [self.world.uuid(gpu), str(gpu), "", pod.namespace, pod.name, pod.container, RESOURCE],
                     1.0,
                 )
-        return [fam]
+        ranks = family(GPU_TRAINING_RANK_INFO)
+        for pod, gpu, r in self.world.ranks():
+            ranks.add_metric(
+                [
+                    self.world.uuid(gpu),
+                    str(gpu),
+                    pod.namespace,
+                    pod.name,
+                    r.training_job_kind,
+                    r.training_job,
+                    r.rank,
+                    r.local_rank,
+                    r.world_size,
+                ],
+                1.0,
+            )
+        return [fam, ranks]
 
     async def close(self) -> None:
         """Nothing to release."""
