@@ -367,6 +367,7 @@ class World:
         return [p for _, p in sorted(pods, key=lambda rp: rp[0])]
 
     def gang_pods(self, h: GangHang) -> list[PodState]:
+        """The pods the hang's job controls (every rank, the dead one too)."""
         return [p for p in self.pods if p.namespace == h.namespace and p.owner and p.owner["name"] == h.job]
 
     def _set(self, h: GangHang, gpu: int, values: Mapping[str, float]) -> None:
