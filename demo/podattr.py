@@ -14,29 +14,12 @@ from types import ModuleType
 from prometheus_client.core import Metric
 
 from demo.world import World
+from exporter.attribution.ranks import rank_info_family
 from exporter.collectors.base import NodeState
 from exporter.collectors.series import family
 from gpupulse.metrics.attribution import GPU_ALLOCATION_INFO
-from gpupulse.metrics.spec import info
 
 RESOURCE = "nvidia.com/gpu"
-# Until the exporter's own spec lands (issue 13, i13a): the label set the training rules join on
-GPU_TRAINING_RANK_INFO = info(
-    "gpu_training_rank_info",
-    "A GPU held by one rank of a training job (the demo world's ranks).",
-    "attribution",
-    (
-        "uuid",
-        "gpu",
-        "namespace",
-        "pod",
-        "training_job_kind",
-        "training_job",
-        "rank",
-        "local_rank",
-        "world_size",
-    ),
-)
 
 
 class DemoPodCollector:
@@ -58,22 +41,8 @@ class DemoPodCollector:
                     [self.world.uuid(gpu), str(gpu), "", pod.namespace, pod.name, pod.container, RESOURCE],
                     1.0,
                 )
-        ranks = family(GPU_TRAINING_RANK_INFO)
-        for pod, gpu, r in self.world.ranks():
-            ranks.add_metric(
-                [
-                    self.world.uuid(gpu),
-                    str(gpu),
-                    pod.namespace,
-                    pod.name,
-                    r.training_job_kind,
-                    r.training_job,
-                    r.rank,
-                    r.local_rank,
-                    r.world_size,
-                ],
-                1.0,
-            )
+        # the exporter's own rows and family, over the world's processes, pods and environments
+        ranks = rank_info_family(self.world.rank_rows())
         return [fam, ranks]
 
     async def close(self) -> None:

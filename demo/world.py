@@ -19,8 +19,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from exporter.attribution.podmeta import PodMeta
+from exporter.attribution.ranks import RankRow, rank_rows
 from exporter.attribution.training import RankIdentity, rank_identity
-from exporter.collectors.base import NodeState, PodRef
+from exporter.collectors.base import GpuProcess, NodeState, PodRef
 from exporter.sim import SimulatedNvml
 from exporter.sim.curve import Curve
 from exporter.sim.interventions import (
@@ -63,10 +65,14 @@ class PodState:
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
 
+    def meta(self) -> PodMeta:
+        """The pod's labels and controller reference, as the exporter's pod watch keeps them."""
+        return PodMeta(dict(self.labels), ({**self.owner, "controller": True},) if self.owner else ())
+
     def rank(self) -> RankIdentity | None:
         """The training job and rank of this pod's processes, or None when it is no rank of a job."""
-        owners = [{**self.owner, "controller": True}] if self.owner else []
-        return rank_identity(self.labels, owners, self.env)
+        meta = self.meta()
+        return rank_identity(meta.labels, meta.owner_refs, self.env)
 
 
 @dataclass(frozen=True)
@@ -301,16 +307,29 @@ class World:
         """Host PID -> pod, for the processes collector."""
         return {pid: PodRef(p.namespace, p.name, p.container) for p in self.pods for pid in p.pids}
 
-    def ranks(self) -> list[tuple[PodState, int, RankIdentity]]:
-        """(pod, GPU, identity) per GPU of each live rank process: what gpu_training_rank_info shows.
+    def pod_meta(self, namespace: str, name: str) -> PodMeta | None:
+        """A pod's labels and controller, for exporter.attribution.ranks (the pod watch's lookup)."""
+        return next((p.meta() for p in self.pods if (p.namespace, p.name) == (namespace, name)), None)
 
-        A rank whose process died has none: the exporter names ranks from the processes it sees."""
-        out: list[tuple[PodState, int, RankIdentity]] = []
-        for p in self.pods:
-            identity = p.rank()
-            if identity is not None and p.pids:
-                out.extend((p, g, identity) for g in p.gpus)
-        return out
+    def environs(self) -> dict[int, dict[str, str]]:
+        """Host PID -> its launcher environment (what /proc/<pid>/environ would hold)."""
+        return {pid: dict(p.env) for p in self.pods for pid in p.pids}
+
+    def gpu_processes(self) -> list[GpuProcess]:
+        """The processes the simulated NVML lists now, per GPU."""
+        now = self.sim.clock.monotonic()
+        return [
+            GpuProcess(self.uuid(gpu.index), str(gpu.index), p.pid, None)
+            for gpu in self.sim.state.gpus
+            if not gpu.mig_enabled
+            for p in gpu.processes
+            if p.start_seconds <= now < p.end_seconds
+        ]
+
+    def rank_rows(self) -> list[RankRow]:
+        """The rows of gpu_training_rank_info, worked out as the exporter does from the live GPU
+        processes: a rank whose process died has none."""
+        return rank_rows(self.gpu_processes(), self.pid_pods(), self.pod_meta, self.environs())
 
     def allocations(self) -> dict[str, list[PodRef]]:
         """GPU UUID -> pods holding it."""

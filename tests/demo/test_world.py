@@ -160,8 +160,8 @@ RANK_PODS = ("llama-train-master-0", "llama-train-worker-0", "llama-train-worker
 def _ranks(world: World) -> dict[str, tuple[str, int, str, str]]:
     """rank -> (pod, GPU, job, world size) of every rank gpu_training_rank_info would show."""
     return {
-        r.rank: (p.name, g, f"{r.training_job_kind}/{r.training_job}", r.world_size)
-        for p, g, r in world.ranks()
+        r.rank: (r.pod, int(r.gpu), f"{r.training_job_kind}/{r.training_job}", r.world_size)
+        for r in world.rank_rows()
     }
 
 
