@@ -1,4 +1,5 @@
-"""`python -m demo.act restart|migrate --kind K --node N --namespace NS --pod P --uuid U`.
+"""`python -m demo.act restart|migrate --kind K --node N --namespace NS --pod P --uuid U
+[--training-job-kind JK --training-job J]`.
 
 The command the demo gives the controller's local backend. It asks the demo orchestrator (URL and
 token from GPUPULSE_DEMO_CONTROL_URL / GPUPULSE_DEMO_CONTROL_TOKEN) to carry out the action in the
@@ -20,6 +21,9 @@ EX_TEMPFAIL = 75
 URL_ENV = "GPUPULSE_DEMO_CONTROL_URL"
 TOKEN_ENV = "GPUPULSE_DEMO_CONTROL_TOKEN"
 TIMEOUT_SECONDS = 10.0
+# the target fields the control endpoint (demo/control.py) takes; here, as this module imports no more
+# than the standard library: the backend starts it once per action
+FIELDS = ("kind", "node", "namespace", "pod", "uuid", "training_job_kind", "training_job")
 
 
 def run(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
@@ -27,14 +31,14 @@ def run(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = N
     env = os.environ if environ is None else environ
     parser = argparse.ArgumentParser(prog="python -m demo.act", description=__doc__)
     parser.add_argument("action", choices=("restart", "migrate"))
-    for name in ("kind", "node", "namespace", "pod", "uuid"):
-        parser.add_argument(f"--{name}", default="")
+    for name in FIELDS:
+        parser.add_argument(f"--{name.replace('_', '-')}", dest=name, default="")
     args = parser.parse_args(argv)
     url, token = env.get(URL_ENV, ""), env.get(TOKEN_ENV, "")
     if not url or not token:
         print(f"demo.act: {URL_ENV} and {TOKEN_ENV} must be set", file=sys.stderr)
         return 1
-    body = json.dumps({k: getattr(args, k) for k in ("kind", "node", "namespace", "pod", "uuid")}).encode()
+    body = json.dumps({k: getattr(args, k) for k in FIELDS}).encode()
     req = urllib.request.Request(
         f"{url.rstrip('/')}/control/{args.action}",
         data=body,

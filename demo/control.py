@@ -1,8 +1,10 @@
 """The orchestrator's control endpoint: the local backend's commands ask it to restart or migrate.
 
-POST /control/restart and /control/migrate with a JSON target {kind, node, namespace, pod, uuid}
-and `Authorization: Bearer <token>`. 200 = done; 422 = the world cannot do it (the ladder moves
-on); 401 = bad token; 400 = malformed request.
+POST /control/restart and /control/migrate with a JSON target {kind, node, namespace, pod, uuid,
+training_job_kind, training_job} (the last two name a `job` target's owner) and
+`Authorization: Bearer <token>`. 200 = done; 422 = the world cannot do it (the ladder moves on);
+401 = bad token; 400 = malformed request (not an object of strings, or a field the world has no
+place for: a job target without its owner, a pod or GPU target naming one).
 """
 
 from __future__ import annotations
@@ -14,11 +16,12 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from demo.act import FIELDS
 from demo.world import WorldError
 
 MAX_BODY_BYTES = 16 * 1024
 ACTIONS = ("restart", "migrate")
-FIELDS = ("kind", "node", "namespace", "pod", "uuid")
+JOB_FIELDS = ("namespace", "training_job_kind", "training_job")
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,21 @@ class ActionRequest:
     namespace: str
     pod: str
     uuid: str
+    training_job_kind: str = ""
+    training_job: str = ""
+
+
+def _malformed(req: ActionRequest) -> str | None:
+    """Why the request cannot be meant as sent, or None (the world judges the rest: 422)."""
+    if req.kind == "job":
+        missing = [f for f in JOB_FIELDS if not getattr(req, f)]
+        if missing:
+            return f"a job target needs {', '.join(missing)}"
+    elif req.training_job_kind or req.training_job:
+        return (
+            f"training_job_kind and training_job belong to a job target, not a {req.kind or 'kindless'} one"
+        )
+    return None
 
 
 Handler = Callable[[ActionRequest], str]
@@ -60,6 +78,9 @@ def make_control_app(token: str, handle: Handler) -> web.Application:
         if not isinstance(doc, dict) or not all(isinstance(doc.get(f, ""), str) for f in FIELDS):
             return web.json_response({"error": f"body must be an object of strings {FIELDS}"}, status=400)
         req = ActionRequest(action, *(str(doc.get(f, "")) for f in FIELDS))
+        problem = _malformed(req)
+        if problem is not None:
+            return web.json_response({"error": problem}, status=400)
         try:
             summary = handle(req)
         except WorldError as exc:

@@ -1,8 +1,8 @@
 """Pod attribution for the simulated node, from the demo world instead of the kubelet and /proc.
 
 It publishes the same things the real attribution collector does (NodeState.pid_pods and
-.allocations, and `gpu_allocation_info`), so the processes collector labels PIDs with their pods and
-the allocation recording rules work as on a Kubernetes node.
+.allocations, `gpu_allocation_info` and `gpu_training_rank_info`), so the processes collector labels
+PIDs with their pods, and the allocation and training rules work as on a Kubernetes node.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from types import ModuleType
 from prometheus_client.core import Metric
 
 from demo.world import World
+from exporter.attribution.ranks import rank_info_family
 from exporter.collectors.base import NodeState
 from exporter.collectors.series import family
 from gpupulse.metrics.attribution import GPU_ALLOCATION_INFO
@@ -40,7 +41,9 @@ class DemoPodCollector:
                     [self.world.uuid(gpu), str(gpu), "", pod.namespace, pod.name, pod.container, RESOURCE],
                     1.0,
                 )
-        return [fam]
+        # the exporter's own rows and family, over the world's processes, pods and environments
+        ranks = rank_info_family(self.world.rank_rows())
+        return [fam, ranks]
 
     async def close(self) -> None:
         """Nothing to release."""

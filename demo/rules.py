@@ -1,6 +1,6 @@
 """A fast copy of our alert rules for the demo, generated from alerts/config.yaml at start.
 
-Only what the three scripted incidents and the cost summary (demo/costs.py) need is shortened; every
+Only what the four scripted incidents and the cost summary (demo/costs.py) need is shortened; every
 other alert keeps its production `for:` (one minute or more), so it cannot fire by accident during a
 three-minute demo. alerts/ is never written: the copy goes into the demo's temporary directory.
 """
@@ -35,6 +35,8 @@ DEMO_RULE_OVERRIDES: Mapping[str, Any] = {
         # longer than the event window: the pod-less variant of the alert that lives on for one
         # window after a pod leaves its GPU never lasts long enough to fire
         "GPUXidAppError": "8s",
+        # every rank busy-idle this long: the hang after a rank dies fires within seconds, not a minute
+        "TrainingJobHung": "5s",
     },
 }
 

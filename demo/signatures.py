@@ -25,6 +25,8 @@ DEMO_LADDERS: Mapping[str, Mapping[str, Any]] = {
     "gpu-reset-required": {},
     "xid-restart-app": {"attempts": {"restart": 3, "migrate": 1}},
     "xid-app-class": {"attempts": {"restart": 3, "migrate": 1}},
+    # the gang ladder: restart the whole job once, then page
+    "training-job-hung": {},
 }
 
 

@@ -19,6 +19,7 @@ import aiohttp
 import yaml
 from aiohttp import web
 
+from demo.act import FIELDS as ACT_FIELDS
 from demo.binaries import ensure_binaries
 from demo.configs import EXPORTER_JOB, ScrapeTarget, alertmanager_config, prometheus_config, write_yaml
 from demo.control import ActionRequest, make_control_app
@@ -105,8 +106,8 @@ def _child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 def _act_command(action: str) -> str:
     argv = [sys.executable, "-m", "demo.act", action]
-    for name in ("kind", "node", "namespace", "pod", "uuid"):
-        argv += [f"--{name}", f"{{{name}}}"]
+    for name in ACT_FIELDS:
+        argv += [f"--{name.replace('_', '-')}", f"{{{name}}}"]
     return shlex.join(argv)
 
 
@@ -114,7 +115,9 @@ async def _start_control(stack: Stack, world: World, token: str) -> str:
     def handle(req: ActionRequest) -> str:
         try:
             if req.action == "restart":
-                summary = world.restart(req.kind, req.node, req.namespace, req.pod)
+                summary = world.restart(
+                    req.kind, req.node, req.namespace, req.pod, req.training_job_kind, req.training_job
+                )
             else:
                 summary = world.migrate(req.kind, req.node, req.namespace, req.pod, req.uuid)
         except ValueError as exc:

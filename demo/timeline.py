@@ -14,7 +14,7 @@ import aiohttp
 
 POLL_SECONDS = 1.0
 # labels that say which thing an alert is about, in the order they are shown
-_IDENTITY = ("node", "namespace", "pod", "gpu", "xid")
+_IDENTITY = ("node", "namespace", "training_job", "rank", "pod", "gpu", "xid")
 
 
 @dataclass
@@ -80,11 +80,13 @@ class AlertWatcher:
 
 def describe_entry(inc: Mapping[str, Any], entry: Mapping[str, Any]) -> str:
     """One ledger entry, with its incident."""
-    target = (
-        f"{inc.get('target_namespace')}/{inc.get('target_pod')}"
-        if inc.get("target_kind") == "pod"
-        else f"{inc.get('target_kind')} {inc.get('target_uuid') or inc.get('target_node')}"
-    )
+    kind = inc.get("target_kind")
+    if kind == "pod":
+        target = f"{inc.get('target_namespace')}/{inc.get('target_pod')}"
+    elif kind == "job":
+        target = f"job {inc.get('target_namespace')}/{inc.get('target_training_job')}"
+    else:
+        target = f"{kind} {inc.get('target_uuid') or inc.get('target_node')}"
     what = (
         f"{entry.get('rung')} {entry.get('status')}"
         if entry.get("kind") == "action"

@@ -13,12 +13,23 @@ Incident = Mapping[str, Any]
 
 
 @dataclass(frozen=True)
+class HungJob:
+    """A training job one of whose ranks dies: the whole job restarted once fixes it."""
+
+    namespace: str
+    name: str
+    dead_rank: str
+    pods: tuple[str, ...]  # "namespace/pod" of every rank
+
+
+@dataclass(frozen=True)
 class Expectations:
     """What the scenario promises, by target."""
 
     leak_pods: tuple[str, ...]  # "namespace/pod": restart fixes it, closed as automated, no page
     bad_gpu_uuids: tuple[str, ...]  # GPUs that stay bad: migrated, then paged
     loop_pods: tuple[str, ...]  # "namespace/pod": restarted, loop detected, paged
+    hung_jobs: tuple[HungJob, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -108,6 +119,48 @@ def check_loop(
     )
 
 
+def check_hung_job(job: HungJob, incidents: Sequence[Incident], pages: Sequence[ReceivedPage]) -> Check:
+    """(d) a hung gang: the whole job restarted once (never one of its pods), the alert resolved,
+    closed as automated, nobody paged."""
+    name = f"(d) training job {job.namespace}/{job.name} hung (rank {job.dead_rank} died)"
+    single = [
+        f"#{i.get('id')} {_pod(i)}"
+        for i in incidents
+        if i.get("target_kind") == "pod"
+        and _pod(i) in job.pods
+        and (_actions(i, "restart") or _actions(i, "migrate"))
+    ]
+    if single:
+        return Check(name, False, f"a pod of the job was restarted or moved on its own: {', '.join(single)}")
+    mine = [
+        i
+        for i in incidents
+        if i.get("target_kind") == "job"
+        and i.get("target_namespace") == job.namespace
+        and i.get("target_training_job") == job.name
+        and i.get("fault_class") == "training_hang"
+    ]
+    if not mine:
+        return Check(
+            name, False, "no training_hang incident for the job was opened (did TrainingJobHung fire?)"
+        )
+    restarts = sum(len(_actions(i, "restart")) for i in mine)
+    for inc in mine:
+        if (
+            restarts == 1
+            and _actions(inc, "restart")
+            and inc.get("resolution") == "automated"
+            and not _pages(inc, pages)
+        ):
+            return Check(
+                name,
+                True,
+                f"whole job restarted once ({len(job.pods)} ranks), recovered: "
+                f"incident #{inc['id']} closed automated",
+            )
+    return Check(name, False, f"expected one job restart that held: {_states(mine)}")
+
+
 def evaluate(
     expect: Expectations, incidents: Sequence[Incident], pages: Sequence[ReceivedPage]
 ) -> list[Check]:
@@ -116,6 +169,7 @@ def evaluate(
         [check_leak(p, incidents, pages) for p in expect.leak_pods]
         + [check_bad_gpu(u, incidents, pages) for u in expect.bad_gpu_uuids]
         + [check_loop(p, incidents, pages) for p in expect.loop_pods]
+        + [check_hung_job(j, incidents, pages) for j in expect.hung_jobs]
     )
 
 
@@ -125,4 +179,7 @@ def expectations_from(world: World) -> Expectations:
     leak = tuple(by_name[n].key for n, b in world.behaviours.items() if b.restart_memory_bytes is not None)
     loop = tuple(by_name[n].key for n, b in world.behaviours.items() if b.xid_loop is not None)
     bad = tuple(world.uuid(r.gpu) for r in world.repeats)
-    return Expectations(leak_pods=leak, bad_gpu_uuids=bad, loop_pods=loop)
+    jobs = tuple(
+        HungJob(h.namespace, h.job, h.rank, tuple(p.key for p in world.gang_pods(h))) for h in world.hangs
+    )
+    return Expectations(leak_pods=leak, bad_gpu_uuids=bad, loop_pods=loop, hung_jobs=jobs)

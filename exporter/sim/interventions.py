@@ -1,4 +1,5 @@
-"""Changing a running simulation from outside: restart or move a process, deliver an extra XID.
+"""Changing a running simulation from outside: restart, move, end or start a process, deliver an extra
+XID, change what a GPU does.
 
 The demo (`gpupulse-demo`) uses these to make remediation actions visible in the simulated world.
 Each function swaps whole lists (never mutates one in place), so the sampler thread reading the
@@ -9,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from collections.abc import Mapping
+from typing import Any
 
 import pynvml as N
 
@@ -16,6 +19,7 @@ from exporter.errors import InterventionError
 from exporter.sim.curve import Curve
 from exporter.sim.library import SimulatedNvml
 from exporter.sim.runtime import SimGpu
+from exporter.sim.scenario_types import ProcessSpec
 
 # Sequence numbers of injected events sort after the scenario's own at the same instant
 _injected_seq = itertools.count(1 << 40)
@@ -147,3 +151,58 @@ def delay_processes(sim: SimulatedNvml, offset_seconds: float) -> None:
             )
             for p in gpu.processes
         ]
+
+
+def end_process(sim: SimulatedNvml, pid: int) -> ProcessSpec:
+    """End a live process now (it exited or was killed); returns it as it was, to start a like one later."""
+    gpu = _find(sim, pid)
+    now = sim.clock.monotonic()
+    old = next(p for p in gpu.processes if p.pid == pid and p.start_seconds <= now < p.end_seconds)
+    ended = dataclasses.replace(old, end_seconds=now)
+    gpu.processes = [ended if p is old else p for p in gpu.processes]
+    return old
+
+
+def start_process(
+    sim: SimulatedNvml, like: ProcessSpec, new_pid: int, memory_bytes: float | None = None
+) -> None:
+    """Start `new_pid` now on `like`'s GPU with its name and SM curve (a process that ended comes back).
+
+    Its memory is `memory_bytes` (held constant) or, when None, `like`'s memory curve shifted to now.
+    """
+    gpu = _gpu(sim, like.gpu)
+    if any(p.pid == new_pid for g in sim.state.gpus for p in g.processes):
+        raise InterventionError(f"PID {new_pid} is already used")
+    now = sim.clock.monotonic()
+    memory = (
+        Curve.constant(memory_bytes)
+        if memory_bytes is not None
+        else Curve([(t + now, v) for t, v in like.memory_bytes.points])
+    )
+    fresh = dataclasses.replace(
+        like, pid=new_pid, start_seconds=now, end_seconds=float("inf"), memory_bytes=memory
+    )
+    sim.state.process_names = {**sim.state.process_names, new_pid: like.name}
+    gpu.processes = [*gpu.processes, fresh]
+
+
+# What a GPU does, as the per-GPU curves set_curves may replace (a hung collective, a dead rank)
+WORK_CURVES = (
+    *ACTIVITY_CURVES,
+    "pcie_tx_bytes_per_second",
+    "pcie_rx_bytes_per_second",
+    "nvlink_tx_bytes_per_second",
+    "nvlink_rx_bytes_per_second",
+)
+
+
+def set_curves(sim: SimulatedNvml, gpu_index: int, curves: Mapping[str, Curve]) -> dict[str, Curve]:
+    """Replace some of a GPU's WORK_CURVES from now on; returns the curves replaced (to put them back)."""
+    gpu = _gpu(sim, gpu_index)
+    unknown = sorted(set(curves) - set(WORK_CURVES))
+    if unknown:
+        raise InterventionError(f"not a curve of a GPU's work: {', '.join(unknown)}")
+    before = {name: getattr(gpu.spec, name) for name in curves}
+    changes: dict[str, Any] = dict(curves)
+    gpu.spec = dataclasses.replace(gpu.spec, **changes)
+    return before

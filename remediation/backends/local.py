@@ -1,10 +1,12 @@
 """The local backend: restart and migrate run configured commands, or restart signals a process.
 
 Commands are argv lists (never a shell string). Each element may hold the placeholders {kind},
-{node}, {namespace}, {pod}, {uuid}, {rung} and {reason}; a placeholder is replaced inside that one
-argv element, so an alert label can never add arguments or shell syntax. The same values are also
-passed as environment variables GPUPULSE_TARGET_KIND, GPUPULSE_TARGET_NODE,
-GPUPULSE_TARGET_NAMESPACE, GPUPULSE_TARGET_POD, GPUPULSE_TARGET_UUID, GPUPULSE_RUNG, GPUPULSE_REASON.
+{node}, {namespace}, {pod}, {uuid}, {training_job_kind}, {training_job} (a `job` target's owner),
+{rung} and {reason}; a placeholder is replaced inside that one argv element, so an alert label can
+never add arguments or shell syntax. The same values are also passed as environment variables
+GPUPULSE_TARGET_KIND, GPUPULSE_TARGET_NODE, GPUPULSE_TARGET_NAMESPACE, GPUPULSE_TARGET_POD,
+GPUPULSE_TARGET_UUID, GPUPULSE_TARGET_TRAINING_JOB_KIND, GPUPULSE_TARGET_TRAINING_JOB, GPUPULSE_RUNG,
+GPUPULSE_REASON.
 
 Exit code convention: 0 = done; 75 (EX_TEMPFAIL in sysexits.h) = TemporaryError (the ladder retries
 the same rung later); any other nonzero exit = PermanentError (the ladder moves on). A command that
@@ -26,7 +28,7 @@ from remediation.model import ActionResult, Target
 from remediation.settings import LocalBackendSettings
 
 EX_TEMPFAIL = 75
-_PLACEHOLDER = re.compile(r"\{(kind|node|namespace|pod|uuid|rung|reason)\}")
+_PLACEHOLDER = re.compile(r"\{(kind|node|namespace|pod|uuid|training_job_kind|training_job|rung|reason)\}")
 _SAFE_PATH_VALUE = re.compile(r"^[A-Za-z0-9._-]+$")
 _OUTPUT_LIMIT = 4096
 

@@ -83,6 +83,10 @@ def test_demo_signatures_keep_shipped_rungs_and_load_in_the_controller(tmp_path:
     leak = library.get("gpu-memory-leak")
     assert leak is not None
     assert leak.ladder.verify_window_seconds == 10 and leak.ladder.rungs == ("restart", "migrate", "page")
+    # the gang ladder acts in the demo: the job is restarted once, with the demo's timers, then pages
+    hung = library.get("training-job-hung")
+    assert hung is not None and hung.ladder.rungs == ("restart", "page")
+    assert (hung.ladder.verify_window_seconds, hung.ladder.cooldown_seconds) == (10, 15)
 
 
 @pytest.mark.integration

@@ -19,7 +19,7 @@ TOKEN = "s3cret-token"
 
 
 class Recorder:
-    """Handler that records requests; a pod named `missing` is refused like the world refuses it."""
+    """Handler that records requests; a pod or job named `missing` is refused like the world refuses it."""
 
     def __init__(self) -> None:
         self.calls: list[ActionRequest] = []
@@ -27,6 +27,8 @@ class Recorder:
     def __call__(self, req: ActionRequest) -> str:
         if req.pod == "missing":
             raise WorldError("no pod serving/missing")
+        if req.training_job == "missing":
+            raise WorldError(f"no training job {req.training_job_kind} {req.namespace}/missing")
         self.calls.append(req)
         return f"{req.action} {req.namespace}/{req.pod}"
 
@@ -68,6 +70,42 @@ async def test_malformed_and_impossible_requests(control: tuple[str, Recorder]) 
     assert rec.calls == []
 
 
+JOB = {
+    "kind": "job",
+    "namespace": "research",
+    "training_job_kind": "PyTorchJob.kubeflow.org",
+    "training_job": "t",
+}
+
+
+async def test_a_job_target_carries_its_owner(control: tuple[str, Recorder]) -> None:
+    url, rec = control
+    status, body = await _post(f"{url}/control/restart", JOB, TOKEN)
+    assert status == 200, body
+    assert rec.calls == [
+        ActionRequest("restart", "job", "", "research", "", "", "PyTorchJob.kubeflow.org", "t")
+    ]
+    status, body = await _post(f"{url}/control/restart", {**JOB, "training_job": "missing"}, TOKEN)
+    assert status == 422 and "no training job PyTorchJob.kubeflow.org research/missing" in str(body["error"])
+
+
+async def test_malformed_job_targets_are_refused_before_the_world_sees_them(
+    control: tuple[str, Recorder],
+) -> None:
+    url, rec = control
+    for body, why in (
+        ({**JOB, "training_job": ""}, "needs training_job"),
+        ({**JOB, "training_job_kind": "", "namespace": ""}, "needs namespace, training_job_kind"),
+        ({**JOB, "training_job": ["t"]}, "object of strings"),
+        ({**JOB, "training_job_kind": 3}, "object of strings"),
+        ({"kind": "pod", "namespace": "research", "pod": "p", "training_job": "t"}, "belong to a job target"),
+        ({"kind": "gpu", "uuid": "GPU-1", "training_job_kind": "PyTorchJob.kubeflow.org"}, "belong to a job"),
+    ):
+        status, answer = await _post(f"{url}/control/restart", body, TOKEN)
+        assert (status, why in str(answer.get("error"))) == (400, True), (body, answer)
+    assert rec.calls == []
+
+
 def test_an_empty_token_is_refused() -> None:
     with pytest.raises(ValueError):
         make_control_app("", Recorder())
@@ -106,3 +144,17 @@ async def test_act_runs_as_the_module_the_backend_calls(control: tuple[str, Reco
     assert proc.returncode == 0
     assert rec.calls == [ActionRequest("migrate", "gpu", "n", "", "", "GPU-1")]
     assert b"migrate /" in out
+
+
+async def test_act_sends_a_job_targets_owner(control: tuple[str, Recorder]) -> None:
+    url, rec = control
+    env = {URL_ENV: url, TOKEN_ENV: TOKEN}
+    job = ["--kind", "job", "--namespace", "research", "--training-job-kind", "PyTorchJob.kubeflow.org"]
+    assert await asyncio.to_thread(run, ["restart", *job, "--training-job", "t"], env) == 0
+    assert rec.calls == [
+        ActionRequest("restart", "job", "", "research", "", "", "PyTorchJob.kubeflow.org", "t")
+    ]
+    # a job the world lacks (422) and one without its name (400) cannot be done: exit 1, no retry
+    assert await asyncio.to_thread(run, ["restart", *job, "--training-job", "missing"], env) == 1
+    assert await asyncio.to_thread(run, ["restart", *job], env) == 1
+    assert len(rec.calls) == 1

@@ -136,9 +136,16 @@ async def test_full_run_plays_the_ladder_and_leaves_nothing_running(tmp_path: Pa
     text = out.decode()
     assert proc.returncode == 0, text[-4000:]
     assert time.monotonic() - started < 150
-    for step in ("(a) leak", "(b) GPU", "(c) restart loop"):
+    for step in ("(a) leak", "(b) GPU", "(c) restart loop", "(d) training job research/llama-train hung"):
         assert f"[ok] {step}" in text, text[-4000:]
     assert "WORLD    restarted serving/chat-" in text and "drained GPU 2" in text
+    # the gang: one restart of the whole job, all three ranks at once, and never one rank's pod alone
+    gang = (
+        "WORLD    restarted training job PyTorchJob.kubeflow.org research/llama-train, all 3 ranks together"
+    )
+    assert text.count(gang) == 1, text[-4000:]
+    assert "WORLD    restarted research/llama-train-" not in text
+    assert "ALERT    firing   TrainingJobHung namespace=research training_job=llama-train" in text
     assert "PAGE     [CRITICAL] gpupulse-incident-" in text
     _assert_nothing_left(state_file, proc.pid)
     _assert_costs_printed(text)

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from demo.binaries import MissingBinaryError, ensure_binaries, find_binaries
-from demo.timeline import AlertWatcher, LedgerWatcher, Timeline
+from demo.timeline import AlertWatcher, LedgerWatcher, Timeline, describe_alert, describe_entry
 
 
 def _timeline() -> tuple[Timeline, io.StringIO]:
@@ -57,6 +57,16 @@ def test_ledger_entries_are_printed_once_and_actions_when_finished() -> None:
     text = out.getvalue()
     assert text.count("opened") == 1
     assert text.count("restart success") == 1 and "started" not in text
+
+
+def test_a_job_is_shown_by_its_name() -> None:
+    labels = {"alertname": "TrainingJobHung", "namespace": "research", "training_job": "llama-train"}
+    assert describe_alert(labels) == "TrainingJobHung namespace=research training_job=llama-train []"
+    inc = {"id": 4, "signature": "training-job-hung", "target_kind": "job", "target_namespace": "research"}
+    entry = {"kind": "action", "rung": "restart", "status": "success", "summary": "ok"}
+    assert describe_entry({**inc, "target_training_job": "llama-train"}, entry) == (
+        "#4 training-job-hung job research/llama-train: restart success - ok"
+    )
 
 
 def test_missing_servers_give_a_clear_message(monkeypatch: pytest.MonkeyPatch) -> None:

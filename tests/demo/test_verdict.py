@@ -5,7 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 from demo.pager_sink import ReceivedPage
-from demo.verdict import Expectations, check_bad_gpu, check_leak, check_loop, evaluate, expectations_from
+from demo.verdict import (
+    Expectations,
+    HungJob,
+    check_bad_gpu,
+    check_hung_job,
+    check_leak,
+    check_loop,
+    evaluate,
+    expectations_from,
+)
 from demo.world import World
 
 LEAK, LOOP, UUID = "serving/chat-1", "serving/rag-1", "GPU-bad"
@@ -24,6 +33,10 @@ def _inc(i: int, fault_class: str, target: str, history: list[dict[str, Any]], *
     base = {"id": i, "fault_class": fault_class, "state": "closed", "resolution": None}
     if fault_class == "xid_reset":
         base.update(target_kind="gpu", target_uuid=target, target_namespace="", target_pod="")
+    elif fault_class == "training_hang":
+        base.update(
+            target_kind="job", target_uuid="", target_namespace=ns, target_pod="", target_training_job=pod
+        )
     else:
         base.update(target_kind="pod", target_uuid="", target_namespace=ns, target_pod=pod)
     return {**base, "history": history, **kw}
@@ -52,13 +65,42 @@ GOOD = [
         ],
         state="paged",
     ),
+    _inc(
+        4, "training_hang", "research/train", [_action("restart"), _event("verified")], resolution="automated"
+    ),
 ]
-EXPECT = Expectations(leak_pods=(LEAK,), bad_gpu_uuids=(UUID,), loop_pods=(LOOP,))
+GANG = HungJob("research", "train", "1", ("research/train-master-0", "research/train-worker-0"))
+EXPECT = Expectations(leak_pods=(LEAK,), bad_gpu_uuids=(UUID,), loop_pods=(LOOP,), hung_jobs=(GANG,))
 
 
 def test_the_whole_ladder_passes() -> None:
     checks = evaluate(EXPECT, GOOD, [_page(1), _page(3)])
-    assert [c.ok for c in checks] == [True, True, True]
+    assert [c.ok for c in checks] == [True, True, True, True]
+    assert checks[3].name == "(d) training job research/train hung (rank 1 died)"
+    assert checks[3].detail == "whole job restarted once (2 ranks), recovered: incident #4 closed automated"
+
+
+def test_a_hung_job_needs_one_job_restart_that_held_and_no_pod_restart() -> None:
+    assert "did TrainingJobHung fire" in check_hung_job(GANG, GOOD[:3], []).detail
+    assert not check_hung_job(GANG, GOOD, [_page(4)]).ok  # paged: not recovered by the restart
+    twice = [
+        _inc(
+            4,
+            "training_hang",
+            "research/train",
+            [_action("restart"), _action("restart")],
+            resolution="automated",
+        )
+    ]
+    assert not check_hung_job(GANG, twice, []).ok
+    unresolved = [_inc(4, "training_hang", "research/train", [_action("restart")], state="cooldown")]
+    assert not check_hung_job(GANG, unresolved, []).ok
+    # a restart of one rank's pod fails the check even when the job restart held as well
+    one_pod = _inc(5, "xid_app", "research/train-worker-0", [_action("restart")])
+    check = check_hung_job(GANG, [*GOOD, one_pod], [])
+    assert not check.ok and "research/train-worker-0" in check.detail
+    other_job = _inc(4, "training_hang", "research/other", [_action("restart")], resolution="automated")
+    assert not check_hung_job(GANG, [other_job], []).ok
 
 
 def test_a_paged_leak_is_not_an_automated_fix() -> None:
@@ -87,3 +129,15 @@ def test_expectations_come_from_the_scenario(world: World) -> None:
     assert expect.leak_pods == ("serving/chat-7d9f8b6c5d-x2x4z",)
     assert expect.loop_pods == ("serving/rag-5c8d9f7b6-k2m4p",)
     assert expect.bad_gpu_uuids == (world.uuid(2),)
+    assert expect.hung_jobs == (
+        HungJob(
+            "research",
+            "llama-train",
+            "1",
+            (
+                "research/llama-train-master-0",
+                "research/llama-train-worker-0",
+                "research/llama-train-worker-1",
+            ),
+        ),
+    )

@@ -51,6 +51,23 @@ async def test_local_backend_runs_real_command_with_safe_argv(
 
 
 @pytest.mark.integration
+async def test_local_backend_passes_a_job_targets_owner(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "argv.json"
+    monkeypatch.setenv("OUT", str(out))
+    job = Target(
+        kind="job", namespace="research", training_job_kind="PyTorchJob.kubeflow.org", training_job="llama"
+    )
+    template = (sys.executable, "-c", RECORD_ARGV, "{kind}", "{training_job_kind}", "{training_job}")
+    await LocalBackend(LocalBackendSettings(restart_command=template)).restart(job, "hang")
+    seen = json.loads(out.read_text())
+    assert seen["argv"] == ["job", "PyTorchJob.kubeflow.org", "llama"]
+    assert seen["env"]["GPUPULSE_TARGET_TRAINING_JOB_KIND"] == "PyTorchJob.kubeflow.org"
+    assert seen["env"]["GPUPULSE_TARGET_TRAINING_JOB"] == "llama"
+
+
+@pytest.mark.integration
 async def test_local_backend_exit_code_convention(tmp_path: Path) -> None:
     def backend(code: int) -> LocalBackend:
         script = f"import sys; print('boom'); sys.exit({code})"
