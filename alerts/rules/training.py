@@ -29,6 +29,7 @@ RANK_TENSOR = "rank:gpu_tensor_active:ratio"
 RANK_SM_CLOCK = "rank:gpu_sm_clock:hertz"
 RANK_BUSY_IDLE = "rank:gpu_training_busy_idle:bool"
 JOB_RANKS = "training_job:gpu_training_ranks:count"
+JOB_RANKS_SEEN = "training_job:gpu_training_ranks_seen:count"
 JOB_TENSOR = "training_job:gpu_tensor_active:sum"
 
 _JOB_TEXT = "{{ $labels.training_job_kind }} {{ $labels.namespace }}/{{ $labels.training_job }}"
@@ -73,6 +74,11 @@ def _records(c: RulesConfig) -> tuple[Record, ...]:
             f"{busy_idle}\n  ) * 0 + 1\n)\nor on(uuid)\nmax by ({RANK_BY}) ({RANK_INFO}) * 0",
         ),
         Record(JOB_RANKS, f"count by ({JOB_BY}) (max by ({JOB_BY}, rank) ({RANK_INFO}))"),
+        # a dead rank's process is gone with its series: the gang's size is what was seen lately
+        Record(
+            JOB_RANKS_SEEN,
+            f"count by ({JOB_BY}) (max by ({JOB_BY}, rank) (last_over_time({RANK_INFO}[{c.windows.event}])))",
+        ),
         Record(JOB_TENSOR, f"sum by ({JOB_BY}) ({RANK_TENSOR})"),
     )
 
@@ -116,9 +122,11 @@ def training_file(c: RulesConfig) -> RuleFile:
         alert(
             c,
             "TrainingJobHung",
-            # every rank (the least busy-idle of them is 1); the value is the number of ranks
+            # every running rank (the least busy-idle of them is 1) of a gang of at least two ranks
+            # seen lately: of a 2-rank job whose rank died, one rank runs; the value is the running ones
             expr=(
-                f"{JOB_RANKS} >= 2\n"
+                f"{JOB_RANKS}\n"
+                f"and on({JOB_BY}) ({JOB_RANKS_SEEN} >= 2)\n"
                 f"and on({JOB_BY}) (min by ({JOB_BY}) (max by ({JOB_BY}, rank) ({RANK_BUSY_IDLE})) == 1)"
             ),
             severity="critical",
@@ -127,7 +135,7 @@ def training_file(c: RulesConfig) -> RuleFile:
             target_kind="job",
             summary="Every rank of a training job holds a kernel but does no work.",
             description=(
-                f"All {{{{ $value }}}} ranks of {_JOB_TEXT} have kept a kernel resident for "
+                f"Every running rank of {_JOB_TEXT} ({{{{ $value }}}} of them) has kept a kernel resident for "
                 f"{c.for_('TrainingJobHung')} with tensor activity at or below "
                 f"{num(t.training_idle_tensor_active_ratio)} and PCIe and NVLink traffic at or below "
                 f"{num(t.training_idle_interconnect_bytes_per_second)} B/s: a collective waits for a rank "
