@@ -118,7 +118,10 @@ def training_file(c: RulesConfig) -> RuleFile:
             # every rank (the least busy-idle of them is 1); the value is the number of ranks
             expr=(
                 f"{JOB_RANKS} >= 2\n"
-                f"and on({JOB_BY}) (min by ({JOB_BY}) (max by ({JOB_BY}, rank) ({RANK_BUSY_IDLE})) == 1)"
+                f"and on({JOB_BY}) (min by ({JOB_BY}) (max by ({JOB_BY}, rank) ({RANK_BUSY_IDLE})) == 1)\n"
+                # the ranks that wait for a rank whose GPU is lost: TrainingJobNodeFault's, which also
+                # cordons the node (a restart alone would bring the job back onto it)
+                f"unless on({JOB_BY}) max by ({JOB_BY}) (\n{ranks_of_lost}\n)"
             ),
             severity="critical",
             layer="training",
