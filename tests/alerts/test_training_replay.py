@@ -38,8 +38,19 @@ SCENARIO_SECONDS = 300.0
 # scenario seconds after the onset that the controller's actions are watched for a second restart
 SETTLE_SCENARIO_SECONDS = 150.0
 TARGET_SECONDS = {"TrainingJobHung": 120.0, "TrainingRankStraggler": 180.0, "TrainingJobNodeFault": 120.0}
-# alerts whose labels name neither the job nor a pod, on the case's nodes: none may fire for any case
-NODE_KEYS = ("node",)
+# `for:` of the fast profile, wall seconds: a pending episode on the healthy job must stay well short
+# of it. Pending is reached on transients by design: at a phase change (the end of a checkpoint) the
+# two nodes are sampled and scraped up to an interval apart, so for one evaluation half the ranks look
+# busy and half idle, and the straggler's tensor signal holds; GPUIdleWhileAllocated reads the SM
+# activity of the moment, so every pause (checkpoint, loader stall, a hang's spin) holds it while it
+# lasts. `for:` filters both, and Alertmanager never sees a pending alert.
+FOR_SECONDS = {
+    "TrainingJobHung": 12.0,
+    "TrainingRankStraggler": 24.0,
+    "TrainingJobDegraded": 180.0,
+    "TrainingJobNodeFault": 12.0,
+    "GPUIdleWhileAllocated": 360.0,
+}
 
 
 def _belongs(labels: dict[str, str], case: Case) -> bool:
@@ -64,20 +75,26 @@ async def _run_until_settled(replay: Replay) -> None:
 async def _check_case(replay: Replay, case: Case, report: list[str]) -> None:
     speed = replay.profile.speed
     seen = [a for a in await replay.alerts_during_run() if _belongs(a[2], case)]
-    unexpected = sorted(
-        {
-            (name, state, labels.get("node", ""))
-            for name, state, labels, _ in seen
-            if name not in case.expected
-        }
-    )
-    assert not unexpected, f"{case.name}: unexpected alerts during the run: {unexpected}"
+    firing = sorted({(n, lb.get("node", ""), lb.get("gpu", "")) for n, st, lb, _ in seen if st == "firing"})
+    unexpected = [f for f in firing if f[0] not in case.expected]
+    assert not unexpected, f"{case.name}: alerts firing that should not: {unexpected}"
+    pending = await replay.pending_runs(lambda labels: _belongs(labels, case) and not case.excused(labels))
+    for name, seconds in pending.items():
+        if name in case.expected:
+            continue
+        assert name in FOR_SECONDS, f"{case.name}: {name} went pending"
+        assert seconds <= FOR_SECONDS[name] / 2, f"{case.name}: {name} pending for {seconds:.0f} s"
+    shown = ", ".join(f"{n} {s * speed:.0f} s" for n, s in sorted(pending.items()) if n not in case.expected)
     if case.fault_at is None:
-        assert not seen, f"{case.name}: alerts on the healthy job: {seen}"
+        assert not firing, f"{case.name}: alerts on the healthy job: {firing}"
         assert not replay.pod_deletes(case), f"{case.name}: the controller touched the healthy job"
         assert not any(replay.cordoned(n) for n in case.nodes)
-        report.append(f"{case.name}: 0 alerts pending or firing over {SCENARIO_SECONDS:.0f} s")
+        report.append(
+            f"{case.name}: 0 alerts firing over {SCENARIO_SECONDS:.0f} s; longest pending (scenario s): "
+            f"{shown or 'none'}"
+        )
         return
+    report.append(f"{case.name}: other alerts never fired; longest pending (scenario s): {shown or 'none'}")
 
     onset = replay.onset(case)
     for name in case.expected:
@@ -93,7 +110,10 @@ async def _check_case(replay: Replay, case: Case, report: list[str]) -> None:
     # one job restart through the owner: every rank's pod deleted once, one action in the ledger
     deletes = replay.pod_deletes(case)
     assert len(deletes) == 16 and len(set(deletes)) == 16, f"{case.name}: pod deletes {deletes}"
-    assert await replay.actions(case) == [(case.action, "success")], await replay.actions(case)
+    actions = await replay.actions(case)
+    assert [a for a in actions if a[0] in ("restart", "migrate")] == [(case.action, "success")], actions
+    if case.action == "migrate":  # the straggler's or lost GPU's node stays cordoned for a human
+        assert ("page", "success") in actions, actions
     if case.cordon is not None:
         cordon, first_delete = replay.cordon_index(case.cordon), replay.first_delete_index(case)
         assert cordon is not None and first_delete is not None and cordon < first_delete

@@ -21,13 +21,14 @@ milliseconds late; a detection latency is the first ALERTS{alertstate="firing"} 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import shutil
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -65,6 +66,17 @@ class Case:
     action: str | None = None  # the ledger action the controller must take: restart or migrate
     suspect: Mapping[str, str] = field(default_factory=dict)  # labels the alert must name
     cordon: str | None = None  # the node a migrate cordons
+    # alerts the suspect GPU may hold pending (never firing within the replay): what its fault is
+    # besides a training fault, e.g. a throttled GPU's temperature alerts, whose `for:` is longer
+    side_alerts: frozenset[str] = frozenset()
+
+    def excused(self, labels: Mapping[str, str]) -> bool:
+        """A pending side alert on the suspect GPU."""
+        return (
+            labels.get("alertname") in self.side_alerts
+            and labels.get("node") == self.suspect.get("node")
+            and labels.get("gpu") == self.suspect.get("gpu")
+        )
 
     @property
     def job(self) -> str:
@@ -90,6 +102,7 @@ CASES = {
             action="migrate",
             suspect={"rank": "13", "gpu": "5", "node": "training-straggler-b", "signal": "sm_clock"},
             cordon="training-straggler-b",
+            side_alerts=frozenset({"GPUThermalThrottling", "GPUTemperatureHigh"}),
         ),
         Case(
             "xid79",
@@ -204,6 +217,26 @@ class Replay:
             labels = dict(series["metric"])
             first = min(float(ts) for ts, _ in series["values"])
             out.append((labels["alertname"], labels["alertstate"], labels, first))
+        return out
+
+    async def pending_runs(self, case_filter: Callable[[dict[str, str]], bool]) -> dict[str, float]:
+        """Alert name -> its longest pending episode (wall seconds, first to last sample) since the
+        start, over the ALERTS{alertstate="pending"} series whose labels pass the filter."""
+        window = int(time.time() - self.t_start) + 5
+        gap = 1.5 * self.profile.interval_seconds
+        out: dict[str, float] = {}
+        for series in await self.prom.query(f'ALERTS{{alertstate="pending"}}[{window}s]'):
+            labels = dict(series["metric"])
+            if not case_filter(labels):
+                continue
+            stamps = sorted(float(ts) for ts, _ in series["values"])
+            longest, begin = 0.0, stamps[0]
+            for prev, ts in itertools.pairwise(stamps):
+                if ts - prev > gap:
+                    begin = ts
+                longest = max(longest, ts - begin)
+            name = labels["alertname"]
+            out[name] = max(out.get(name, 0.0), longest + self.profile.interval_seconds)
         return out
 
     def pod_deletes(self, case: Case) -> list[str]:
