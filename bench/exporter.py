@@ -49,7 +49,7 @@ sys.path.insert(0, str(ROOT))
 from exporter.collectors.gpus import GpuFleet  # noqa: E402
 from exporter.collectors.xid import XidCounter  # noqa: E402
 from exporter.config import ExporterSettings  # noqa: E402
-from exporter.nvml import GPM_METRICS, Nvml  # noqa: E402
+from exporter.nvml import GPM_METRICS, GPM_RATE_METRICS, Nvml  # noqa: E402
 from exporter.registry import BUILTINS, BuiltinContext  # noqa: E402
 from exporter.sampler import Sampler  # noqa: E402
 from exporter.sim import ManualClock, SimulatedNvml, install, load_scenario  # noqa: E402
@@ -105,8 +105,9 @@ class RawLoop:
         self.links: list[int | None] = [None] * len(self.handles)
         self.mg = N.c_nvmlGpmMetricsGet_t()
         self.mg.version = N.NVML_GPM_METRICS_GET_VERSION
-        self.mg.numMetrics = len(GPM_METRICS)
-        for i, metric_id in enumerate(GPM_METRICS.values()):
+        self.gpm_ids = [*GPM_METRICS.values(), *GPM_RATE_METRICS.values()]  # ratios and traffic, as gpupulse
+        self.mg.numMetrics = len(self.gpm_ids)
+        for i, metric_id in enumerate(self.gpm_ids):
             self.mg.metrics[i].metricId = metric_id
 
     def _try(self, i: int, key: str, fn: Callable[..., Any], *args: Any) -> Any:
@@ -176,7 +177,7 @@ class RawLoop:
             N.nvmlGpmSampleGet(h, cur)
             self.mg.sample1, self.mg.sample2 = prev, cur
             N.nvmlGpmMetricsGet(self.mg)
-            acc += int(sum(self.mg.metrics[k].value for k in range(len(GPM_METRICS))))
+            acc += int(sum(self.mg.metrics[k].value for k in range(len(self.gpm_ids))))
             self.samples[i] = (cur, prev)
         return acc
 

@@ -206,7 +206,15 @@ GPM_METRICS: Final[dict[str, int]] = {
     "tensor_active": pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL,
     "dram_active": pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL,
 }
+# Device-level GPM traffic rates, in MiB/s (nvml.h); GPU instances have no per-instance PCIe/NVLink
+GPM_RATE_METRICS: Final[dict[str, int]] = {
+    "pcie_tx": pynvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC,
+    "pcie_rx": pynvml.NVML_GPM_METRIC_PCIE_RX_PER_SEC,
+    "nvlink_tx": pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC,
+    "nvlink_rx": pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC,
+}
 GPM_MIN_INTERVAL_SECONDS: Final = 0.1  # nvml.h: the two samples must be more than 100 ms apart
+_MIB: Final = 1024.0 * 1024.0
 
 
 # --- a device and its per-call bookkeeping -------------------------------------------------------
@@ -223,6 +231,8 @@ class Device:
     nvlink_count: int | None = None
     nvlink_remote: dict[int, tuple[bool, str | None]] = field(default_factory=dict)  # link -> (switch, bus)
     nvlink_states: dict[tuple[int, bool], NvLinkState] = field(default_factory=dict)  # (link, up) -> state
+    # "pcie" / "nvlink" -> (field timestamp in µs, tx, rx): the previous traffic counter reading
+    counters: dict[str, tuple[int, float | None, float | None]] = field(default_factory=dict)
 
     def optional(self, key: str, fn: Callable[..., T], *args: Any) -> T | None:
         """Call fn; None when the feature is absent (remembered) or failed this round. Lost GPUs raise."""
@@ -452,6 +462,96 @@ def read_nvlink(dev: Device) -> list[NvLinkState]:
     return links
 
 
+@dataclass(frozen=True)
+class InterconnectReading:
+    """PCIe and NVLink traffic in bytes/s, per direction; None where the GPU cannot tell."""
+
+    pcie_tx: float | None = None
+    pcie_rx: float | None = None
+    nvlink_tx: float | None = None
+    nvlink_rx: float | None = None
+
+
+_KIB: Final = 1024.0
+_ALL_LINKS: Final = 0xFFFFFFFF  # nvml.h: a scopeId of UINT_MAX sums the throughput field over all links
+# Cumulative traffic counters read as field values: (tx field, rx field, bytes per count).
+# PCIe: bytes, driver 555 and newer ("value can be wrapped"); NVLink: data KiB summed over the links.
+_COUNTERS: Final = {
+    "pcie": (
+        (pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, 0),
+        (pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES, 0),
+        1.0,
+    ),
+    "nvlink": (
+        (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, _ALL_LINKS),
+        (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, _ALL_LINKS),
+        _KIB,
+    ),
+}
+# what a driver answers for a field it does not have (older drivers do not know the newer IDs)
+_FIELD_ABSENT: Final = {pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_INVALID_ARGUMENT}
+
+
+def _counter_rate(now: float | None, before: float | None, per_second: float) -> float | None:
+    # a counter that went down was reset (driver reload, GPU reset) or wrapped: no rate this round
+    if now is None or before is None or now < before:
+        return None
+    return (now - before) * per_second
+
+
+def _counter_rates(
+    dev: Device, group: str, tx_field: Any, rx_field: Any, now_us: int
+) -> tuple[float | None, float | None]:
+    """Bytes/s per direction from one group's counters, over the interval since its last reading."""
+    tx, rx = _field_value(tx_field), _field_value(rx_field)
+    if tx is None and rx is None:
+        if tx_field.nvmlReturn in _FIELD_ABSENT and rx_field.nvmlReturn in _FIELD_ABSENT:
+            dev.absent.add("counters:" + group)  # no NVLink, or a driver without these counters
+        dev.counters.pop(group, None)
+        return None, None
+    # µs since 1970 when the driver read the counters; our own clock if a driver leaves it unset
+    stamp = int(max(tx_field.timestamp, rx_field.timestamp)) or now_us
+    before = dev.counters.get(group)
+    if before is not None and stamp <= before[0]:
+        return None, None  # the same cached reading again: keep the older baseline
+    dev.counters[group] = (stamp, tx, rx)
+    if before is None:
+        return None, None  # first reading: only the baseline
+    per_second = _COUNTERS[group][2] * 1e6 / (stamp - before[0])
+    return _counter_rate(tx, before[1], per_second), _counter_rate(rx, before[2], per_second)
+
+
+def read_interconnect(dev: Device, monotonic: Monotonic) -> InterconnectReading:
+    """PCIe and NVLink traffic without GPM (before Hopper, or a GPU in MIG mode).
+
+    Both come from cumulative counters (field values, one call) turned into a rate between two reads,
+    so the first read gives none. A driver older than 555 has no PCIe byte counters: then
+    nvmlDeviceGetPcieThroughput, which samples the traffic for 20 ms per direction while it blocks the
+    GPU's worker, in KB/s of 1 KB granularity (read as KiB). `monotonic` stands in for a field
+    timestamp the driver did not set.
+    """
+    h = dev.handle
+    groups = [g for g in _COUNTERS if "counters:" + g not in dev.absent]
+    rates: dict[str, tuple[float | None, float | None]] = {}
+    if groups:
+        ids = [f for g in groups for f in _COUNTERS[g][:2]]
+        now_us = int(monotonic() * 1e6)
+        fields = dev.optional("counters", pynvml.nvmlDeviceGetFieldValues, h, ids)
+        if "counters" in dev.absent:  # no field values at all
+            dev.absent.update("counters:" + g for g in _COUNTERS)
+        elif fields is not None:
+            for i, g in enumerate(groups):
+                rates[g] = _counter_rates(dev, g, fields[2 * i], fields[2 * i + 1], now_us)
+    pcie_tx, pcie_rx = rates.get("pcie", (None, None))
+    if "counters:pcie" in dev.absent:
+        tx = dev.optional("pcietx", pynvml.nvmlDeviceGetPcieThroughput, h, pynvml.NVML_PCIE_UTIL_TX_BYTES)
+        rx = dev.optional("pcierx", pynvml.nvmlDeviceGetPcieThroughput, h, pynvml.NVML_PCIE_UTIL_RX_BYTES)
+        pcie_tx = None if tx is None else tx * _KIB
+        pcie_rx = None if rx is None else rx * _KIB
+    nvlink_tx, nvlink_rx = rates.get("nvlink", (None, None))
+    return InterconnectReading(pcie_tx=pcie_tx, pcie_rx=pcie_rx, nvlink_tx=nvlink_tx, nvlink_rx=nvlink_rx)
+
+
 def _mig_handles(dev: Device) -> list[tuple[Any, str]]:
     h = dev.handle
     count = dev.optional("migcount", pynvml.nvmlDeviceGetMaxMigDeviceCount, h) or 0
@@ -503,7 +603,12 @@ class GpmSampler:
 
     def __init__(self, handle: Any, monotonic: Monotonic, gpu_instance_id: int | None = None) -> None:
         self._handle, self._gi, self._monotonic = handle, gpu_instance_id, monotonic
-        self._ids = list(GPM_METRICS.values())
+        # (name, metric id, ratio?): ratios arrive in percent; the device's traffic rates in MiB/s,
+        # read from the same sample pair at no extra sampling cost
+        self._wanted = [(name, mid, True) for name, mid in GPM_METRICS.items()]
+        if gpu_instance_id is None:
+            self._wanted += [(name, mid, False) for name, mid in GPM_RATE_METRICS.items()]
+        self._ids = [mid for _, mid, _ in self._wanted]
         self._prev = call(pynvml.nvmlGpmSampleAlloc)
         self._cur = call(pynvml.nvmlGpmSampleAlloc)
         self._prev_t: float | None = None
@@ -522,7 +627,8 @@ class GpmSampler:
             call(pynvml.nvmlGpmMigSampleGet, self._handle, self._gi, sample)
 
     def poll(self) -> dict[str, float] | None:
-        """Ratios (0..1) per metric name; None on the first poll or when polled too soon."""
+        """Ratios (0..1), and for a whole GPU traffic rates in bytes/s, per metric name; None on the first
+        poll or when polled too soon. A metric the GPU does not support is left out."""
         now = self._monotonic()
         if self._prev_t is None:
             self._take(self._prev)
@@ -542,12 +648,12 @@ class GpmSampler:
             self._prev_t = now
         out: dict[str, float] = {}
         metrics = self._metrics
-        for i, name in enumerate(GPM_METRICS):
+        for i, (name, _, ratio) in enumerate(self._wanted):
             m = metrics[i]
             if m.nvmlReturn == pynvml.NVML_SUCCESS:
                 value = m.value
                 if math.isfinite(value):
-                    out[name] = min(max(value / 100.0, 0.0), 1.0)
+                    out[name] = min(max(value / 100.0, 0.0), 1.0) if ratio else max(value * _MIB, 0.0)
         return out
 
     def close(self) -> None:

@@ -18,8 +18,7 @@ from gpupulse.xid import xid_class
 
 PCIE_THROUGHPUT = "gpu_pcie_throughput_bytes_per_second"
 NVLINK_THROUGHPUT = "gpu_nvlink_throughput_bytes_per_second"
-# the series the exporter adds for training (issue 13); the lint checks the rules against these until
-# the metric catalog declares them
+# the series the exporter adds for training (the catalog declares them: gpupulse/metrics/)
 TRAINING_SERIES = (RANK_INFO, PCIE_THROUGHPUT, NVLINK_THROUGHPUT)
 
 THROTTLE_REASONS = "sw_power_cap|hw_slowdown|sw_thermal_slowdown|hw_thermal_slowdown|hw_power_brake_slowdown"
@@ -59,7 +58,9 @@ def _records(c: RulesConfig) -> tuple[Record, ...]:
     busy_idle = (
         f"max by (uuid) (gpu_utilization_ratio) >= {num(t.training_kernel_resident_ratio)}\n"
         f"and on(uuid) (\n{compute_idle}\n)\n"
-        f"and on(uuid) (sum by (uuid) ({PCIE_THROUGHPUT}) <= {quiet})\n"
+        # "no traffic seen" rather than "traffic seen to be zero": a GPU whose driver has no PCIe
+        # counters (NOT_SUPPORTED, never exported as 0) is judged by its compute alone
+        f"unless on(uuid) (sum by (uuid) ({PCIE_THROUGHPUT}) > {quiet})\n"
         f"unless on(uuid) (sum by (uuid) ({NVLINK_THROUGHPUT}) > {quiet})"
     )
     return (

@@ -21,6 +21,15 @@ from exporter.attribution.kubelet import (
     TrackerSettings,
 )
 from exporter.attribution.poddir import DEFAULT_PODS_DIR, PodDirectory
+from exporter.attribution.podmeta import PodMeta, PodMetadataSource
+from exporter.attribution.ranks import (
+    DEFAULT_MAX_RANKS,
+    EnvironCache,
+    RankRow,
+    cap_rows,
+    rank_info_family,
+    rank_rows,
+)
 from exporter.attribution.resolve import PodResolver, ProcessDevices
 from exporter.attribution.slices import DEFAULT_DRIVERS, ResourceSliceSource, SliceDevice, SliceSettings
 from exporter.collectors.base import GpuProcess, NodeState, PodRef
@@ -29,6 +38,8 @@ from exporter.collectors.flags import add_procfs_argument, collector_enabled, cs
 from exporter.collectors.series import SeriesFamily, family
 from exporter.errors import PartialCollectorError
 from exporter.host.procfs import DEFAULT_PROCFS, ProcessInfo, Procfs
+from exporter.kube.client import ApiSettings
+from exporter.kube.reflector import Reflector
 from gpupulse.clock import Clock, SystemClock
 from gpupulse.durations import duration_flag
 from gpupulse.metrics import attribution as specs
@@ -78,6 +89,10 @@ class AttributionSettings:
     dra_node_name: str = ""
     dra_api_url: str = "https://kubernetes.default.svc"
     dra_drivers: tuple[str, ...] = DEFAULT_DRIVERS
+    # Training jobs: this node's pods are watched for labels and owners; "" turns the pod watch off
+    # (a process's job then comes from its environment alone). Uses dra_api_url's API server.
+    pod_watch_node_name: str = ""
+    max_ranks: int = DEFAULT_MAX_RANKS  # cap on gpu_training_rank_info series
 
     @property
     def round_deadline_seconds(self) -> float:
@@ -118,6 +133,12 @@ class AttributionCollector:
                 max_stale_seconds=settings.kubelet_max_stale_seconds,
             )
             self._tracker = PodResourcesTracker(client, tracker_settings, clock or SystemClock())
+        self._pods: PodMetadataSource | None = None
+        if settings.pod_watch_node_name:
+            self._pods = PodMetadataSource(ApiSettings(settings.pod_watch_node_name, settings.dra_api_url))
+        self._environ = EnvironCache(settings.procfs_path)
+        self._ranks_kept: set[RankRow] = set()
+        self._ranks_capped = False
         self._slices: ResourceSliceSource | None = None
         if settings.dra_node_name:
             self._slices = ResourceSliceSource(
@@ -144,20 +165,40 @@ class AttributionCollector:
         self._slices = source
 
     @property
+    def pods(self) -> PodMetadataSource | None:
+        """The pod-metadata watch (None when it is off)."""
+        return self._pods
+
+    def use_pods(self, source: PodMetadataSource) -> None:
+        """Replace the pod-metadata source (tests point it at their API server)."""
+        self._pods = source
+
+    def use_environ(self, cache: EnvironCache) -> None:
+        """Replace the environ reader (tests point it at their fake /proc)."""
+        self._environ = cache
+
+    @property
     def tracker(self) -> PodResourcesTracker | None:
         """The background pod-resources refresher (None when the kubelet part is off)."""
         return self._tracker
 
     async def collect(self, state: NodeState) -> Sequence[Metric]:
         """Publish allocations and pid_pods into `state`; fail the round while the kubelet is unreachable."""
-        view = await self._kubelet_view()
-        index = await self._slice_index()
+        view, index, _ = await asyncio.gather(
+            self._kubelet_view(), self._slice_index(), self._first_sync(self._pods)
+        )
         flat = allocations_from_pods(view.pods, self._matcher, index, self.settings.dra_drivers)
         rows = resolve(flat, state.gpus)
         allocations = allocation_map(rows)
         state.allocations = allocations
         processes = tuple(state.processes)
-        procfs_round = await self._procfs_round(processes, allocations, view)
+        s = self.settings
+        procfs_round, environs = await asyncio.gather(
+            self._procfs_round(processes, allocations, view),
+            self._environ.read(
+                {p.pid for p in processes}, s.procfs_timeout_seconds, s.procfs_item_timeout_seconds
+            ),
+        )
         state.pid_pods = procfs_round.pid_pods
 
         info = family(specs.GPU_ALLOCATION_INFO)
@@ -167,9 +208,10 @@ class AttributionCollector:
                 [row.uuid, row.gpu, row.mig_uuid, pod.namespace, pod.pod, pod.container, row.resource], 1.0
             )
         cpu = self._cpu_family(processes, procfs_round)
+        ranks = rank_info_family(self._rank_rows(processes, procfs_round.pid_pods, environs))
         dropped = family(specs.SERIES_DROPPED_TOTAL)
         dropped.add_metric([NAME], float(self._dropped_total))
-        families: list[Metric] = [f for f in (info, cpu, dropped) if len(f)]
+        families: list[Metric] = [f for f in (info, cpu, ranks, dropped) if len(f)]
         if view.error:
             # NodeState keeps the last good mapping until it goes stale; the families stay true too.
             raise PartialCollectorError(f"pod-resources: {view.error}", families)
@@ -181,18 +223,46 @@ class AttributionCollector:
             raise PartialCollectorError(f"{unnamed} DRA claim devices without a uuid: {why}", families)
         return families
 
+    async def _first_sync(self, source: Reflector | None) -> None:
+        """Start a watch; the first round waits (kubelet_first_wait_seconds at most) for its LIST."""
+        if source is None or source.stats.lists > 0 or source.stats.failures > 0:
+            return
+        source.start()
+        with contextlib.suppress(TimeoutError):
+            await source.wait_until(
+                lambda: source.stats.lists > 0 or source.stats.failures > 0,
+                self.settings.kubelet_first_wait_seconds,
+            )
+
     async def _slice_index(self) -> dict[tuple[str, str, str], SliceDevice] | None:
-        source = self._slices
-        if source is None:
+        if self._slices is None:
             return None
-        if source.stats.lists == 0 and source.stats.failures == 0:
-            source.start()
-            with contextlib.suppress(TimeoutError):
-                await source.wait_until(
-                    lambda: source.stats.lists > 0 or source.stats.failures > 0,
-                    self.settings.kubelet_first_wait_seconds,
-                )
-        return source.index()
+        await self._first_sync(self._slices)
+        return self._slices.index()
+
+    def _rank_rows(
+        self,
+        processes: Sequence[GpuProcess],
+        pid_pods: Mapping[int, PodRef],
+        environs: Mapping[int, Mapping[str, str]],
+    ) -> list[RankRow]:
+        """The rank rows of this round, under the max_ranks cap (the rest counted as dropped)."""
+        pods = self._pods
+        lookup: Callable[[str, str], PodMeta | None] = pods.lookup if pods is not None else _no_meta
+        rows = rank_rows(processes, pid_pods, lookup, environs)
+        kept = cap_rows(rows, self._ranks_kept, self.settings.max_ranks)
+        self._dropped_total += len(rows) - len(kept)
+        capped = len(kept) < len(rows)
+        if capped and not self._ranks_capped:
+            log.warning(
+                "%d training ranks on this node, over --attribution.max-ranks=%d: the rest are counted "
+                "in gpupulse_series_dropped_total",
+                len(rows),
+                self.settings.max_ranks,
+            )
+        self._ranks_capped = capped
+        self._ranks_kept = set(kept)
+        return kept
 
     async def _kubelet_view(self) -> PodResourcesView:
         tracker = self._tracker
@@ -286,7 +356,10 @@ class AttributionCollector:
             await self._tracker.close()
         if self._slices is not None:
             await self._slices.close()
+        if self._pods is not None:
+            await self._pods.close()
         self._reader.close()
+        self._environ.close()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -362,7 +435,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--attribution.kube-api-url",
         dest="attribution_kube_api_url",
         default=_default_api_url(),
-        help="Kubernetes API base URL for the ResourceSlice watch (default: in-cluster service)",
+        help="Kubernetes API base URL for the ResourceSlice and pod watches (default: in-cluster service)",
     )
     group.add_argument(
         "--attribution.dra-drivers",
@@ -371,7 +444,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=list(DEFAULT_DRIVERS),
         help="DRA drivers whose devices are GPUs, comma-separated (default: %(default)s)",
     )
+    group.add_argument(
+        "--attribution.pod-watch",
+        dest="attribution_pod_watch",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="watch this node's pods (the node of --attribution.node-name) for the labels and owners "
+        "that name a GPU process's training job; needs pods list/watch; without it the job comes from "
+        "the process environment alone (default: on)",
+    )
+    group.add_argument(
+        "--attribution.node-name",
+        dest="attribution_node_name",
+        default=os.environ.get("NODE_NAME", ""),
+        help="this node's name, for the pod watch; empty turns the pod watch off (default: $NODE_NAME)",
+    )
+    group.add_argument(
+        "--attribution.max-ranks",
+        dest="attribution_max_ranks",
+        type=int,
+        default=d.max_ranks,
+        help="cap on gpu_training_rank_info series; the rest are counted in "
+        "gpupulse_series_dropped_total (default: %(default)s)",
+    )
     add_procfs_argument(parser)
+
+
+def _no_meta(namespace: str, name: str) -> PodMeta | None:
+    return None
 
 
 def _default_api_url() -> str:
@@ -399,5 +499,9 @@ def from_args(args: argparse.Namespace) -> AttributionCollector | None:
         dra_node_name=args.attribution_dra_node_name if args.attribution_kubelet_socket != "" else "",
         dra_api_url=args.attribution_kube_api_url,
         dra_drivers=tuple(args.attribution_dra_drivers),
+        pod_watch_node_name=args.attribution_node_name
+        if args.attribution_pod_watch and args.attribution_kubelet_socket != ""
+        else "",
+        max_ranks=args.attribution_max_ranks,
     )
     return AttributionCollector(settings)

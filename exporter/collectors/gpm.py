@@ -1,4 +1,5 @@
-"""Collector `gpm`: true SM, tensor and DRAM activity from GPM (Hopper and newer; absent elsewhere)."""
+"""Collector `gpm`: SM, tensor and DRAM activity from GPM (Hopper and newer), and PCIe and NVLink
+traffic per GPU (GPM where it exists, else NVML's PCIe sample and NVLink counters)."""
 
 from __future__ import annotations
 
@@ -8,21 +9,35 @@ from functools import partial
 from prometheus_client.core import Metric
 
 from exporter.collectors.base import NodeState
-from exporter.collectors.gpus import GpuFleet
-from exporter.collectors.series import table
-from exporter.nvml import poll_gpm
+from exporter.collectors.gpus import GpuFleet, GpuSlot
+from exporter.collectors.series import SeriesFamily, table
+from exporter.nvml import InterconnectReading, poll_gpm, read_interconnect
 from gpupulse.metrics import gpu as c
+from gpupulse.metrics.spec import MetricSpec
 
-SPEC_BY_METRIC = {
-    "sm_active": c.GPU_SM_ACTIVE,
-    "sm_occupancy": c.GPU_SM_OCCUPANCY,
-    "tensor_active": c.GPU_TENSOR_ACTIVE,
-    "dram_active": c.GPU_DRAM_ACTIVE,
+SPEC_BY_METRIC: dict[str, tuple[MetricSpec, str]] = {
+    "sm_active": (c.GPU_SM_ACTIVE, ""),
+    "sm_occupancy": (c.GPU_SM_OCCUPANCY, ""),
+    "tensor_active": (c.GPU_TENSOR_ACTIVE, ""),
+    "dram_active": (c.GPU_DRAM_ACTIVE, ""),
+    "pcie_tx": (c.GPU_PCIE_THROUGHPUT, "tx"),
+    "pcie_rx": (c.GPU_PCIE_THROUGHPUT, "rx"),
+    "nvlink_tx": (c.GPU_NVLINK_THROUGHPUT, "tx"),
+    "nvlink_rx": (c.GPU_NVLINK_THROUGHPUT, "rx"),
 }
 
 
+def _uses_gpm(slot: GpuSlot) -> bool:
+    s = slot.device.static
+    return s.gpm_supported and not s.mig_enabled
+
+
 class GpmCollector:
-    """One GPM sample per GPU per tick; ratios over the interval since the previous tick."""
+    """One GPM sample per GPU per tick; ratios and rates over the interval since the previous tick.
+
+    A GPU without GPM (or in MIG mode, where only per-instance GPM is read) reports its PCIe and
+    NVLink traffic from NVML's own counters instead; what a GPU cannot measure has no series.
+    """
 
     name = "gpm"
     interval_seconds: float | None = None
@@ -31,20 +46,34 @@ class GpmCollector:
         self.fleet = fleet
 
     async def collect(self, state: NodeState) -> Sequence[Metric]:
-        """Poll every GPU that supports GPM; the first poll only sets the baseline."""
-        supported = [
-            s for s in self.fleet.live() if s.device.static.gpm_supported and not s.device.static.mig_enabled
-        ]
-        fam = {spec.name: table(spec).family() for spec in c.GPM_METRICS}
+        """Poll every GPU: GPM where supported (the first poll only sets the baseline), else NVML."""
+        specs = c.GPM_METRICS + c.INTERCONNECT_METRICS
+        fam = {spec.name: table(spec).family() for spec in specs}
         poll = partial(poll_gpm, monotonic=self.fleet.clock.monotonic)
-        results = await self.fleet.map(poll, supported)
-        for slot, values in results:
-            if not isinstance(values, dict):
-                continue
-            for metric, value in values.items():
-                f = fam[SPEC_BY_METRIC[metric].name]
-                f.add(f.table.series(slot.uuid, slot.index), value)
+        counters = partial(read_interconnect, monotonic=self.fleet.clock.monotonic)
+        # all in the tick's batch: one deadline per GPU, shared with the other collectors
+        futures = [
+            (slot, self.fleet.submit(slot, poll if _uses_gpm(slot) else counters))
+            for slot in self.fleet.live()
+        ]
+        for slot, fut in futures:
+            result = await fut
+            if isinstance(result, dict):
+                for metric, value in result.items():
+                    _add(fam, slot, metric, value)
+            elif isinstance(result, InterconnectReading):
+                for metric in ("pcie_tx", "pcie_rx", "nvlink_tx", "nvlink_rx"):
+                    value = getattr(result, metric)
+                    if value is not None:
+                        _add(fam, slot, metric, value)
         return [f for f in fam.values() if f.rows]
 
     async def close(self) -> None:
         """Nothing to release: the GPU fleet is closed by the exporter."""
+
+
+def _add(fam: dict[str, SeriesFamily], slot: GpuSlot, metric: str, value: float) -> None:
+    spec, direction = SPEC_BY_METRIC[metric]
+    f = fam[spec.name]
+    labels = (slot.uuid, slot.index, direction) if direction else (slot.uuid, slot.index)
+    f.add(f.table.series(*labels), value)

@@ -5,22 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from exporter.kube.client import ApiSettings
+
 
 @dataclass(frozen=True)
-class KubeSettings:
-    """Where and how to watch the pods of this node."""
-
-    node_name: str
-    api_url: str = "https://kubernetes.default.svc"
-    token_path: Path = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
-    ca_path: Path | None = Path("/var/run/secrets/kubernetes.io/serviceaccount/ca.crt")
-    timeout_seconds: float = 5.0  # one LIST, and the first sync targets() waits for
-    # Each watch asks the server to end it after this long, jittered up to twice as long (client-go's
-    # reflector uses 5-10 min), so watches spread over API server replicas after a rollout.
-    watch_timeout_seconds: float = 300.0
-    # After a failed LIST or WATCH wait this long, doubling up to retry_max_seconds.
-    retry_seconds: float = 1.0
-    retry_max_seconds: float = 60.0
+class KubeSettings(ApiSettings):
+    """Where and how to watch the pods of this node (fields and defaults: exporter/kube/client.py)."""
 
 
 @dataclass(frozen=True)

@@ -298,6 +298,23 @@ def nvmlDeviceGetPcieReplayCounter(state: SimState, dev: SimGpu, t: float, ref: 
     return SUCCESS
 
 
+_PCIE_SAMPLE_SECONDS = 0.02  # nvml.h: the driver reads a byte counter over a 20 ms interval
+
+
+@device_symbol()
+def nvmlDeviceGetPcieThroughput(state: SimState, dev: SimGpu, t: float, counter: Any, ref: Any) -> int:
+    # KB/s with 1 KB granularity (nvmlPcieUtilCounter_t); the real call blocks for the 20 ms it samples
+    kind = as_int(counter)
+    if kind == N.NVML_PCIE_UTIL_TX_BYTES:
+        curve = dev.spec.pcie_tx_bytes_per_second
+    elif kind == N.NVML_PCIE_UTIL_RX_BYTES:
+        curve = dev.spec.pcie_rx_bytes_per_second
+    else:
+        return INVALID_ARGUMENT
+    out(ref).value = int(curve.mean(t - _PCIE_SAMPLE_SECONDS, t) / 1024.0)
+    return SUCCESS
+
+
 @device_symbol("nvmlDeviceGetFanSpeed_v2", "nvmlDeviceGetNumFans")
 def nvmlDeviceGetFanSpeed(state: SimState, dev: SimGpu, t: float, *args: Any) -> int:
     # Data-center boards in the model table are passively cooled

@@ -207,6 +207,19 @@ FIELDS: dict[int, FieldReader] = {
 }
 
 
+# Field IDs newer than some drivers: the branch that added them (NVML API reference, change log)
+FIELD_MIN_DRIVER: dict[int, int] = {
+    N.NVML_FI_DEV_PCIE_COUNT_TX_BYTES: 555,
+    N.NVML_FI_DEV_PCIE_COUNT_RX_BYTES: 555,
+}
+
+
+def driver_branch(version: str) -> int:
+    """The branch (major number) of a driver version such as "570.133.20"; 0 when unreadable."""
+    head = version.split(".", 1)[0]
+    return int(head) if head.isdigit() else 0
+
+
 @device_symbol(mig=True)
 def nvmlDeviceGetFieldValues(state: SimState, dev: Device, t: float, count: Any, values_ref: Any) -> int:
     n = as_int(count)
@@ -214,12 +227,15 @@ def nvmlDeviceGetFieldValues(state: SimState, dev: Device, t: float, count: Any,
         return INVALID_ARGUMENT
     values = out(values_ref)
     stamp = state.epoch_us + int(t * 1e6)
+    driver = driver_branch(state.scenario.driver_version)
     gpu = dev.gpu
     for i in range(n):
         fv = values[i]
         fv.timestamp = stamp
         fv.latencyUsec = 0
         reader = FIELDS.get(fv.fieldId)
+        if driver < FIELD_MIN_DRIVER.get(fv.fieldId, 0):
+            reader = None  # an older driver does not know the field
         # Fields on a MIG handle are not simulated; the real driver answers few of them there
         result = reader(gpu, t, fv.scopeId) if reader is not None and not dev.is_mig else None
         if result is None:

@@ -22,6 +22,26 @@ GPU_PROCESS_HOST_CPU_SECONDS_TOTAL = counter(
     ("uuid", "gpu", "pid", "namespace", "pod", "container"),
 )
 
+GPU_TRAINING_RANK_INFO = info(
+    "gpu_training_rank_info",
+    "A GPU held by one rank of a training job: the job from the pod's controller or JobSet/LWS label "
+    "(training_job_kind is Kind.group, or `torchrun` with the job named MASTER_ADDR:MASTER_PORT for a "
+    "process without a pod), the rank from the process's RANK/LOCAL_RANK/WORLD_SIZE or the pod's index "
+    "label; one series per rank and GPU.",
+    _C,
+    (
+        "uuid",
+        "gpu",
+        "namespace",
+        "pod",
+        "training_job_kind",
+        "training_job",
+        "rank",
+        "local_rank",
+        "world_size",
+    ),
+)
+
 # Written by every collector with a cardinality cap (attribution and engines); listed here, where
 # it was first declared, so docs/metrics.md keeps its place.
 SERIES_DROPPED_TOTAL = counter(
@@ -35,5 +55,6 @@ SERIES_DROPPED_TOTAL = counter(
 ATTRIBUTION_METRICS: tuple[MetricSpec, ...] = (
     GPU_ALLOCATION_INFO,
     GPU_PROCESS_HOST_CPU_SECONDS_TOTAL,
+    GPU_TRAINING_RANK_INFO,
     SERIES_DROPPED_TOTAL,
 )

@@ -123,6 +123,23 @@ GPU_DRAM_ACTIVE = gauge(
     "DRAM bandwidth used as a share of the theoretical maximum (GPM).",
     "gpm",
 )
+_TRAFFIC = ("uuid", "gpu", "direction")
+GPU_PCIE_THROUGHPUT = gauge(
+    "gpu_pcie_throughput_bytes_per_second",
+    "bytes_per_second",
+    "PCIe traffic of the GPU by direction (tx: from the GPU), averaged over the last sampling interval "
+    "(GPM, Hopper and newer); without GPM a 20 ms driver sample (nvmlDeviceGetPcieThroughput).",
+    "gpm",
+    _TRAFFIC,
+)
+GPU_NVLINK_THROUGHPUT = gauge(
+    "gpu_nvlink_throughput_bytes_per_second",
+    "bytes_per_second",
+    "NVLink data traffic of the GPU by direction (tx: from the GPU), summed over its links and averaged "
+    "over the last sampling interval (GPM, or the NVML throughput counters without GPM).",
+    "gpm",
+    _TRAFFIC,
+)
 
 # --- collector "health" --------------------------------------------------------------------------
 GPU_XID_ERRORS = counter(
@@ -238,6 +255,7 @@ DEVICE_METRICS: tuple[MetricSpec, ...] = (
     GPU_FAN_SPEED,
 )
 GPM_METRICS = (GPU_SM_ACTIVE, GPU_SM_OCCUPANCY, GPU_TENSOR_ACTIVE, GPU_DRAM_ACTIVE)
+INTERCONNECT_METRICS = (GPU_PCIE_THROUGHPUT, GPU_NVLINK_THROUGHPUT)
 HEALTH_METRICS = (
     GPU_XID_ERRORS,
     GPU_ECC_ERRORS,
@@ -258,5 +276,11 @@ MIG_METRICS = (
 )
 
 GPU_METRICS: tuple[MetricSpec, ...] = (
-    DEVICE_METRICS + GPM_METRICS + HEALTH_METRICS + NVLINK_METRICS + PROCESS_METRICS + MIG_METRICS
+    DEVICE_METRICS
+    + GPM_METRICS
+    + INTERCONNECT_METRICS
+    + HEALTH_METRICS
+    + NVLINK_METRICS
+    + PROCESS_METRICS
+    + MIG_METRICS
 )

@@ -34,11 +34,7 @@ def load_rules() -> list[dict[str, Any]]:
 
 
 def known_metrics() -> set[str]:
-    """Every metric gpupulse exports, the exporter's and the controller's (gpupulse.metrics.catalog),
-    and the training series the rules already read."""
-    from alerts.rules.training import TRAINING_SERIES
+    """Every metric gpupulse exports, the exporter's and the controller's (gpupulse.metrics.catalog)."""
     from gpupulse.metrics.catalog import ALL_SPECS
 
-    # the per-rank series the training rules read are not exported yet (issue 13: the exporter side is
-    # open, docs/design/training.md); they join the catalog with the collector that writes them
-    return {spec.name for spec in ALL_SPECS} | set(TRAINING_SERIES)
+    return {spec.name for spec in ALL_SPECS}

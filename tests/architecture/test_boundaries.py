@@ -54,8 +54,8 @@ def test_one_module_talks_to_the_kubernetes_api_in_the_controller() -> None:
     assert users == {"remediation/kube/client.py"}, users
 
 
-def test_one_module_per_plug_in_talks_to_the_kubernetes_api_in_the_exporter() -> None:
-    # One reflector per plug-in: engines watches this node's pods, attribution its ResourceSlices
-    # (the plug-ins may not import each other; merging both into one module below them is open).
+def test_the_shared_reflector_talks_to_the_kubernetes_api_in_the_exporter() -> None:
+    # exporter/kube (below the plug-ins) holds the client and the list+watch reflector that engines'
+    # pod discovery and attribution's ResourceSlice and pod-metadata watches share.
     users = _importers("exporter", "kubernetes_asyncio")
-    assert users == {"exporter/engines/kube_pods.py", "exporter/attribution/slices.py"}, users
+    assert users == {"exporter/kube/client.py", "exporter/kube/reflector.py"}, users

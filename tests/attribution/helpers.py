@@ -82,6 +82,14 @@ class ProcfsTree:
         ]
         (d / "maps").write_text("\n".join(lines) + ("\n" if lines else ""))
 
+    def set_environ(self, pid: int, env: Mapping[str, str] | bytes) -> None:
+        """/proc/<pid>/environ: NUL-separated KEY=VALUE entries, each NUL-terminated, as the kernel
+        shows the process's initial environment (or raw bytes, for hostile cases)."""
+        blob = (
+            env if isinstance(env, bytes) else b"".join(f"{k}={v}".encode() + b"\0" for k, v in env.items())
+        )
+        (self.root / str(pid) / "environ").write_bytes(blob)
+
     def remove(self, pid: int) -> None:
         """The process exited."""
         d = self.root / str(pid)
@@ -93,12 +101,15 @@ class ProcfsTree:
 def procfs_from_scenario(tree: ProcfsTree, pods_dir: Path, doc: Mapping[str, Any]) -> None:
     """A /proc entry per scenario process (pod cgroup if a pod lists its PID) and kubelet pod dirs."""
     owner: dict[int, tuple[str, str]] = {}
+    environ: dict[int, Mapping[str, Any]] = {}
     for entry in doc.get("pods") or ():
         namespace, name = str(entry.get("namespace", "default")), str(entry["name"])
         write_pod_dir(pods_dir, pod_uid(namespace, name), namespace, name)
         for container in entry.get("containers") or ():
             for pid in container.get("pids") or ():
                 owner[int(pid)] = (namespace, name)
+                if container.get("env"):
+                    environ[int(pid)] = container["env"]
     for proc in doc.get("processes") or ():
         pid = int(proc["pid"])
         if pid in owner:
@@ -106,6 +117,8 @@ def procfs_from_scenario(tree: ProcfsTree, pods_dir: Path, doc: Mapping[str, Any
         else:
             cgroup = cgroup_host()
         tree.add(pid, cgroup, utime_ticks=pid % 1000, comm=str(proc.get("name", "python3"))[:15])
+        if pid in environ:
+            tree.set_environ(pid, {str(k): str(v) for k, v in environ[pid].items()})
 
 
 def set_cpu_ticks(root: Path, pid: int, ticks: int) -> None:

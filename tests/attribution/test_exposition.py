@@ -42,6 +42,10 @@ async def _all_families(
     weights.mkdir(parents=True)
     (weights / "model.safetensors").write_bytes(b"\0" * 8192)
     procfs.add(4001, cgroup_v2_systemd("aaaaaaa0-bbbb-cccc-dddd-eeeeeeeeeee0", "a" * 64), utime_ticks=10)
+    # a torchrun rank, so gpu_training_rank_info is written too
+    procfs.set_environ(
+        4001, {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
+    )
     state = NodeState(gpus=gpus, processes=[GpuProcess(GPU_UUIDS[0], "0", 4001, None)])
     attribution = AttributionCollector(
         AttributionSettings(

@@ -61,6 +61,22 @@ def test_defaults_follow_the_kubelet_and_node_exporter_conventions() -> None:
     assert page is not None and page.interval_seconds == 30.0
 
 
+def test_the_pod_watch_follows_its_flag_the_node_name_and_the_kubelet_part() -> None:
+    def node(*argv: str) -> str:
+        attr = attribution.from_args(parser_with_both().parse_args(list(argv)))
+        assert attr is not None
+        return attr.settings.pod_watch_node_name
+
+    sock = "--attribution.kubelet-socket=/run/k.sock"
+    assert node(sock, "--attribution.node-name=gpu-7") == "gpu-7"
+    assert node(sock, "--attribution.node-name=gpu-7", "--no-attribution.pod-watch") == ""
+    assert node(sock, "--attribution.node-name=") == ""
+    assert node("--attribution.kubelet-socket=", "--attribution.node-name=gpu-7") == ""
+    args = parser_with_both().parse_args([sock, "--attribution.max-ranks=8"])
+    attr = attribution.from_args(args)
+    assert attr is not None and attr.settings.max_ranks == 8
+
+
 def test_disabled_collectors_are_not_built() -> None:
     args = parser_with_both().parse_args([])
     args.collector_attribution = False  # what exporter-core's --no-collector.attribution sets
@@ -73,6 +89,7 @@ def test_specs_name_every_family_the_collectors_export() -> None:
     assert {s.name for s in ATTRIBUTION_METRICS} == {
         "gpu_allocation_info",
         "gpu_process_host_cpu_seconds_total",
+        "gpu_training_rank_info",
         "gpupulse_series_dropped_total",
     }
     assert {s.collector for s in ATTRIBUTION_METRICS} == {"attribution"}

@@ -226,6 +226,29 @@ def resourceslices_from_scenario(
     return api.add_resourceslice(f"{node}-{driver}", node, driver, node, devices)
 
 
+def pods_to_api_from_scenario(api: FakeKubeAPI, doc: dict[str, Any]) -> list[JSON]:
+    """Add a scenario's `pods` as the API server holds them (schema: docs/design/attribution.md): bound
+    to the scenario's node, with their `labels` and their `owner` as the controller ownerReference,
+    so the exporter's pod watch sees what a kubelet's pod-resources answer lacks."""
+    added = []
+    for entry in doc.get("pods") or ():
+        owner = entry.get("owner")
+        refs = None
+        if isinstance(owner, dict):
+            ref = {k: str(owner[k]) for k in ("apiVersion", "kind", "name") if k in owner}
+            ref["uid"] = str(owner.get("uid") or uuid.uuid5(uuid.NAMESPACE_URL, f"owner/{ref.get('name')}"))
+            refs = [{**ref, "controller": True, "blockOwnerDeletion": True}]
+        pod = api.add_pod(
+            str(entry.get("namespace", "default")),
+            str(entry["name"]),
+            str(doc.get("node", "")),
+            labels={str(k): str(v) for k, v in (entry.get("labels") or {}).items()} or None,
+            owner_references=refs,
+        )
+        added.append(pod)
+    return added
+
+
 def slice_as(version: str, obj: JSON) -> JSON:
     """A ResourceSlice stored in v1 form as the API server serves it in `version`."""
     out = copy.deepcopy(obj)
@@ -403,10 +426,11 @@ class FakeKubeAPI:
         gpus: int = 0,
         phase: str = "Running",
         controller: JSON | None = None,
+        owner_references: list[JSON] | None = None,
     ) -> JSON:
         """A pod bound to `node`; owner is (kind, name) of its controller, or `controller` an object
-        added with add_object (its ownerReference, uid included)."""
-        owners = None
+        added with add_object (its ownerReference, uid included), or owner_references given as is."""
+        owners = owner_references
         if controller is not None:
             owners = [owner_ref(controller)]
         elif owner is not None:

@@ -59,6 +59,8 @@ def pods_from_scenario(doc: Mapping[str, Any]) -> tuple[PodResources, ...]:
     resource name. GPUs without a `uuid` in the scenario fall back to GKE's `nvidia<index>` ids.
     containers[].claims: [{name, namespace?, devices: [DRA device names]}], ResourceClaims of NVIDIA's
     DRA driver in the pool named after the scenario's node (tests/fakes/kube_api.py publishes the slice).
+    A pod's `labels` and `owner` and a container's `env` are not read: pod-resources carries none of
+    them (kube_api.pods_to_api_from_scenario and helpers.procfs_from_scenario do).
     """
     gpus = list(doc.get("gpus") or ())
     replica = 0

@@ -409,7 +409,10 @@ def test_exporter_rbac_equals_docs_rbac(inst: Installed) -> None:
     exporter = inst.values["exporter"]
     want = [
         r
-        for r, on in ((pods, exporter["engines"]["discoverPods"]), (slices, exporter["dra"]["enabled"]))
+        for r, on in (
+            (pods, exporter["engines"]["discoverPods"] or exporter["trainingRanks"]["podWatch"]),
+            (slices, exporter["dra"]["enabled"]),
+        )
         if on
     ]
     roles = [o for o in inst.of_kind("ClusterRole") if o["metadata"]["name"].endswith("-exporter")]

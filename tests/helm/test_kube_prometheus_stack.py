@@ -418,6 +418,18 @@ def test_host_network_keeps_cluster_dns(inst: Installed) -> None:
     assert spec.get("dnsPolicy") == want
 
 
+def test_the_training_pod_watch_switch_reaches_the_exporter(inst: Installed) -> None:
+    exporter = inst.values["exporter"]
+    if not exporter["enabled"]:
+        pytest.skip("exporter disabled")
+    spec = inst.one("DaemonSet")["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    off = "--no-attribution.pod-watch" in container["args"]
+    assert off is not exporter["trainingRanks"]["podWatch"]
+    if exporter["trainingRanks"]["podWatch"]:
+        assert spec["automountServiceAccountToken"] is True  # the watch needs the token
+
+
 def test_otlp_values_become_flags_and_a_secret_header(inst: Installed) -> None:
     otlp = inst.values["exporter"]["otlp"]
     if not inst.values["exporter"]["enabled"]:
@@ -453,8 +465,9 @@ def test_exporter_may_list_and_watch_pods_and_resource_slices_and_nothing_else(i
     exporter = inst.values["exporter"]
     roles = [r for r in inst.of_kind("ClusterRole") if r["metadata"]["name"].endswith("-exporter")]
     want = []
-    if exporter["engines"]["discoverPods"]:
-        # exporter/engines/kube_pods.py: one LIST, then WATCHes, of its node's pods
+    if exporter["engines"]["discoverPods"] or exporter["trainingRanks"]["podWatch"]:
+        # exporter/engines/kube_pods.py and exporter/attribution/podmeta.py: one LIST, then
+        # WATCHes, of its node's pods
         want.append({"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]})
     if exporter["dra"]["enabled"]:
         # exporter/attribution/slices.py: the same for its node's ResourceSlices, in any served version

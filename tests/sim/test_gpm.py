@@ -150,3 +150,38 @@ def test_traffic_rates_match_the_cumulative_counters(sim: Installer, clock: Manu
     assert total.value.ullVal == 100 * 2**20  # 100 GiB in KiB
     assert link0.value.ullVal == total.value.ullVal // 3  # spread over the three links that are up
     assert link3.value.ullVal == 0
+
+
+def test_pcie_throughput_is_kb_per_second_over_the_last_20_ms(sim: Installer, clock: ManualClock) -> None:
+    # nvml.h: nvmlDeviceGetPcieThroughput samples a byte counter over 20 ms, in KB/s (1 KB granularity)
+    sim(
+        {
+            "gpus": [
+                {
+                    "model": "A100",
+                    "pcie_tx_bytes_per_second": [[0, 0], [10, "10GiB"]],
+                    "pcie_rx_bytes_per_second": "1MiB",
+                }
+            ]
+        }
+    )
+    (h,) = handles()
+    clock.set(5)
+    assert N.nvmlDeviceGetPcieThroughput(h, N.NVML_PCIE_UTIL_TX_BYTES) == int(
+        (5 - 0.01) * 2**20
+    )  # the ramp at 4.99 s, in KiB/s
+    assert N.nvmlDeviceGetPcieThroughput(h, N.NVML_PCIE_UTIL_RX_BYTES) == 1024
+    with pytest.raises(N.NVMLError_InvalidArgument):
+        N.nvmlDeviceGetPcieThroughput(h, N.NVML_PCIE_UTIL_COUNT)
+
+
+def test_a_driver_before_555_has_no_pcie_byte_counters(sim: Installer) -> None:
+    sim(
+        {"driver_version": "535.183.01", "gpus": [{"model": "A100", "nvlink": {"links": 12, "switch": True}}]}
+    )
+    (h,) = handles()
+    pcie, nvlink = N.nvmlDeviceGetFieldValues(
+        h, [N.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, (N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, 0xFFFFFFFF)]
+    )
+    assert pcie.nvmlReturn == N.NVML_ERROR_NOT_SUPPORTED
+    assert nvlink.nvmlReturn == N.NVML_SUCCESS
