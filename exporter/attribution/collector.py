@@ -9,6 +9,7 @@ import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from prometheus_client.core import Metric
 
@@ -88,6 +89,8 @@ class AttributionSettings:
     # (claims then show with `driver/pool/device` ids and no uuid).
     dra_node_name: str = ""
     dra_api_url: str = "https://kubernetes.default.svc"
+    # the bearer token of both watches, re-read before every request (projected tokens rotate)
+    kube_token_path: str = str(ApiSettings.token_path)
     dra_drivers: tuple[str, ...] = DEFAULT_DRIVERS
     # Training jobs: this node's pods are watched for labels and owners; "" turns the pod watch off
     # (a process's job then comes from its environment alone). Uses dra_api_url's API server.
@@ -135,14 +138,25 @@ class AttributionCollector:
             self._tracker = PodResourcesTracker(client, tracker_settings, clock or SystemClock())
         self._pods: PodMetadataSource | None = None
         if settings.pod_watch_node_name:
-            self._pods = PodMetadataSource(ApiSettings(settings.pod_watch_node_name, settings.dra_api_url))
+            self._pods = PodMetadataSource(
+                ApiSettings(
+                    settings.pod_watch_node_name,
+                    settings.dra_api_url,
+                    token_path=Path(settings.kube_token_path),
+                )
+            )
         self._environ = EnvironCache(settings.procfs_path)
         self._ranks_kept: set[RankRow] = set()
         self._ranks_capped = False
         self._slices: ResourceSliceSource | None = None
         if settings.dra_node_name:
             self._slices = ResourceSliceSource(
-                SliceSettings(settings.dra_node_name, settings.dra_api_url, drivers=settings.dra_drivers)
+                SliceSettings(
+                    settings.dra_node_name,
+                    settings.dra_api_url,
+                    token_path=Path(settings.kube_token_path),
+                    drivers=settings.dra_drivers,
+                )
             )
         self._exported: set[tuple[str, int]] = set()
         self._dropped_total = 0
@@ -438,6 +452,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="Kubernetes API base URL for the ResourceSlice and pod watches (default: in-cluster service)",
     )
     group.add_argument(
+        "--attribution.kube-token-file",
+        dest="attribution_kube_token_file",
+        default=d.kube_token_path,
+        help="bearer token file for --attribution.kube-api-url, re-read before every request "
+        "(default: the pod's service-account token)",
+    )
+    group.add_argument(
         "--attribution.dra-drivers",
         dest="attribution_dra_drivers",
         type=csv_list,
@@ -498,6 +519,7 @@ def from_args(args: argparse.Namespace) -> AttributionCollector | None:
         # the slice watch needs the API server: only where the kubelet part is on too
         dra_node_name=args.attribution_dra_node_name if args.attribution_kubelet_socket != "" else "",
         dra_api_url=args.attribution_kube_api_url,
+        kube_token_path=args.attribution_kube_token_file,
         dra_drivers=tuple(args.attribution_dra_drivers),
         pod_watch_node_name=args.attribution_node_name
         if args.attribution_pod_watch and args.attribution_kubelet_socket != ""
