@@ -38,27 +38,6 @@ SCENARIO_SECONDS = 300.0
 # scenario seconds after the onset that the controller's actions are watched for a second restart
 SETTLE_SCENARIO_SECONDS = 150.0
 TARGET_SECONDS = {"TrainingJobHung": 120.0, "TrainingRankStraggler": 180.0, "TrainingJobNodeFault": 120.0}
-# `for:` of the fast profile, wall seconds: a pending episode on the healthy job must stay well short
-# of it. Pending is reached on transients by design: at a phase change (the end of a checkpoint) the
-# two nodes are sampled and scraped up to an interval apart, so for one evaluation half the ranks look
-# busy and half idle, and the straggler's tensor signal holds; GPUIdleWhileAllocated reads the SM
-# activity of the moment, so every pause (checkpoint, loader stall, a hang's spin) holds it while it
-# lasts. `for:` filters both, and Alertmanager never sees a pending alert.
-FOR_SECONDS = {
-    "TrainingJobHung": 12.0,
-    "TrainingRankStraggler": 24.0,
-    "TrainingJobDegraded": 180.0,
-    "TrainingJobNodeFault": 12.0,
-    "GPUIdleWhileAllocated": 360.0,
-}
-
-
-def _belongs(labels: dict[str, str], case: Case) -> bool:
-    if labels.get("training_job") == case.job:
-        return True
-    if labels.get("pod", "").startswith(case.job + "-"):
-        return True
-    return labels.get("node") in case.nodes
 
 
 async def _run_until_settled(replay: Replay) -> None:
@@ -74,27 +53,15 @@ async def _run_until_settled(replay: Replay) -> None:
 
 async def _check_case(replay: Replay, case: Case, report: list[str]) -> None:
     speed = replay.profile.speed
-    seen = [a for a in await replay.alerts_during_run() if _belongs(a[2], case)]
-    firing = sorted({(n, lb.get("node", ""), lb.get("gpu", "")) for n, st, lb, _ in seen if st == "firing"})
-    unexpected = [f for f in firing if f[0] not in case.expected]
-    assert not unexpected, f"{case.name}: alerts firing that should not: {unexpected}"
-    pending = await replay.pending_runs(lambda labels: _belongs(labels, case) and not case.excused(labels))
-    for name, seconds in pending.items():
-        if name in case.expected:
-            continue
-        assert name in FOR_SECONDS, f"{case.name}: {name} went pending"
-        assert seconds <= FOR_SECONDS[name] / 2, f"{case.name}: {name} pending for {seconds:.0f} s"
-    shown = ", ".join(f"{n} {s * speed:.0f} s" for n, s in sorted(pending.items()) if n not in case.expected)
+    quiet = await replay.quiet(case)
+    assert not quiet.firing, f"{case.name}: alerts firing that should not: {quiet.firing}"
+    assert not quiet.too_long, f"{case.name}: pending for more than half their for: {quiet.too_long}"
     if case.fault_at is None:
-        assert not firing, f"{case.name}: alerts on the healthy job: {firing}"
         assert not replay.pod_deletes(case), f"{case.name}: the controller touched the healthy job"
         assert not any(replay.cordoned(n) for n in case.nodes)
-        report.append(
-            f"{case.name}: 0 alerts firing over {SCENARIO_SECONDS:.0f} s; longest pending (scenario s): "
-            f"{shown or 'none'}"
-        )
+        report.append(f"{case.name}: over {SCENARIO_SECONDS:.0f} s, {quiet.describe()}")
         return
-    report.append(f"{case.name}: other alerts never fired; longest pending (scenario s): {shown or 'none'}")
+    report.append(f"{case.name}: besides {', '.join(sorted(case.expected))}, {quiet.describe()}")
 
     onset = replay.onset(case)
     for name in case.expected:

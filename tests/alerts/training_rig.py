@@ -38,8 +38,10 @@ from typing import Any
 import aiohttp
 import yaml
 
+from alerts.config import load_config
 from alerts.generate import render_rules
 from demo.configs import alertmanager_config
+from gpupulse.durations import parse_duration
 from tests.alerts.ruleset import TESTS_DIR
 from tests.attribution.helpers import ProcfsTree, procfs_from_scenario
 from tests.fakes.alertmanager_process import AlertmanagerHandle, running_alertmanager
@@ -69,6 +71,14 @@ class Case:
     # alerts the suspect GPU may hold pending (never firing within the replay): what its fault is
     # besides a training fault, e.g. a throttled GPU's temperature alerts, whose `for:` is longer
     side_alerts: frozenset[str] = frozenset()
+
+    def owns(self, labels: Mapping[str, str]) -> bool:
+        """An alert about this case: its job, one of its pods, or one of its nodes."""
+        return (
+            labels.get("training_job") == self.job
+            or labels.get("pod", "").startswith(self.job + "-")
+            or labels.get("node") in self.nodes
+        )
 
     def excused(self, labels: Mapping[str, str]) -> bool:
         """A pending side alert on the suspect GPU."""
@@ -176,6 +186,24 @@ class Exporter:
         return f"gpupulse-{self.node}"
 
 
+@dataclass(frozen=True)
+class Quiet:
+    """Alerts besides a case's expected ones: firing (alertname, node, gpu), the longest pending
+    episode per alert (scenario seconds), and the alerts pending for more than half their `for:`."""
+
+    firing: list[tuple[str, str, str]]
+    pending: dict[str, float]
+    too_long: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return not self.firing and not self.too_long
+
+    def describe(self) -> str:
+        shown = ", ".join(f"{n} {s:.0f} s" for n, s in sorted(self.pending.items()))
+        return f"firing: {self.firing or 'none'}; longest pending (scenario s): {shown or 'none'}"
+
+
 @dataclass
 class Replay:
     """What a run measured; the live handles stay usable inside `running_replay`."""
@@ -238,6 +266,33 @@ class Replay:
             name = labels["alertname"]
             out[name] = max(out.get(name, 0.0), longest + self.profile.interval_seconds)
         return out
+
+    def for_seconds(self, alertname: str) -> float:
+        """The alert's `for:` in this run's rules, wall seconds."""
+        return parse_duration(load_config(overrides=self.profile.overrides).for_(alertname))
+
+    async def quiet(self, case: Case) -> Quiet:
+        """What fired or went pending on the case besides its expected alerts, judged: nothing may
+        fire, and a pending episode must stay under half the alert's `for:`. Pending is reached on
+        transients by design: at a phase change (the end of a checkpoint) the two nodes are sampled and
+        scraped up to an interval apart, so for one evaluation half the ranks look busy and half idle
+        and the straggler's tensor signal holds; GPUIdleWhileAllocated reads the SM activity of the
+        moment, so every pause (a checkpoint, a loader stall, a hang's spin) holds it while it lasts.
+        `for:` filters both, and Alertmanager never sees a pending alert. The suspect GPU's side alerts
+        (Case.side_alerts) may stay pending however long."""
+        firing = sorted(
+            {
+                (name, labels.get("node", ""), labels.get("gpu", ""))
+                for name, state, labels, _ in await self.alerts_during_run()
+                if state == "firing" and case.owns(labels) and name not in case.expected
+            }
+        )
+        runs = await self.pending_runs(lambda labels: case.owns(labels) and not case.excused(labels))
+        pending = {n: s * self.profile.speed for n, s in runs.items() if n not in case.expected}
+        too_long = sorted(
+            n for n, s in runs.items() if n not in case.expected and s > self.for_seconds(n) / 2
+        )
+        return Quiet(firing, pending, too_long)
 
     def pod_deletes(self, case: Case) -> list[str]:
         """Pod DELETE requests the controller sent for this case's job."""
