@@ -127,7 +127,10 @@ def training_file(c: RulesConfig) -> RuleFile:
             expr=(
                 f"{JOB_RANKS}\n"
                 f"and on({JOB_BY}) ({JOB_RANKS_SEEN} >= 2)\n"
-                f"and on({JOB_BY}) (min by ({JOB_BY}) (max by ({JOB_BY}, rank) ({RANK_BUSY_IDLE})) == 1)"
+                f"and on({JOB_BY}) (min by ({JOB_BY}) (max by ({JOB_BY}, rank) ({RANK_BUSY_IDLE})) == 1)\n"
+                # the ranks that wait for a rank whose GPU is lost: TrainingJobNodeFault's, which also
+                # cordons the node (a restart alone would bring the job back onto it)
+                f"unless on({JOB_BY}) max by ({JOB_BY}) (\n{ranks_of_lost}\n)"
             ),
             severity="critical",
             layer="training",
@@ -135,8 +138,8 @@ def training_file(c: RulesConfig) -> RuleFile:
             target_kind="job",
             summary="Every rank of a training job holds a kernel but does no work.",
             description=(
-                f"Every running rank of {_JOB_TEXT} ({{{{ $value }}}} of them) has kept a kernel resident for "
-                f"{c.for_('TrainingJobHung')} with tensor activity at or below "
+                f"Every running rank of {_JOB_TEXT} ({{{{ $value }}}} of them) has kept a kernel resident "
+                f"for {c.for_('TrainingJobHung')} with tensor activity at or below "
                 f"{num(t.training_idle_tensor_active_ratio)} and PCIe and NVLink traffic at or below "
                 f"{num(t.training_idle_interconnect_bytes_per_second)} B/s: a collective waits for a rank "
                 "that never arrives (a dead or wedged rank, a lost peer). The job makes no progress."

@@ -89,9 +89,9 @@ class AttributionSettings:
     # (claims then show with `driver/pool/device` ids and no uuid).
     dra_node_name: str = ""
     dra_api_url: str = "https://kubernetes.default.svc"
+    # the bearer token of both watches, re-read before every request (projected tokens rotate)
+    kube_token_path: str = str(ApiSettings.token_path)
     dra_drivers: tuple[str, ...] = DEFAULT_DRIVERS
-    # the bearer token for that API server (re-read before every request: projected tokens rotate)
-    dra_token_path: str = str(SliceSettings.token_path)
     # Training jobs: this node's pods are watched for labels and owners; "" turns the pod watch off
     # (a process's job then comes from its environment alone). Uses dra_api_url's API server.
     pod_watch_node_name: str = ""
@@ -142,7 +142,7 @@ class AttributionCollector:
                 ApiSettings(
                     settings.pod_watch_node_name,
                     settings.dra_api_url,
-                    token_path=Path(settings.dra_token_path),
+                    token_path=Path(settings.kube_token_path),
                 )
             )
         self._environ = EnvironCache(settings.procfs_path)
@@ -154,7 +154,7 @@ class AttributionCollector:
                 SliceSettings(
                     settings.dra_node_name,
                     settings.dra_api_url,
-                    token_path=Path(settings.dra_token_path),
+                    token_path=Path(settings.kube_token_path),
                     drivers=settings.dra_drivers,
                 )
             )
@@ -457,9 +457,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--attribution.kube-token-file",
         dest="attribution_kube_token_file",
-        default=d.dra_token_path,
-        help="bearer token file for the ResourceSlice and pod watches, re-read before every request "
-        "(default: the pod's service-account token, %(default)s)",
+        default=d.kube_token_path,
+        help="bearer token file for --attribution.kube-api-url, re-read before every request "
+        "(default: the pod's service-account token)",
     )
     group.add_argument(
         "--attribution.dra-drivers",
@@ -522,7 +522,7 @@ def from_args(args: argparse.Namespace) -> AttributionCollector | None:
         # the slice watch needs the API server: only where the kubelet part is on too
         dra_node_name=args.attribution_dra_node_name if args.attribution_kubelet_socket != "" else "",
         dra_api_url=args.attribution_kube_api_url,
-        dra_token_path=args.attribution_kube_token_file,
+        kube_token_path=args.attribution_kube_token_file,
         dra_drivers=tuple(args.attribution_dra_drivers),
         pod_watch_node_name=args.attribution_node_name
         if args.attribution_pod_watch and args.attribution_kubelet_socket != ""

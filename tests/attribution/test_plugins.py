@@ -63,10 +63,10 @@ def test_dra_flags_reach_the_settings() -> None:
     assert attr is not None
     assert attr.settings.dra_node_name == "gpu-node-7"
     assert attr.settings.dra_api_url == "http://127.0.0.1:8001"
-    assert attr.settings.dra_token_path == "/etc/gpupulse/token"
+    assert attr.settings.kube_token_path == "/etc/gpupulse/token"
     default = attribution.from_args(parser_with_both().parse_args([]))
     assert default is not None
-    assert default.settings.dra_token_path == "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    assert default.settings.kube_token_path == "/var/run/secrets/kubernetes.io/serviceaccount/token"
 
 
 def test_defaults_follow_the_kubelet_and_node_exporter_conventions() -> None:

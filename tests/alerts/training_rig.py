@@ -1,0 +1,591 @@
+"""The training-job replay rig: a 2 x 8 PyTorchJob per case, one `gpupulse-exporter --simulate` per node,
+the real Prometheus with our rules, the real Alertmanager, and the real controller with the Kubernetes
+backend against the in-process API server, which holds the job's PyTorchJob, its 16 pods and the nodes.
+
+Used by tests/alerts/test_training_replay.py (the fast profile: scenarios played SPEED x fast with the
+rules' windows and `for:` scaled to match) and bench/proofs/training.py (real speed, the shipped rules).
+
+Each case is two scenario files, exporter/scenarios/training-<case>-{a,b}.yaml. Attribution is real:
+a fake kubelet per node lists the pods' GPUs, a fake /proc holds each rank's cgroup and its launcher
+environment (RANK, WORLD_SIZE, ...), and the exporter's pod watch reads the pods' labels and owner from
+the API server. The training operator is played here (`_recreate_deleted_ranks`): a deleted rank pod
+comes back at once under the same name with a new UID, as training-operator recreates missing
+replicas. The scheduler is not played: a pod comes back on the node it left, cordoned or not, because
+the simulated processes cannot move, and the simulator keeps playing its fault after the restart.
+
+Times: a fault's onset is a scenario time (Case.fault_at). The exporter's simulated clock starts before
+its first log line, so onset (unix) = that line's timestamp + fault_at / speed, at most a few
+milliseconds late; a detection latency is the first ALERTS{alertstate="firing"} sample minus that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+
+from alerts.config import load_config
+from alerts.generate import render_rules
+from demo.configs import alertmanager_config
+from gpupulse.durations import parse_duration
+from tests.alerts.ruleset import TESTS_DIR
+from tests.attribution.helpers import ProcfsTree, procfs_from_scenario
+from tests.fakes.alertmanager_process import AlertmanagerHandle, running_alertmanager
+from tests.fakes.kube_api import JSON, FakeKubeAPI
+from tests.fakes.kubelet import FakeKubelet, pods_from_scenario
+from tests.fakes.prometheus_process import PromHandle, free_port, running_prometheus
+
+BIN = Path(sys.executable).parent
+SCENARIOS = Path(__file__).resolve().parents[2] / "exporter" / "scenarios"
+NAMESPACE = "research"
+CONTROLLER_TOKEN = "gpupulse-training-replay"
+# a training cluster bigger than the replay's nodes: the fraction budget counts migrated nodes
+# against it (two cordons of 8 nodes would open the breaker at 0.2)
+CLUSTER_NODES = 64
+
+
+@dataclass(frozen=True)
+class Case:
+    """One replayed job: which alerts must fire, and what the controller must do."""
+
+    name: str
+    fault_at: float | None  # scenario seconds; None for the healthy job
+    expected: frozenset[str]  # training alerts that must fire on the job
+    action: str | None = None  # the ledger action the controller must take: restart or migrate
+    suspect: Mapping[str, str] = field(default_factory=dict)  # labels the alert must name
+    cordon: str | None = None  # the node a migrate cordons
+    # alerts the suspect GPU may hold pending (never firing within the replay): what its fault is
+    # besides a training fault, e.g. a throttled GPU's temperature alerts, whose `for:` is longer
+    side_alerts: frozenset[str] = frozenset()
+
+    def owns(self, labels: Mapping[str, str]) -> bool:
+        """An alert about this case: its job, one of its pods, or one of its nodes."""
+        return (
+            labels.get("training_job") == self.job
+            or labels.get("pod", "").startswith(self.job + "-")
+            or labels.get("node") in self.nodes
+        )
+
+    def excused(self, labels: Mapping[str, str]) -> bool:
+        """A pending side alert on the suspect GPU."""
+        return (
+            labels.get("alertname") in self.side_alerts
+            and labels.get("node") == self.suspect.get("node")
+            and labels.get("gpu") == self.suspect.get("gpu")
+        )
+
+    @property
+    def job(self) -> str:
+        return f"llama-{self.name}"
+
+    @property
+    def nodes(self) -> tuple[str, str]:
+        return (f"training-{self.name}-a", f"training-{self.name}-b")
+
+    def scenario(self, node: str) -> Path:
+        return SCENARIOS / f"{node}.yaml"
+
+
+CASES = {
+    c.name: c
+    for c in (
+        Case("healthy", None, frozenset()),
+        Case("hang", 60.0, frozenset({"TrainingJobHung"}), action="restart"),
+        Case(
+            "straggler",
+            60.0,
+            frozenset({"TrainingRankStraggler"}),
+            action="migrate",
+            suspect={"rank": "13", "gpu": "5", "node": "training-straggler-b", "signal": "sm_clock"},
+            cordon="training-straggler-b",
+            side_alerts=frozenset({"GPUThermalThrottling", "GPUTemperatureHigh"}),
+        ),
+        Case(
+            "xid79",
+            60.0,
+            frozenset({"TrainingJobNodeFault"}),
+            action="migrate",
+            suspect={"rank": "6", "gpu": "6", "node": "training-xid79-a"},
+            cordon="training-xid79-a",
+        ),
+    )
+}
+
+
+@dataclass(frozen=True)
+class Profile:
+    """How fast the scenarios play and which rules judge them."""
+
+    name: str
+    speed: float  # scenario seconds per wall second
+    interval_seconds: float  # Prometheus scrape and rule evaluation
+    overrides: Mapping[str, Any] | None  # over alerts/config.yaml; None: the shipped rules
+    group_wait: str
+    group_interval: str
+    sampling_seconds: float  # exporter sampling and attribution interval (wall)
+
+    def scenario_seconds(self, wall_seconds: float) -> float:
+        return wall_seconds * self.speed
+
+
+def _deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def fast_overrides() -> dict[str, Any]:
+    """tests/alerts/fast-overrides.yaml with training-fast-overrides.yaml over it."""
+    base = yaml.safe_load((TESTS_DIR / "fast-overrides.yaml").read_text())
+    training = yaml.safe_load((TESTS_DIR / "training-fast-overrides.yaml").read_text())
+    return _deep_merge(base, training)
+
+
+FAST = Profile("fast", 5.0, 1.0, None, "1s", "1s", 0.5)  # overrides filled in by fast_profile()
+# the chart's defaults: a 15 s ServiceMonitor interval and evaluation, Alertmanager's groupWait 10s and
+# groupInterval 1m (controller.alertmanagerConfig)
+SHIPPED = Profile("shipped", 1.0, 15.0, None, "10s", "1m", 1.0)
+
+
+def fast_profile() -> Profile:
+    return Profile(
+        FAST.name, FAST.speed, FAST.interval_seconds, fast_overrides(), FAST.group_wait,
+        FAST.group_interval, FAST.sampling_seconds,
+    )  # fmt: skip
+
+
+@dataclass
+class Exporter:
+    case: Case
+    node: str
+    port: int
+    proc: asyncio.subprocess.Process
+    log: Path
+    started_unix: float = 0.0  # the first log line's timestamp: the simulated clock runs from about then
+
+    @property
+    def job(self) -> str:
+        return f"gpupulse-{self.node}"
+
+
+@dataclass(frozen=True)
+class Quiet:
+    """Alerts besides a case's expected ones: firing (alertname, node, gpu), the longest pending
+    episode per alert (scenario seconds), and the alerts pending for more than half their `for:`."""
+
+    firing: list[tuple[str, str, str]]
+    pending: dict[str, float]
+    too_long: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return not self.firing and not self.too_long
+
+    def describe(self) -> str:
+        shown = ", ".join(f"{n} {s:.0f} s" for n, s in sorted(self.pending.items()))
+        return f"firing: {self.firing or 'none'}; longest pending (scenario s): {shown or 'none'}"
+
+
+@dataclass
+class Replay:
+    """What a run measured; the live handles stay usable inside `running_replay`."""
+
+    profile: Profile
+    cases: tuple[Case, ...]
+    api: FakeKubeAPI
+    prom: PromHandle
+    am: AlertmanagerHandle
+    controller_url: str
+    exporters: list[Exporter]
+    t_start: float  # unix, before Prometheus's first scrape
+    jobs: dict[str, JSON] = field(default_factory=dict)  # case name -> PyTorchJob object
+
+    def onset(self, case: Case) -> float:
+        """Unix time of the case's fault onset (the later of its two exporters' clocks)."""
+        assert case.fault_at is not None
+        start = max(e.started_unix for e in self.exporters if e.case == case)
+        return start + case.fault_at / self.profile.speed
+
+    async def firing_since(self, case: Case, alertname: str) -> list[dict[str, Any]]:
+        """ALERTS{firing} series of this alert on this case's job since the start, with their samples."""
+        window = int(time.time() - self.t_start) + 5
+        selector = (
+            f'alertname="{alertname}", alertstate="firing", namespace="{NAMESPACE}", '
+            f'training_job="{case.job}"'
+        )
+        return await self.prom.query(f"ALERTS{{{selector}}}[{window}s]")
+
+    async def first_firing(self, case: Case, alertname: str) -> float | None:
+        stamps = [float(ts) for s in await self.firing_since(case, alertname) for ts, _ in s["values"]]
+        return min(stamps) if stamps else None
+
+    async def alerts_during_run(self) -> list[tuple[str, str, dict[str, str], float]]:
+        """(alertname, alertstate, labels, first sample unix) of every ALERTS series since the start."""
+        window = int(time.time() - self.t_start) + 5
+        out = []
+        for series in await self.prom.query(f"ALERTS[{window}s]"):
+            labels = dict(series["metric"])
+            first = min(float(ts) for ts, _ in series["values"])
+            out.append((labels["alertname"], labels["alertstate"], labels, first))
+        return out
+
+    async def pending_runs(self, case_filter: Callable[[dict[str, str]], bool]) -> dict[str, float]:
+        """Alert name -> its longest pending episode (wall seconds, first to last sample) since the
+        start, over the ALERTS{alertstate="pending"} series whose labels pass the filter."""
+        window = int(time.time() - self.t_start) + 5
+        gap = 1.5 * self.profile.interval_seconds
+        out: dict[str, float] = {}
+        for series in await self.prom.query(f'ALERTS{{alertstate="pending"}}[{window}s]'):
+            labels = dict(series["metric"])
+            if not case_filter(labels):
+                continue
+            stamps = sorted(float(ts) for ts, _ in series["values"])
+            longest, begin = 0.0, stamps[0]
+            for prev, ts in itertools.pairwise(stamps):
+                if ts - prev > gap:
+                    begin = ts
+                longest = max(longest, ts - begin)
+            name = labels["alertname"]
+            out[name] = max(out.get(name, 0.0), longest + self.profile.interval_seconds)
+        return out
+
+    def for_seconds(self, alertname: str) -> float:
+        """The alert's `for:` in this run's rules, wall seconds."""
+        return parse_duration(load_config(overrides=self.profile.overrides).for_(alertname))
+
+    async def quiet(self, case: Case) -> Quiet:
+        """What fired or went pending on the case besides its expected alerts, judged: nothing may
+        fire, and a pending episode must stay under half the alert's `for:`. Pending is reached on
+        transients by design: at a phase change (the end of a checkpoint) the two nodes are sampled and
+        scraped up to an interval apart, so for one evaluation half the ranks look busy and half idle
+        and the straggler's tensor signal holds; GPUIdleWhileAllocated reads the SM activity of the
+        moment, so every pause (a checkpoint, a loader stall, a hang's spin) holds it while it lasts.
+        `for:` filters both, and Alertmanager never sees a pending alert. The suspect GPU's side alerts
+        (Case.side_alerts) may stay pending however long."""
+        firing = sorted(
+            {
+                (name, labels.get("node", ""), labels.get("gpu", ""))
+                for name, state, labels, _ in await self.alerts_during_run()
+                if state == "firing" and case.owns(labels) and name not in case.expected
+            }
+        )
+        runs = await self.pending_runs(lambda labels: case.owns(labels) and not case.excused(labels))
+        pending = {n: s * self.profile.speed for n, s in runs.items() if n not in case.expected}
+        too_long = sorted(
+            n for n, s in runs.items() if n not in case.expected and s > self.for_seconds(n) / 2
+        )
+        return Quiet(firing, pending, too_long)
+
+    def pod_deletes(self, case: Case) -> list[str]:
+        """Pod DELETE requests the controller sent for this case's job."""
+        prefix = f"/api/v1/namespaces/{NAMESPACE}/pods/{case.job}-"
+        return [r.path for r in self.api.requests if r.method == "DELETE" and r.path.startswith(prefix)]
+
+    def cordoned(self, node: str) -> bool:
+        return bool(self.api.nodes[node]["spec"].get("unschedulable"))
+
+    def cordon_index(self, node: str) -> int | None:
+        """Index in the request log of the PATCH that cordoned `node`."""
+        for i, r in enumerate(self.api.requests):
+            if (
+                r.method == "PATCH"
+                and r.path == f"/api/v1/nodes/{node}"
+                and "unschedulable" in json.dumps(r.body)
+            ):
+                return i
+        return None
+
+    def first_delete_index(self, case: Case) -> int | None:
+        prefix = f"/api/v1/namespaces/{NAMESPACE}/pods/{case.job}-"
+        for i, r in enumerate(self.api.requests):
+            if r.method == "DELETE" and r.path.startswith(prefix):
+                return i
+        return None
+
+    async def controller(self, path: str) -> Any:
+        headers = {"Authorization": f"Bearer {CONTROLLER_TOKEN}"}
+        async with aiohttp.ClientSession() as s, s.get(f"{self.controller_url}{path}", headers=headers) as r:
+            r.raise_for_status()
+            return await r.json()
+
+    async def incidents(self, case: Case) -> list[dict[str, Any]]:
+        """The controller's incidents on this case's job, each with its ledger history."""
+        out = []
+        for item in (await self.controller("/api/v1/incidents?limit=500"))["incidents"]:
+            if case.job in json.dumps(item):
+                out.append(await self.controller(f"/api/v1/incidents/{item['id']}"))
+        return out
+
+    async def actions(self, case: Case) -> list[tuple[str, str]]:
+        """(rung, status) of every ledger action on this case's job."""
+        return [
+            (str(h["rung"]), str(h["status"]))
+            for inc in await self.incidents(case)
+            for h in inc["history"]
+            if h["kind"] == "action"
+        ]
+
+
+def _seed_cluster(api: FakeKubeAPI, cases: Sequence[Case]) -> dict[str, JSON]:
+    """Nodes, each case's PyTorchJob (with the UID its pods' ownerReferences carry) and its 16 pods."""
+    jobs: dict[str, JSON] = {}
+    for case in cases:
+        docs = [yaml.safe_load(case.scenario(node).read_text()) for node in case.nodes]
+        owner = docs[0]["pods"][0]["owner"]
+        job = api.add_object(
+            "kubeflow.org/v1",
+            "pytorchjobs",
+            NAMESPACE,
+            case.job,
+            spec={"pytorchReplicaSpecs": {"Master": {"replicas": 1}, "Worker": {"replicas": 15}}},
+        )
+        job["metadata"]["uid"] = owner["uid"]
+        jobs[case.name] = job
+        for node, doc in zip(case.nodes, docs, strict=True):
+            api.add_node(node, labels={"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"})
+            for entry in doc["pods"]:
+                api.add_pod(
+                    NAMESPACE, entry["name"], node, labels=dict(entry["labels"]), gpus=1, controller=job
+                )
+    return jobs
+
+
+def _recreate_deleted_ranks(api: FakeKubeAPI, jobs: Mapping[str, JSON]) -> None:
+    """Play training-operator: a deleted replica pod of a job comes back at once (same name, new UID)."""
+    remove = api._remove_pod
+    by_uid = {str(j["metadata"]["uid"]): j for j in jobs.values()}
+
+    def remove_and_recreate(pod: JSON, via: str) -> None:
+        remove(pod, via)
+        meta = pod["metadata"]
+        refs = meta.get("ownerReferences") or [{}]
+        job = by_uid.get(str(refs[0].get("uid")))
+        if job is not None:
+            labels = dict(meta.get("labels") or {})
+            api.add_pod(
+                meta["namespace"],
+                meta["name"],
+                pod["spec"]["nodeName"],
+                labels=labels,
+                gpus=1,
+                controller=job,
+            )
+
+    api._remove_pod = remove_and_recreate  # type: ignore[method-assign]
+
+
+def _log_start(log: Path) -> float | None:
+    """Unix time of an exporter log's first line (`2026-12-01T14:51:26.889Z INFO ...`)."""
+    try:
+        first = log.read_text(errors="replace").split("\n", 1)[0]
+    except OSError:
+        return None
+    stamp = first.split(" ", 1)[0]
+    if not stamp.endswith("Z"):
+        return None
+    try:
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+async def _wait_http(url: str, proc: asyncio.subprocess.Process, timeout_seconds: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_seconds
+    async with aiohttp.ClientSession() as session:
+        while True:
+            if proc.returncode is not None:
+                raise RuntimeError(f"{url}: process exited with {proc.returncode}")
+            try:
+                async with session.get(url) as resp:
+                    if resp.status == 200:
+                        return
+            except aiohttp.ClientConnectionError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{url} not answering after {timeout_seconds} s")
+            await asyncio.sleep(0.1)
+
+
+@asynccontextmanager
+async def _process(
+    args: list[str], log: Path, env: Mapping[str, str] | None = None
+) -> AsyncIterator[asyncio.subprocess.Process]:
+    with log.open("wb") as out:
+        proc = await asyncio.create_subprocess_exec(
+            *args, stdout=out, stderr=asyncio.subprocess.STDOUT, env=dict(env) if env is not None else None
+        )
+    try:
+        yield proc
+    finally:
+        if proc.returncode is None:
+            proc.terminate()
+            try:
+                await asyncio.wait_for(proc.wait(), 10)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+
+
+def exporter_kube_flags(api: FakeKubeAPI, node: str, token_file: Path) -> list[str]:
+    """The exporter's pod-watch flags (issue 13, part A): API server, this node, credentials."""
+    return [
+        "--attribution.kube-api-url",
+        api.url,
+        "--attribution.node-name",
+        node,
+        "--attribution.kube-token-file",
+        str(token_file),
+    ]
+
+
+async def _start_exporter(
+    stack: AsyncExitStack, case: Case, node: str, profile: Profile, api: FakeKubeAPI, tmp: Path, short: Path
+) -> Exporter:
+    doc = yaml.safe_load(case.scenario(node).read_text())
+    kubelet = FakeKubelet(str(short / f"{node}.sock"), pods_from_scenario(doc))
+    await kubelet.start()
+    stack.push_async_callback(kubelet.stop)
+    tree = ProcfsTree(tmp / f"{node}-proc")
+    procfs_from_scenario(tree, tmp / f"{node}-pods", doc)
+    token = tmp / "token"
+    token.write_text(api.token)
+    port = free_port()
+    interval = f"{profile.sampling_seconds:g}"
+    args = [
+        str(BIN / "gpupulse-exporter"),
+        "--simulate", str(case.scenario(node)),
+        "--simulate.speed", f"{profile.speed:g}",
+        "--attribution.kubelet-socket", kubelet.socket_path,
+        "--attribution.kubelet-pods-dir", str(tmp / f"{node}-pods"),
+        "--path.procfs", str(tree.root),
+        "--attribution.interval", interval,
+        "--attribution.kubelet-refresh-interval", "1",
+        *exporter_kube_flags(api, node, token),
+        "--web.listen-address", f"127.0.0.1:{port}",
+        "--sampling.interval", interval,
+        "--log.format", "text",
+    ]  # fmt: skip
+    log = tmp / f"{node}.log"
+    proc = await stack.enter_async_context(_process(args, log))
+    return Exporter(case, node, port, proc, log)
+
+
+def _prometheus_config(exporters: Sequence[Exporter], rules: Sequence[str], am: str, interval: float) -> str:
+    every = f"{interval:g}s"
+    return yaml.safe_dump(
+        {
+            "global": {
+                "scrape_interval": every,
+                "scrape_timeout": f"{int(min(interval * 0.9, 10) * 1000)}ms",
+                "evaluation_interval": every,
+            },
+            "rule_files": list(rules),
+            "alerting": {"alertmanagers": [{"static_configs": [{"targets": [am]}]}]},
+            "scrape_configs": [
+                {
+                    "job_name": e.job,
+                    # the node label comes from the scrape config, never from the exporter
+                    "static_configs": [{"targets": [f"127.0.0.1:{e.port}"], "labels": {"node": e.node}}],
+                }
+                for e in exporters
+            ],
+        }
+    )
+
+
+@asynccontextmanager
+async def running_replay(cases: Sequence[Case], profile: Profile, tmp: Path) -> AsyncIterator[Replay]:
+    """Start everything for these cases; yields once Prometheus scrapes every exporter."""
+    rules = []
+    for name, text in render_rules(overrides=profile.overrides).items():
+        (tmp / name).write_text(text)
+        rules.append(tmp / name)
+    async with AsyncExitStack() as stack:
+        short = Path(tempfile.mkdtemp(prefix="gp-"))  # unix socket paths are limited to 108 bytes
+        stack.callback(shutil.rmtree, short, True)
+        api = FakeKubeAPI()
+        await api.start()
+        stack.push_async_callback(api.stop)
+        jobs = _seed_cluster(api, cases)
+        _recreate_deleted_ranks(api, jobs)
+
+        # the controller and Alertmanager first: the scenarios' clocks start with the exporters
+        controller = await _start_controller(stack, api, tmp)
+        token_file = tmp / "controller-token"
+        token_file.write_text(CONTROLLER_TOKEN)
+        am_config = alertmanager_config(f"{controller}/api/v1/alerts", token_file)
+        am_config["route"]["group_wait"] = profile.group_wait
+        am_config["route"]["group_interval"] = profile.group_interval
+        am = await stack.enter_async_context(running_alertmanager(am_config))
+        # Prometheus too, scraping nothing yet: its config is reloaded with the exporters once they
+        # answer (a scrape of an exporter still starting would be an exporter-down alert)
+        rule_names = [r.name for r in rules]
+        prom = await stack.enter_async_context(
+            running_prometheus(
+                _prometheus_config([], rule_names, am.address, profile.interval_seconds),
+                rule_files=rules,
+                extra_args=["--web.enable-lifecycle"],
+            )
+        )
+
+        exporters = [
+            await _start_exporter(stack, case, node, profile, api, tmp, short)
+            for case in cases
+            for node in case.nodes
+        ]
+        await asyncio.gather(*(_wait_http(f"http://127.0.0.1:{e.port}/metrics", e.proc) for e in exporters))
+        for e in exporters:
+            started = _log_start(e.log)
+            if started is None:
+                raise RuntimeError(f"{e.node}: no timestamped first log line in {e.log}")
+            e.started_unix = started
+        t_start = time.time()
+        config = _prometheus_config(exporters, rule_names, am.address, profile.interval_seconds)
+        (prom.workdir / "prometheus.yml").write_text(config)
+        async with aiohttp.ClientSession() as session, session.post(f"{prom.url}/-/reload") as resp:
+            if resp.status != 200:
+                raise RuntimeError(f"prometheus reload: {resp.status} {await resp.text()}")
+        for e in exporters:
+            await prom.wait_for(f'up{{job="{e.job}"}} == 1', timeout_seconds=60)
+        yield Replay(profile, tuple(cases), api, prom, am, controller, exporters, t_start, jobs)
+
+
+async def _start_controller(stack: AsyncExitStack, api: FakeKubeAPI, tmp: Path) -> str:
+    kubeconfig = api.write_kubeconfig(tmp / "kubeconfig")
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPULSE_REMEDIATION_")}
+    env["GPUPULSE_REMEDIATION_TOKEN"] = CONTROLLER_TOKEN
+    args = [
+        str(BIN / "gpupulse-remediation"),
+        "serve",
+        f"--web.listen-address=127.0.0.1:{port}",
+        f"--storage.path={tmp / 'controller'}",
+        "--backend=kubernetes",
+        f"--kube.kubeconfig={kubeconfig}",
+        "--kube.namespace=gpupulse",
+        "--kube.identity=gpupulse-remediation-0",
+        f"--cluster.node-count={CLUSTER_NODES}",
+        "--engine.tick-interval=200ms",
+    ]
+    proc = await stack.enter_async_context(_process(args, tmp / "controller.log", env))
+    url = f"http://127.0.0.1:{port}"
+    await _wait_http(f"{url}/readyz", proc)
+    return url
