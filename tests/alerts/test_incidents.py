@@ -30,13 +30,12 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import Sequence
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 import yaml
 from aiohttp import web
@@ -49,6 +48,7 @@ from exporter.sim import load_scenario
 from exporter.sim.engine_spec import load_engines
 from exporter.sim.pagecache import PageCacheScenario, parse_section
 from exporter.sim.scenario import ProcessSpec
+from tests.alerts.children import child_process, wait_http
 from tests.alerts.panel_queries import CONTROLLER_DASHBOARDS, has_data, panel_queries
 from tests.alerts.ruleset import ROOT, TESTS_DIR
 from tests.attribution.helpers import ProcfsTree, advance_host_cpu, procfs_from_scenario
@@ -198,39 +198,6 @@ INCIDENTS = (
 )
 
 
-async def _wait_http(url: str, proc: asyncio.subprocess.Process, timeout_seconds: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_seconds
-    async with aiohttp.ClientSession() as session:
-        while True:
-            if proc.returncode is not None:
-                raise RuntimeError(f"{url}: process exited with {proc.returncode}")
-            try:
-                async with session.get(url) as resp:
-                    if resp.status == 200:
-                        return
-            except aiohttp.ClientConnectionError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{url} not answering after {timeout_seconds} s")
-            await asyncio.sleep(0.1)
-
-
-@asynccontextmanager
-async def _process(args: list[str], log: Path) -> AsyncIterator[asyncio.subprocess.Process]:
-    with log.open("wb") as out:
-        proc = await asyncio.create_subprocess_exec(*args, stdout=out, stderr=asyncio.subprocess.STDOUT)
-    try:
-        yield proc
-    finally:
-        if proc.returncode is None:
-            proc.terminate()
-            try:
-                await asyncio.wait_for(proc.wait(), 10)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
-
-
 async def _follow_host_cpu(root: Path, processes: Sequence[ProcessSpec], started: float) -> None:
     """Advance the fake processes' CPU time along their host_cpu_cores curves, until cancelled."""
     while True:
@@ -327,9 +294,9 @@ async def _start_incident(
         args += ["--engines.config", str(config), "--engines.interval", "1"]
     port = free_port()
     args += ["--web.listen-address", f"127.0.0.1:{port}", "--sampling.interval", "0.5"]
-    exporter = await stack.enter_async_context(_process(args, tmp / f"{incident.scenario}.log"))
+    exporter = await stack.enter_async_context(child_process(args, tmp / f"{incident.scenario}.log"))
     if late:
-        await _wait_http(f"http://127.0.0.1:{port}/metrics", exporter)
+        await wait_http(f"http://127.0.0.1:{port}/metrics", exporter)
         for engine, engine_port in late:
             await _start_engine(stack, incident, engine, engine_port, tmp, wait_ready=False)
     return port, exporter
@@ -353,7 +320,7 @@ async def _start_engine(
     stack: AsyncExitStack, incident: Incident, engine: Engine, port: int, tmp: Path, wait_ready: bool = True
 ) -> None:
     proc = await stack.enter_async_context(
-        _process(
+        child_process(
             [
                 str(BIN / "gpupulse-sim-engine"),
                 "--scenario",
@@ -367,7 +334,7 @@ async def _start_engine(
         )
     )
     if wait_ready:
-        await _wait_http(f"http://127.0.0.1:{port}/metrics", proc)
+        await wait_http(f"http://127.0.0.1:{port}/metrics", proc)
 
 
 async def _serve_recorded(stack: AsyncExitStack, fixture: Path) -> int:
@@ -442,7 +409,7 @@ async def test_incidents_raise_exactly_their_alerts_and_dashboards_have_data(tmp
             for incident, (port, proc) in zip(batch, started, strict=True):
                 ports[incident.scenario], procs[incident.scenario] = port, proc
             for incident in batch:
-                await _wait_http(
+                await wait_http(
                     f"http://127.0.0.1:{ports[incident.scenario]}/metrics", procs[incident.scenario]
                 )
         t0 = time.monotonic()

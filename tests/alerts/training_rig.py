@@ -42,6 +42,7 @@ from alerts.config import load_config
 from alerts.generate import render_rules
 from demo.configs import alertmanager_config
 from gpupulse.durations import parse_duration
+from tests.alerts.children import child_process, wait_http
 from tests.alerts.ruleset import TESTS_DIR
 from tests.attribution.helpers import ProcfsTree, procfs_from_scenario
 from tests.fakes.alertmanager_process import AlertmanagerHandle, running_alertmanager
@@ -407,41 +408,8 @@ def _log_start(log: Path) -> float | None:
         return None
 
 
-async def _wait_http(url: str, proc: asyncio.subprocess.Process, timeout_seconds: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_seconds
-    async with aiohttp.ClientSession() as session:
-        while True:
-            if proc.returncode is not None:
-                raise RuntimeError(f"{url}: process exited with {proc.returncode}")
-            try:
-                async with session.get(url) as resp:
-                    if resp.status == 200:
-                        return
-            except aiohttp.ClientConnectionError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{url} not answering after {timeout_seconds} s")
-            await asyncio.sleep(0.1)
-
-
-@asynccontextmanager
-async def _process(
-    args: list[str], log: Path, env: Mapping[str, str] | None = None
-) -> AsyncIterator[asyncio.subprocess.Process]:
-    with log.open("wb") as out:
-        proc = await asyncio.create_subprocess_exec(
-            *args, stdout=out, stderr=asyncio.subprocess.STDOUT, env=dict(env) if env is not None else None
-        )
-    try:
-        yield proc
-    finally:
-        if proc.returncode is None:
-            proc.terminate()
-            try:
-                await asyncio.wait_for(proc.wait(), 10)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
+async def _wait(url: str, proc: asyncio.subprocess.Process) -> None:
+    await wait_http(url, proc, 60.0)  # eight exporters start at once on two cores
 
 
 def exporter_kube_flags(api: FakeKubeAPI, node: str, token_file: Path) -> list[str]:
@@ -484,7 +452,7 @@ async def _start_exporter(
         "--log.format", "text",
     ]  # fmt: skip
     log = tmp / f"{node}.log"
-    proc = await stack.enter_async_context(_process(args, log))
+    proc = await stack.enter_async_context(child_process(args, log))
     return Exporter(case, node, port, proc, log)
 
 
@@ -551,7 +519,7 @@ async def running_replay(cases: Sequence[Case], profile: Profile, tmp: Path) -> 
             for case in cases
             for node in case.nodes
         ]
-        await asyncio.gather(*(_wait_http(f"http://127.0.0.1:{e.port}/metrics", e.proc) for e in exporters))
+        await asyncio.gather(*(_wait(f"http://127.0.0.1:{e.port}/metrics", e.proc) for e in exporters))
         for e in exporters:
             started = _log_start(e.log)
             if started is None:
@@ -585,7 +553,7 @@ async def _start_controller(stack: AsyncExitStack, api: FakeKubeAPI, tmp: Path) 
         f"--cluster.node-count={CLUSTER_NODES}",
         "--engine.tick-interval=200ms",
     ]
-    proc = await stack.enter_async_context(_process(args, tmp / "controller.log", env))
+    proc = await stack.enter_async_context(child_process(args, tmp / "controller.log", env))
     url = f"http://127.0.0.1:{port}"
-    await _wait_http(f"{url}/readyz", proc)
+    await _wait(f"{url}/readyz", proc)
     return url
