@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from exporter.kube.reflector import Reflector, WatchCall, http_error
+from exporter.kube.reflector import PodReflector
 
 log = logging.getLogger(__name__)
 
@@ -44,10 +44,9 @@ def pod_meta(pod: Mapping[str, Any]) -> PodMeta:
     return PodMeta(labels, owners)
 
 
-class PodMetadataSource(Reflector):
+class PodMetadataSource(PodReflector):
     """(namespace, name) -> PodMeta for this node's pods; `lookup` never waits on the API server."""
 
-    resource = "pods"
     log = log
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -60,15 +59,6 @@ class PodMetadataSource(Reflector):
 
     def __len__(self) -> int:
         return len(self._meta)
-
-    async def _list_body(self, consistent: bool) -> Mapping[str, Any]:
-        body = await self._list_call(self._core_api().list_pod_for_all_namespaces, consistent=consistent)
-        if body is None:
-            raise http_error("LIST pods", 404, "")
-        return body
-
-    def _watch_call(self) -> WatchCall:
-        return self._core_api().list_pod_for_all_namespaces, ()
 
     def _publish(self) -> None:
         # rebuilt per change: pods of one node are few, and a rebuild never leaves a deleted pod behind

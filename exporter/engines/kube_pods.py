@@ -27,7 +27,7 @@ from exporter.engines.detect import KINDS
 from exporter.engines.settings import KubeSettings
 from exporter.engines.targets import AUTO, Target
 from exporter.kube.client import api_client
-from exporter.kube.reflector import Reflector, ReflectorStats, WatchCall, http_error
+from exporter.kube.reflector import PodReflector, ReflectorStats
 from gpupulse.clock import Clock
 
 log = logging.getLogger(__name__)
@@ -79,10 +79,9 @@ DiscoveryStats = ReflectorStats  # what the source asked of the API server (docs
 Sleep = Callable[[float], Awaitable[None]]
 
 
-class KubePodSource(Reflector):
+class KubePodSource(PodReflector):
     """This node's annotated pods, kept current by a watch; the last good state survives API errors."""
 
-    resource = "pods"
     log = log
 
     def __init__(
@@ -108,15 +107,6 @@ class KubePodSource(Reflector):
             except TimeoutError:
                 log.warning("engine pod discovery: no pod list yet from %s", self._settings.api_url)
         return self._targets
-
-    async def _list_body(self, consistent: bool) -> Mapping[str, Any]:
-        body = await self._list_call(self._core_api().list_pod_for_all_namespaces, consistent=consistent)
-        if body is None:
-            raise http_error("LIST pods", 404, "")
-        return body
-
-    def _watch_call(self) -> WatchCall:
-        return self._core_api().list_pod_for_all_namespaces, ()
 
     def _publish(self) -> None:
         self._targets = sorted(

@@ -270,6 +270,22 @@ class Reflector(abc.ABC):
         return body
 
 
+class PodReflector(Reflector):
+    """This node's pods (LIST and WATCH of every namespace, with the reflector's node selector);
+    subclasses keep what they need of them in `_publish`."""
+
+    resource = "pods"
+
+    async def _list_body(self, consistent: bool) -> Mapping[str, Any]:
+        body = await self._list_call(self._core_api().list_pod_for_all_namespaces, consistent=consistent)
+        if body is None:
+            raise http_error("LIST pods", 404, "")
+        return body
+
+    def _watch_call(self) -> WatchCall:
+        return self._core_api().list_pod_for_all_namespaces, ()
+
+
 def key_of(obj: Mapping[str, Any]) -> Key | None:
     """(namespace, name) of an object; namespace "" for a cluster-scoped one."""
     meta = obj.get("metadata") or {}
