@@ -25,6 +25,9 @@ set of signals a gpupulse exporter on that node would report, so a wrong blame i
              rises.
 - sm_idle:   negative control: the same neighbour surge on a GPU whose pod has no requests.
 - rollout_quiet: negative control: a rollout that warms up without a symptom.
+- container_restart: the engine container is OOM-killed and restarted in place (same pod, new PID);
+             its weights are still in the page cache, its KV cache starts empty, the first minutes
+             are slow.
 """
 
 from __future__ import annotations
@@ -80,13 +83,16 @@ class Neighbour:
 @dataclass(frozen=True)
 class Restart:
     """The pod is recreated: gone from `gone_at`, back (new UID, new PID, counters from 0) at
-    `back_at`, its engine answering from `ready_at` with a cold start of ready_at - back_at."""
+    `back_at`, its engine answering from `ready_at` with a cold start of ready_at - back_at. In place,
+    only the container restarts: the pod object stays (same UID and start time, its allocation) and
+    kube-state-metrics counts a restart."""
 
     gone_at: float
     back_at: float
     ready_at: float
     pid: str = "4343"
     uid: str = "uid-2"
+    in_place: bool = False
 
 
 @dataclass(frozen=True)
@@ -338,7 +344,41 @@ def build(onset: float) -> list[Story]:
             own_sm_utilization=const(0.0),
         ),
         _rollout("rollout_quiet", "docs", "docs-0", "phi-3", "GPU-q0e7", "node-q", t, slow_fraction=0.0),
+        _container_restart(t),
     ]
+
+
+def _container_restart(t: float) -> Story:
+    restart = Restart(gone_at=t - 75, back_at=t - 60, ready_at=t - 10, in_place=True)
+
+    def new(before: float, after: Fn) -> Fn:
+        return lambda x: after(x) if x >= restart.back_at else before
+
+    return Story(
+        "container_restart",
+        "InferenceLatencyP99Spike",
+        "code",
+        "code-0",
+        "deepseek-coder-33b",
+        "GPU-k1ll",
+        "node-o",
+        "serving.rollout",
+        "serving",
+        request_rate=const(25.0),
+        slow_fraction=step(0.0, 0.1, t),
+        host_cpu_cores=lambda x: 1.0 if restart.back_at <= x < restart.ready_at else 0.4,
+        sm_active=lambda x: 0.6 if not restart.gone_at <= x < restart.ready_at else 0.02,
+        temperature=const(65.0),
+        sm_clock=const(1.98e9),
+        thermal_slowdown=const(0.0),
+        power_cap=const(0.0),
+        residency=const(1.0),  # the same files, still cached: a fast load
+        waiting=ramp(0.0, 10.0, t, t + 300),
+        running=const(10.0),
+        kv_hit_ratio=new(0.6, ramp(0.05, 0.55, t - 10, t + 290)),
+        memory_bytes=new(40e9, ramp(1e9, 40e9, t - 60, t - 20)),
+        restart=restart,
+    )
 
 
 def _rollout(
@@ -418,7 +458,9 @@ def openmetrics(stories: list[Story], start: float, end: float, seed: int = 7) -
         for ts in times:
             dt = ts - prev
             prev = ts
+            # the GPU process (and what the exporter finds through it) vs the pod object
             pod_here = r is None or not r.gone_at <= ts < r.back_at
+            pod_object = pod_here or (r is not None and r.in_place)
             engine_here = r is None or not r.gone_at <= ts < r.ready_at
             if r is not None and generation == 0 and ts >= r.back_at:
                 generation, cum["cpu"] = 1, 0.0  # a new process: its CPU counter starts from 0
@@ -426,6 +468,8 @@ def openmetrics(stories: list[Story], start: float, end: float, seed: int = 7) -
                 generation = 2  # a new engine: its counters start from 0
                 cum.update(fast=0.0, slow=0.0, hits=0.0, queries=0.0)
             pid, uid = ("4242", "uid-1") if generation == 0 else (r.pid, r.uid) if r else ("4242", "uid-1")
+            if r is not None and r.in_place:
+                uid = "uid-1"
             proc = f'{gpu},pid="{pid}",{pod},container="engine"'
             rate = noisy(s.request_rate(ts), 0.02)
             slow = min(1.0, max(0.0, s.slow_fraction(ts)))
@@ -443,7 +487,7 @@ def openmetrics(stories: list[Story], start: float, end: float, seed: int = 7) -
             cum["idle"] += (1.0 - min(1.0, noisy(s.node_cpu_busy(ts), 0.01))) * dt
             cum["cpu_waiting"] += min(1.0, max(0.0, noisy(s.node_cpu_waiting(ts), 0.02, extra))) * dt
             emit("gpu_up", gpu, 1, ts)
-            if pod_here:
+            if pod_object:
                 emit(
                     "gpu_allocation_info", f'{gpu},{pod},container="engine",resource="nvidia.com/gpu"', 1, ts
                 )
@@ -498,11 +542,14 @@ def openmetrics(stories: list[Story], start: float, end: float, seed: int = 7) -
             residency = min(1.0, noisy(s.residency(ts), 0.003))
             if pod_here:
                 emit("model_weights_page_cache_resident_ratio", weights, residency, ts)
+            if pod_object:
                 # kube-state-metrics: the pod object (a new UID when the pod is recreated)
                 ksm = f'{pod},uid="{uid}"'
-                started = r.back_at if generation and r else start - POD_AGE_AT_START
+                recreated = r is not None and generation > 0 and not r.in_place
+                started = r.back_at if recreated and r else start - POD_AGE_AT_START
+                restarts = 1 if r is not None and generation > 0 and r.in_place else 0
                 emit("kube_pod_start_time", ksm, started, ts, digits=12)  # Unix seconds
-                emit("kube_pod_container_status_restarts_total", f'{ksm},container="engine"', 0, ts)
+                emit("kube_pod_container_status_restarts_total", f'{ksm},container="engine"', restarts, ts)
             waiting = max(0.0, round(s.waiting(ts) + rnd.gauss(0, 0.5)))
             running = max(0.0, round(s.running(ts) + rnd.gauss(0, 0.5)))
             if engine_here:

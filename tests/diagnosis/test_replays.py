@@ -65,6 +65,7 @@ STORIES_WITH_A_CAUSE = [
     "sm_neighbour",
     "rollout",
     "cpu_hog",
+    "container_restart",
 ]
 
 
@@ -113,6 +114,11 @@ async def test_each_story_is_named_by_its_layer_within_5_minutes_of_onset(tsdb: 
         assert age.passed_gate and age.after is not None and age.after < 900
         cold = _evidence(at_5, "engine_cold_start")
         assert cold.passed_gate and cold.after == 80
+    if name == "container_restart":
+        # in place: the pod is as old as ever, kube-state-metrics counts the restart
+        assert _evidence(at_5, "container_restarts").passed_gate
+        assert not _evidence(at_5, "pod_age").changed
+        assert "serving.kv_cache" not in {c.cause for c in at_5.candidates}
     if name == "cpu_hog":
         assert "host.cpu_starvation" not in {c.cause for c in at_5.candidates}
         assert _evidence(at_5, "process_host_cpu_drop").passed_gate
