@@ -25,6 +25,8 @@ set of signals a gpupulse exporter on that node would report, so a wrong blame i
              rises.
 - sm_idle:   negative control: the same neighbour surge on a GPU whose pod has no requests.
 - rollout_quiet: negative control: a rollout that warms up without a symptom.
+- cpu_hog_b: the second model server on the CPU hog's node (another GPU, another pod): two stories
+             on one node share its node_exporter series; each is diagnosed for its own pod.
 - container_restart: the engine container is OOM-killed and restarted in place (same pod, new PID);
              its weights are still in the page cache, its KV cache starts empty, the first minutes
              are slow.
@@ -35,7 +37,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 INTERVAL = 15
 HOUR = 3600.0
@@ -129,6 +131,8 @@ class Story:
     # share of time some task waited for a CPU (node_exporter's PSI, /proc/pressure/cpu)
     node_cpu_waiting: Fn = _QUIET_CPU_PRESSURE
     restart: Restart | None = None
+    gpu_index: str = "0"  # the GPU's NVML index on its node (two stories on one node: two GPUs)
+    pid: str = "4242"
 
 
 GPU_MEMORY = 80e9
@@ -136,7 +140,7 @@ GPU_MEMORY = 80e9
 
 def build(onset: float) -> list[Story]:
     t = onset
-    return [
+    stories = [
         Story(
             "starved",
             "InferenceLatencyP99Spike",
@@ -346,6 +350,23 @@ def build(onset: float) -> list[Story]:
         _rollout("rollout_quiet", "docs", "docs-0", "phi-3", "GPU-q0e7", "node-q", t, slow_fraction=0.0),
         _container_restart(t),
     ]
+    hog = next(s for s in stories if s.name == "cpu_hog")
+    # the node's series come from the first story on it; the second shares the same functions
+    stories.append(
+        replace(
+            hog,
+            name="cpu_hog_b",
+            pod="voice-1",
+            model="canary-1b",
+            uuid="GPU-c9u1",
+            gpu_index="1",
+            pid="4250",
+            host_cpu_cores=step(0.5, 0.36, t - 30),
+            sm_active=step(0.55, 0.28, t - 30),
+            slow_fraction=step(0.0, 0.08, t),
+        )
+    )
+    return stories
 
 
 def _container_restart(t: float) -> Story:
@@ -443,10 +464,14 @@ def openmetrics(stories: list[Story], start: float, end: float, seed: int = 7) -
         return x * (1.0 + r.gauss(0.0, rel))
 
     times = list(range(int(start), int(end) + 1, INTERVAL))
+    nodes: set[str] = set()
     for s in stories:
-        gpu = f'uuid="{s.uuid}",gpu="0",node="{s.node}"'
+        # a node's own series once, from its first story (later ones on it share the node)
+        node_series = s.node not in nodes
+        nodes.add(s.node)
+        gpu = f'uuid="{s.uuid}",gpu="{s.gpu_index}",node="{s.node}"'
         pod = f'namespace="{s.namespace}",pod="{s.pod}"'
-        engine = f'engine="vllm",model="{s.model}",{pod},gpu="0",uuid="{s.uuid}",node="{s.node}"'
+        engine = f'engine="vllm",model="{s.model}",{pod},gpu="{s.gpu_index}",uuid="{s.uuid}",node="{s.node}"'
         node_sel = f'node="{s.node}"' if s.node_label == "node" else f'instance="{s.node}:9100"'
         cum = {"cpu": 0.0, "fast": 0.0, "slow": 0.0, "hits": 0.0, "queries": 0.0, "disk": 0.0, "idle": 0.0}
         cum["cpu_waiting"] = 0.0
@@ -467,7 +492,7 @@ def openmetrics(stories: list[Story], start: float, end: float, seed: int = 7) -
             if r is not None and generation == 1 and ts >= r.ready_at:
                 generation = 2  # a new engine: its counters start from 0
                 cum.update(fast=0.0, slow=0.0, hits=0.0, queries=0.0)
-            pid, uid = ("4242", "uid-1") if generation == 0 else (r.pid, r.uid) if r else ("4242", "uid-1")
+            pid, uid = (s.pid, "uid-1") if generation == 0 or r is None else (r.pid, r.uid)
             if r is not None and r.in_place:
                 uid = "uid-1"
             proc = f'{gpu},pid="{pid}",{pod},container="engine"'
@@ -584,7 +609,8 @@ def openmetrics(stories: list[Story], start: float, end: float, seed: int = 7) -
                     round(cum["fast"] * FAST + cum["slow"] * SLOW, 3),
                     ts,
                 )
-            emit("node_disk_read_bytes_total", f'{node_sel},device="nvme0n1"', round(cum["disk"]), ts)
-            emit("node_cpu_seconds_total", f'{node_sel},cpu="0",mode="idle"', round(cum["idle"], 3), ts)
-            emit("node_pressure_cpu_waiting_seconds_total", node_sel, round(cum["cpu_waiting"], 3), ts)
+            if node_series:
+                emit("node_disk_read_bytes_total", f'{node_sel},device="nvme0n1"', round(cum["disk"]), ts)
+                emit("node_cpu_seconds_total", f'{node_sel},cpu="0",mode="idle"', round(cum["idle"], 3), ts)
+                emit("node_pressure_cpu_waiting_seconds_total", node_sel, round(cum["cpu_waiting"], 3), ts)
     return "\n".join(line for lines in families.values() for line in lines) + "\n# EOF\n"

@@ -66,6 +66,7 @@ STORIES_WITH_A_CAUSE = [
     "rollout",
     "cpu_hog",
     "container_restart",
+    "cpu_hog_b",
 ]
 
 
