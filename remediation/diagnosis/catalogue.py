@@ -2,8 +2,8 @@
 that makes it a cause, and the level past which it is a fault by itself.
 
 Metric names are those of docs/metrics.md and the recording rules of alerts/recording.rules.yaml
-(a test checks every name used here against both). node_exporter's series are optional: a signal
-that only they feed is reported missing, never guessed.
+(a test checks every name used here against both). node_exporter's and kube-state-metrics' series
+are optional neighbours: a signal that only they feed is reported missing, never guessed.
 
 Placeholders: {namespace} {pod} {model} {node} are label values; {uuids} is a regex alternation of
 the incident's GPU UUIDs. Every value is escaped for a PromQL double-quoted string when rendered.
@@ -84,6 +84,31 @@ class Signal:
 
 
 @dataclass(frozen=True)
+class Requirement:
+    """A level around the onset without which the cause cannot have made the symptom (a neighbour
+    cannot slow a pod that had no GPU work). Levels are the signal's medians over the before and
+    after windows on either side of the onset; all given bounds must hold."""
+
+    signal: Signal
+    why: str  # what it means, in words: "our process had GPU work before the onset"
+    before_at_least: float | None = None
+    max_rise: float | None = None  # after - before <= max_rise
+
+    def met(self, before: float, after: float) -> bool:
+        if self.before_at_least is not None and not before >= self.before_at_least:
+            return False
+        return self.max_rise is None or after - before <= self.max_rise
+
+    def describe(self) -> str:
+        parts = []
+        if self.before_at_least is not None:
+            parts.append(f">= {self.before_at_least:g} before the onset")
+        if self.max_rise is not None:
+            parts.append(f"a rise of at most {self.max_rise:g} across it")
+        return " and ".join(parts) or "data"
+
+
+@dataclass(frozen=True)
 class Cause:
     """A candidate cause: scored by its primary signal, strengthened by corroborating ones."""
 
@@ -94,10 +119,22 @@ class Cause:
     corroborating: tuple[Signal, ...] = ()
     # a generic explanation (load) yields to a specific one that lines up as well
     weight: float = 1.0
+    requires: tuple[Requirement, ...] = ()
+    # causes this one brings about when it lines up: a restart leaves the new weight files out of the
+    # page cache and the KV cache empty; those candidates are then its effects, not rival causes
+    explains: tuple[str, ...] = ()
 
 
 _U = 'uuid=~"{uuids}"'
 _P = 'namespace="{namespace}",pod="{pod}"'
+
+
+def _others(metric: str) -> str:
+    """The GPUs' series of `metric` of every process that is not the pod's: a pod of the same name in
+    another namespace is another pod, and a process with no pod labels counts as another too."""
+    return f"{metric}{{{_U}}} unless on(namespace, pod) {metric}{{{_U},{_P}}}"
+
+
 # node_exporter is scraped with a `node` label (our chart) or, in kube-prometheus, with the node's
 # name as `instance`; either matches
 _NODE_DISK = (
@@ -107,6 +144,10 @@ _NODE_DISK = (
 _NODE_CPU = (
     '1 - avg(rate(node_cpu_seconds_total{mode="idle",node="{node}"}[2m]))'
     ' or 1 - avg(rate(node_cpu_seconds_total{mode="idle",instance=~"{node}(:[0-9]+)?"}[2m]))'
+)
+_NODE_CPU_WAITING = (
+    'sum(rate(node_pressure_cpu_waiting_seconds_total{node="{node}"}[2m]))'
+    ' or sum(rate(node_pressure_cpu_waiting_seconds_total{instance=~"{node}(:[0-9]+)?"}[2m]))'
 )
 _RATE_LAG = 60.0  # half of the [2m] rate windows below
 # half of the [5m] rate window of the recording rules; not for the p99 rules: a quantile moves as soon
@@ -158,6 +199,101 @@ DEVICE_MEMORY = Signal(
     f"max(gpu_memory_used_bytes{{{_U}}} / gpu_memory_total_bytes{{{_U}}})",
     "up",
     Gate(min_delta=0.05),
+)
+PROCESS_HOST_CPU = Signal(
+    "process_host_cpu",
+    "host CPU of the GPU process (cores)",
+    f"max(rate(gpu_process_host_cpu_seconds_total{{{_P}}}[2m]))",
+    "up",
+    # one core pinned: the single-threaded ceiling of preprocessing, tokenisation, the GIL
+    Gate(at_least=0.9, min_delta=0.2),
+    lag_seconds=_RATE_LAG,
+)
+PROCESS_HOST_CPU_DOWN = Signal(
+    "process_host_cpu_drop",
+    "host CPU of the GPU process falls (cores)",
+    PROCESS_HOST_CPU.query,
+    "down",
+    Gate(min_delta=0.1),
+    lag_seconds=_RATE_LAG,
+)
+NODE_CPU_SATURATED = Signal(
+    "node_cpu_saturated",
+    "node CPU busy (ratio, node_exporter)",
+    _NODE_CPU,
+    "up",
+    Gate(at_least=0.9, min_delta=0.2),
+    lag_seconds=_RATE_LAG,
+    source="node_exporter",
+)
+NODE_CPU_WAITING = Signal(
+    "node_cpu_waiting",
+    "share of time tasks waited for a CPU (PSI, node_exporter)",
+    _NODE_CPU_WAITING,
+    "up",
+    Gate(min_delta=0.1),
+    lag_seconds=_RATE_LAG,
+    source="node_exporter",
+)
+OWN_SM_SHARE = Signal(
+    "own_sm_share",
+    "the pod's share of the GPU's kernel time",
+    f"sum(gpu_process_sm_utilization_ratio{{{_U},{_P}}})",
+    "down",
+    Gate(min_delta=0.1),
+)
+SM_ACTIVITY_UP = Signal(
+    "gpu_sm_activity_rise",
+    "GPU SM activity rises",
+    f"max(uuid:gpu_sm_activity:ratio{{{_U}}})",
+    "up",
+    Gate(min_delta=0.1),
+)
+POWER_CAP = Signal(
+    "power_cap_clock_event",
+    "power cap clock event active",
+    f'max(gpu_clock_event_active{{{_U},reason="sw_power_cap"}})',
+    "up",
+    Gate(at_least=0.5),
+)
+TOP_SM_NEIGHBOUR = Signal(
+    "top_sm_neighbour",
+    "the other pod taking most of the GPU's kernel time (its labels name it)",
+    f"topk(1, sum by (namespace, pod) ({_others('gpu_process_sm_utilization_ratio')}))",
+    "up",
+    Gate(min_delta=0.2),
+)
+TOP_MEMORY_NEIGHBOUR = Signal(
+    "top_memory_neighbour",
+    "the other pod holding most of the GPU's memory (bytes; its labels name it)",
+    f"topk(1, sum by (namespace, pod) ({_others('gpu_process_memory_used_bytes')}))",
+    "up",
+    Gate(min_relative=0.1),
+)
+# kube-state-metrics: gpupulse does not export pod start times or container restarts
+POD_AGE = Signal(
+    "pod_age",
+    "age of the pod (s, kube-state-metrics kube_pod_start_time)",
+    f"time() - max(kube_pod_start_time{{{_P}}})",
+    "down",
+    Gate(at_most=900.0, min_delta=60.0),
+    source="kube-state-metrics",
+)
+CONTAINER_RESTARTS = Signal(
+    "container_restarts",
+    "container restarts of the pod (kube-state-metrics)",
+    f"sum(kube_pod_container_status_restarts_total{{{_P}}})",
+    "up",
+    Gate(min_delta=1.0),
+    source="kube-state-metrics",
+)
+COLD_START = Signal(
+    "engine_cold_start",
+    "cold start of the engine's new process (s; 0 while none measured)",
+    # the exporter measures it only for a process it saw start: no series before, one after
+    f"max(inference_cold_start_seconds{{{_P}}}) or on() vector(0)",
+    "up",
+    Gate(min_delta=1.0),
 )
 REQUESTS_RUNNING = Signal(
     "requests_running",
@@ -250,16 +386,19 @@ CAUSES: tuple[Cause, ...] = (
         "host.cpu_starvation",
         "host",
         "GPU starved by host CPU",
-        Signal(
-            "process_host_cpu",
-            "host CPU of the GPU process (cores)",
-            f"max(rate(gpu_process_host_cpu_seconds_total{{{_P}}}[2m]))",
-            "up",
-            # one core pinned: the single-threaded ceiling of preprocessing, tokenisation, the GIL
-            Gate(at_least=0.9, min_delta=0.2),
-            lag_seconds=_RATE_LAG,
-        ),
+        PROCESS_HOST_CPU,
         (SM_ACTIVITY_DOWN, NODE_CPU_BUSY),
+    ),
+    Cause(
+        "host.cpu_contention",
+        "host",
+        "other processes take the node's CPU",
+        NODE_CPU_SATURATED,
+        (PROCESS_HOST_CPU_DOWN, SM_ACTIVITY_DOWN, NODE_CPU_WAITING),
+        requires=(
+            # a node saturated by the GPU process itself is starvation or load, not a neighbour
+            Requirement(PROCESS_HOST_CPU, "the GPU process did not take the CPU itself", max_rise=0.2),
+        ),
     ),
     Cause(
         "host.page_cache_eviction",
@@ -282,12 +421,32 @@ CAUSES: tuple[Cause, ...] = (
         Signal(
             "neighbour_gpu_memory",
             "GPU memory of other pods on the same GPU (ratio of total)",
-            f'(sum(gpu_process_memory_used_bytes{{{_U},pod!="{{pod}}"}}) or on() vector(0))'
+            f"(sum({_others('gpu_process_memory_used_bytes')}) or on() vector(0))"
             f" / on() sum(gpu_memory_total_bytes{{{_U}}})",
             "up",
             Gate(min_delta=0.05),
         ),
-        (DEVICE_MEMORY,),
+        (DEVICE_MEMORY, TOP_MEMORY_NEIGHBOUR),
+    ),
+    Cause(
+        "scheduling.gpu_sm_neighbour",
+        "scheduling",
+        "another pod on the GPU takes its SM time",
+        Signal(
+            "neighbour_sm_share",
+            "share of the GPU's kernel time taken by other pods' processes (time-slicing, MPS)",
+            f"sum({_others('gpu_process_sm_utilization_ratio')}) or on() vector(0)",
+            "up",
+            Gate(at_least=0.3, min_delta=0.2),
+        ),
+        (OWN_SM_SHARE, TOP_SM_NEIGHBOUR, SM_ACTIVITY_UP, POWER_CAP, TEMPERATURE),
+        requires=(
+            Requirement(
+                Signal("own_sm_level", OWN_SM_SHARE.title, OWN_SM_SHARE.query, "up"),
+                "the pod had GPU work to be slowed",
+                before_at_least=0.05,
+            ),
+        ),
     ),
     Cause(
         "scheduling.memory_limit",
@@ -333,6 +492,26 @@ CAUSES: tuple[Cause, ...] = (
             lag_seconds=_RULE_RATE_LAG,
         ),
         weight=0.7,
+    ),
+    Cause(
+        "serving.rollout",
+        "serving",
+        "restart or rollout (cold start)",
+        Signal(
+            "new_gpu_process",
+            "GPU processes of the pod seen in the last 10 min (a new PID: a restart)",
+            f"count(count_over_time(gpu_process_memory_used_bytes{{{_U},{_P}}}[10m]))",
+            "up",
+            Gate(min_delta=1.0),
+        ),
+        (POD_AGE, CONTAINER_RESTARTS, COLD_START),
+        explains=(
+            "host.page_cache_eviction",
+            "host.cpu_starvation",
+            "host.cpu_contention",
+            "serving.kv_cache",
+            "serving.load",
+        ),
     ),
 )
 

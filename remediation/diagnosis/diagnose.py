@@ -117,7 +117,7 @@ class Diagnoser:
         signals: dict[str, Signal] = {}
         for c in catalogue.CAUSES:
             signals[c.primary.id] = c.primary
-            for s in c.corroborating:
+            for s in (*c.corroborating, *(r.signal for r in c.requires)):
                 signals[s.id] = s
         for s in catalogue.CONTEXT:
             signals.setdefault(s.id, s)
@@ -159,6 +159,7 @@ class Diagnoser:
                 c,
                 reads.data.get(f"cause:{c.primary.id}"),
                 [(s, reads.data.get(f"cause:{s.id}")) for s in c.corroborating],
+                [(r, reads.data.get(f"cause:{r.signal.id}")) for r in c.requires],
             )
             for c in catalogue.CAUSES
             # the symptom's own series lines up with itself: it cannot be its own cause
@@ -210,7 +211,7 @@ class Diagnoser:
             best = _longest(result)
             if best is None:
                 reads.missing[key] = "no data" + (
-                    " (node_exporter not scraped?)" if signal.source != "gpupulse" else ""
+                    f" ({signal.source} not scraped?)" if signal.source != "gpupulse" else ""
                 )
                 return
             reads.data[key] = SeriesData(query=query, points=best.points, labels=best.labels)

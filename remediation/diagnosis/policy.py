@@ -8,8 +8,11 @@ ladder makes before an acting rung (restart, migrate).
 Each entry is a layer (`hardware`, `host`, `scheduling`, `serving`) or a cause id of the catalogue.
 Only a confident diagnosis decides; without one ("no diagnosis", or two layers about even) the
 ladder runs as it would without diagnosis. A signature whose ladder restarts and that says nothing
-gets `not_when: [host.page_cache_eviction, serving.load]`: restarting the pod neither brings the
-weights back into the page cache nor removes traffic, and it drops the requests in flight.
+gets `not_when` the causes a restart of ours cannot fix (DEFAULT_NOT_WHEN_RESTARTING): restarting
+the pod neither brings the weights back into the page cache nor removes traffic, a rollout or restart
+already in progress is made worse by another, and a neighbour that takes the GPU's SM time or the
+node's CPU is still there afterwards (its owner is the one to page); each drops the requests in
+flight.
 """
 
 from __future__ import annotations
@@ -21,7 +24,13 @@ from typing import Any
 from remediation.diagnosis.catalogue import CAUSE_IDS
 from remediation.diagnosis.types import LAYERS, Candidate, Diagnosis
 
-DEFAULT_NOT_WHEN_RESTARTING: tuple[str, ...] = ("host.page_cache_eviction", "serving.load")
+DEFAULT_NOT_WHEN_RESTARTING: tuple[str, ...] = (
+    "host.page_cache_eviction",
+    "serving.load",
+    "serving.rollout",
+    "scheduling.gpu_sm_neighbour",
+    "host.cpu_contention",
+)
 _FIELDS = {"acts_on", "not_when"}
 KNOWN_SELECTORS: frozenset[str] = frozenset(LAYERS) | CAUSE_IDS
 

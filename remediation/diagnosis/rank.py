@@ -6,7 +6,9 @@ For each series the change-point is the split that best separates a local "befor
 onset. A cause counts when its primary signal moved the right way, reached a level that is a fault
 by itself (its gate) and moved no later than the symptom allows; its score is how clearly it moved,
 times how well it lines up, times its weight, raised a little by each corroborating signal that
-lines up too. Nothing here does I/O or reads a clock.
+lines up too. A cause may require a level around the onset (the pod had GPU work to be slowed); and
+a cause that brings others about (a restart: a cold page cache, an empty KV cache) takes those
+that line up with it as its effects rather than as rivals. Nothing here does I/O or reads a clock.
 """
 
 from __future__ import annotations
@@ -15,9 +17,9 @@ import bisect
 import math
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from remediation.diagnosis.catalogue import Cause, Signal
+from remediation.diagnosis.catalogue import Cause, Requirement, Signal
 from remediation.diagnosis.types import (
     LAYERS,
     NOTHING_LINES_UP,
@@ -71,6 +73,7 @@ class CauseObservation:
     cause: Cause
     primary: SeriesData | None
     corroborating: Sequence[tuple[Signal, SeriesData | None]] = ()
+    requirements: Sequence[tuple[Requirement, SeriesData | None]] = ()
 
 
 @dataclass(frozen=True)
@@ -249,6 +252,9 @@ def evaluate(
         note = f"changed, but {change.after:g} is short of a fault ({signal.gate.describe()})"
     else:
         note = f"{change.before:g} -> {change.after:g}, {_lead_words(lead)}"
+    if data.labels:
+        # a per-pod series (the largest neighbour): who it is belongs in what a reader sees
+        note += " (" + ", ".join(f"{k}={v}" for k, v in sorted(data.labels.items())) + ")"
     return SignalEvidence(
         changed=True,
         change_at=change.at,
@@ -260,6 +266,48 @@ def evaluate(
         passed_gate=passed,
         note=note,
         **common,  # type: ignore[arg-type]
+    )
+
+
+def check(
+    requirement: Requirement,
+    data: SeriesData | None,
+    onset: float,
+    settings: RankSettings = RankSettings(),
+) -> SignalEvidence:
+    """Whether a cause's required level held around `onset`: the medians over the before and after
+    windows either side of it. No data is not met: the cause cannot be told apart then."""
+    signal = requirement.signal
+    pts = clean(data.points) if data is not None else []
+    lag = signal.lag_seconds
+    before = [v for t, v in pts if onset - settings.before_window_seconds <= t - lag < onset]
+    after = [v for t, v in pts if onset <= t - lag <= onset + settings.after_window_seconds]
+    mb = statistics.median(before) if before else None
+    ma = statistics.median(after) if after else mb
+    met = mb is not None and ma is not None and requirement.met(mb, ma)
+    if mb is None or ma is None:
+        note = f"needed: {requirement.why}; no data to tell"
+    else:
+        levels = f"{mb:g} before, {ma:g} after the onset"
+        note = f"needed: {requirement.why} ({requirement.describe()}): {levels}, " + (
+            "met" if met else "not met"
+        )
+    return SignalEvidence(
+        signal=signal.id,
+        title=signal.title,
+        query=data.query if data is not None else signal.query,
+        direction=signal.direction,
+        changed=False,
+        change_at=None,
+        before=mb,
+        after=ma,
+        lead_seconds=None,
+        strength=0.0,
+        alignment=0.0,
+        passed_gate=met,
+        note=note,
+        labels=dict(data.labels) if data is not None else {},
+        points=_downsample(pts, settings.evidence_points),
     )
 
 
@@ -290,22 +338,30 @@ def rank(
             if data is not None
         ]
         lined_up = [e for e in extra if e.changed and e.alignment > 0 and e.passed_gate]
+        needed = [check(req, data, symptom_onset, settings) for req, data in obs.requirements]
         base = primary.strength * primary.alignment * obs.cause.weight
         score = min(1.0, base * (1.0 + settings.corroboration_bonus * len(lined_up)))
         candidate = Candidate(
             cause=obs.cause.id,
             layer=obs.cause.layer,
             title=obs.cause.title,
-            score=score if primary.passed_gate else 0.0,
-            evidence=(primary, *extra),
+            score=score if primary.passed_gate and all(n.passed_gate for n in needed) else 0.0,
+            evidence=(primary, *extra, *needed),
         )
-        if primary.changed and primary.passed_gate and primary.alignment > 0 and score >= settings.min_score:
+        if (
+            primary.changed
+            and primary.passed_gate
+            and primary.alignment > 0
+            and score >= settings.min_score
+            and all(n.passed_gate for n in needed)
+        ):
             accepted.append(candidate)
         elif primary.changed:
             rejected.append(candidate)
     accepted.sort(key=lambda c: (-c.score, c.cause))
-    rejected.sort(key=lambda c: c.cause)
-    layers = _layers(observations, accepted)
+    accepted, effects = _explain(observations, accepted, settings)
+    rejected = sorted([*rejected, *effects], key=lambda c: c.cause)
+    layers = _layers(observations, accepted, effects)
     if not have_data:
         return no_diagnosis(
             SIGNALS_MISSING,
@@ -354,15 +410,44 @@ def rank(
     )
 
 
-def _layers(observations: Sequence[CauseObservation], accepted: Sequence[Candidate]) -> dict[str, str]:
-    """The elimination, layer by layer: where a cause lined up, what was read and ruled out, or that
-    nothing could be read."""
+def _explain(
+    observations: Sequence[CauseObservation], accepted: Sequence[Candidate], settings: RankSettings
+) -> tuple[list[Candidate], list[Candidate]]:
+    """The accepted candidates that remain causes, and those that are effects of a better one: named in
+    its `explains` and changed no earlier than it (within the slack) and within the lead window after."""
+    explains = {o.cause.id: o.cause.explains for o in observations}
+    by: dict[str, str] = {}
+    for a in accepted:  # best first
+        at = a.evidence[0].change_at
+        if a.cause in by or at is None:
+            continue
+        for b in accepted:
+            bt = b.evidence[0].change_at
+            if b is a or b.cause in by or b.cause not in explains.get(a.cause, ()) or bt is None:
+                continue
+            if at - settings.slack_seconds <= bt <= at + settings.max_lead_seconds:
+                by[b.cause] = a.cause
+    causes = [c for c in accepted if c.cause not in by]
+    effects = [replace(c, explained_by=by[c.cause]) for c in accepted if c.cause in by]
+    return causes, effects
+
+
+def _layers(
+    observations: Sequence[CauseObservation],
+    accepted: Sequence[Candidate],
+    effects: Sequence[Candidate] = (),
+) -> dict[str, str]:
+    """The elimination, layer by layer: where a cause lined up, what lined up as the effect of
+    another, what was read and ruled out, or that nothing could be read."""
     out: dict[str, str] = {}
     for layer in LAYERS:
         found = [c.title for c in accepted if c.layer == layer]
+        explained = [f"{c.title} (an effect of {c.explained_by})" for c in effects if c.layer == layer]
         read = [o.cause.title for o in observations if o.cause.layer == layer and o.primary is not None]
         if found:
-            out[layer] = "cause: " + ", ".join(found)
+            out[layer] = "cause: " + ", ".join([*found, *explained])
+        elif explained:
+            out[layer] = "explained: " + ", ".join(explained)
         elif read:
             out[layer] = "ruled out: " + ", ".join(read) + " did not line up"
         else:

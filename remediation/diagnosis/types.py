@@ -102,7 +102,10 @@ class Candidate:
     layer: Layer
     title: str
     score: float  # 0..1
-    evidence: tuple[SignalEvidence, ...]  # primary first
+    evidence: tuple[SignalEvidence, ...]  # primary first, then corroborating, then requirements
+    # the cause that brought this one about (a restart leaves the page cache cold): it lined up, but
+    # as an effect of that cause, not as a rival to it
+    explained_by: str = ""
 
     @property
     def label(self) -> str:
@@ -110,7 +113,7 @@ class Candidate:
         return f"{self.layer}: {self.title}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "cause": self.cause,
             "layer": self.layer,
             "title": self.title,
@@ -118,6 +121,9 @@ class Candidate:
             "score": round(self.score, 4),
             "evidence": [e.to_dict() for e in self.evidence],
         }
+        if self.explained_by:
+            out["explained_by"] = self.explained_by
+        return out
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Candidate:
@@ -128,6 +134,7 @@ class Candidate:
             title=str(d.get("title", "")),
             score=float(d.get("score", 0.0)),
             evidence=tuple(SignalEvidence.from_dict(e) for e in d.get("evidence") or ()),
+            explained_by=str(d.get("explained_by") or ""),
         )
 
 

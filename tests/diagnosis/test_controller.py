@@ -134,6 +134,42 @@ async def test_load_is_not_answered_by_a_restart_and_the_gpu_is_not_blamed(
         await rig.engine.aclose()
 
 
+@pytest.mark.parametrize(
+    ("story", "cause", "label"),
+    [
+        # another restart in the middle of a rollout's cold start only starts it over
+        ("rollout", "serving.rollout", "serving: restart or rollout (cold start)"),
+        # the neighbour is still there after ours restarts: its owner is the one to page
+        (
+            "sm_neighbour",
+            "scheduling.gpu_sm_neighbour",
+            "scheduling: another pod on the GPU takes its SM time",
+        ),
+        ("cpu_hog", "host.cpu_contention", "host: other processes take the node's CPU"),
+    ],
+)
+async def test_a_rollout_or_a_neighbour_is_not_answered_by_a_restart(
+    tmp_path: Path, prom: PromHandle, story: str, cause: str, label: str
+) -> None:
+    rig = _rig(tmp_path, prom.url)
+    try:
+        await rig.fire(_alert(story))
+        assert rig.backend.calls == []
+        inc = rig.only_incident()
+        assert inc["state"] == "paged" and ("restart", "skipped") in statuses(inc)
+        assert inc["diagnosis"]["top_cause"] == cause and inc["diagnosis"]["confident"] is True
+        assert f"this signature does not act on {cause}" in inc["reason"]
+        (page,) = rig.pager.pages
+        assert page.summary.endswith(f"| diagnosis: {label}")
+        assert page.diagnosis is not None
+        notes = {e["signal"]: e["note"] for e in page.diagnosis["evidence"]}
+        if story == "sm_neighbour":
+            # the page names the neighbour, whose owner it is for
+            assert "namespace=research, pod=vllm-0" in notes["top_sm_neighbour"]
+    finally:
+        await rig.engine.aclose()
+
+
 async def test_a_cause_the_restart_may_address_lets_the_ladder_run(tmp_path: Path, prom: PromHandle) -> None:
     rig = _rig(tmp_path, prom.url)
     try:
@@ -232,7 +268,13 @@ def test_signature_diagnosis_fields_are_validated() -> None:
         parse_document(typo, "user.yaml", "user")
     (sig,) = parse_document(NAIVE_RESTART, "user.yaml", "user")
     # a restarting ladder that says nothing gets the default
-    assert sig.diagnosis.effective_not_when(sig.ladder.rungs) == ("host.page_cache_eviction", "serving.load")
+    assert sig.diagnosis.effective_not_when(sig.ladder.rungs) == (
+        "host.page_cache_eviction",
+        "serving.load",
+        "serving.rollout",
+        "scheduling.gpu_sm_neighbour",
+        "host.cpu_contention",
+    )
     (explicit,) = parse_document(
         NAIVE_RESTART.replace("reason: The team's choice.", "reason: x\n    diagnosis: {not_when: []}"),
         "user.yaml",

@@ -1,5 +1,6 @@
-"""The pure ranking: change-points, alignment with the symptom's onset, gates, and the hostile cases
-(NaN, gaps, flat series, a change long before the symptom, the traffic spike where load rises first)."""
+"""The pure ranking: change-points, alignment with the symptom's onset, gates, requirements, causes that
+explain others, and the hostile cases (NaN, gaps, flat series, a change long before the symptom, the
+traffic spike where load rises first, a neighbour next to an idle pod, an eviction before a restart)."""
 
 from __future__ import annotations
 
@@ -54,11 +55,13 @@ def data(points: list[tuple[float, float]]) -> SeriesData:
 
 
 def obs(
-    cause_id: str, primary: list[tuple[float, float]] | None, **corroborating: list[tuple[float, float]]
+    cause_id: str, primary: list[tuple[float, float]] | None, **signals: list[tuple[float, float]]
 ) -> CauseObservation:
+    """A cause's observation; keyword arguments feed its corroborating and required signals by id."""
     c = catalogue.cause(cause_id)
-    extra = [(s, data(corroborating[s.id]) if s.id in corroborating else None) for s in c.corroborating]
-    return CauseObservation(c, data(primary) if primary is not None else None, extra)
+    extra = [(s, data(signals[s.id]) if s.id in signals else None) for s in c.corroborating]
+    needed = [(r, data(signals[r.signal.id]) if r.signal.id in signals else None) for r in c.requires]
+    return CauseObservation(c, data(primary) if primary is not None else None, extra, needed)
 
 
 def ranked(*observations: CauseObservation, onset: float = ONSET) -> Diagnosis:
@@ -289,3 +292,68 @@ def test_the_layers_are_eliminated_one_by_one() -> None:
         "scheduling": "no data",
         "serving": "ruled out: load did not line up",
     }
+
+
+# -- requirements and explanations --------------------------------------------------------------
+
+
+def test_a_neighbour_taking_sm_time_is_a_cause_only_when_the_pod_had_gpu_work() -> None:
+    surge = step(0.5, 0.95, ONSET - 30, noise=0.01)
+    busy = ranked(obs("scheduling.gpu_sm_neighbour", surge, own_sm_level=step(0.45, 0.05, ONSET - 30)))
+    assert busy.top is not None and busy.top.cause == "scheduling.gpu_sm_neighbour" and busy.confident
+    need = busy.top.evidence[-1]
+    assert need.signal == "own_sm_level" and need.passed_gate and "met" in need.note
+    idle = ranked(obs("scheduling.gpu_sm_neighbour", surge, own_sm_level=flat(0.0)))
+    assert idle.status == "no_diagnosis" and idle.reason_code == NOTHING_LINES_UP
+    (rejected,) = idle.rejected
+    assert rejected.score == 0.0 and "not met" in rejected.evidence[-1].note
+    # no data for what the cause needs: it cannot be told apart, so it is no cause
+    blind = ranked(obs("scheduling.gpu_sm_neighbour", surge))
+    assert blind.status == "no_diagnosis" and "no data to tell" in blind.rejected[0].evidence[-1].note
+
+
+def test_a_saturated_node_is_contention_only_when_the_gpu_process_did_not_take_the_cpu_itself() -> None:
+    node = step(0.35, 0.97, ONSET - 30, noise=0.01)
+    others = ranked(obs("host.cpu_contention", node, process_host_cpu=step(0.6, 0.42, ONSET - 30)))
+    assert others.top is not None and others.top.cause == "host.cpu_contention"
+    itself = ranked(obs("host.cpu_contention", node, process_host_cpu=step(0.6, 6.0, ONSET - 30)))
+    assert itself.status == "no_diagnosis"
+    assert "not met" in itself.rejected[0].evidence[-1].note
+
+
+def _rollout_and_eviction(evicted_at: float) -> Diagnosis:
+    return ranked(
+        obs("serving.rollout", step(1.0, 2.0, ONSET - 90)),
+        obs("host.page_cache_eviction", step(1.0, 0.1, evicted_at, noise=0.005)),
+        obs("serving.kv_cache", step(0.55, 0.05, ONSET, noise=0.005)),
+    )
+
+
+def test_a_restart_takes_the_cold_page_cache_and_the_empty_kv_cache_as_its_effects() -> None:
+    d = _rollout_and_eviction(ONSET - 100)
+    assert d.top is not None and d.top.cause == "serving.rollout" and d.confident
+    assert [c.cause for c in d.candidates] == ["serving.rollout"]
+    effects = {c.cause: c for c in d.rejected if c.explained_by}
+    assert set(effects) == {"host.page_cache_eviction", "serving.kv_cache"}
+    assert all(c.explained_by == "serving.rollout" and c.score > 0.2 for c in effects.values())
+    assert "an effect of serving.rollout" in d.layers["host"]
+    # what it explained is kept with the record
+    again = Diagnosis.from_dict(json.loads(json.dumps(d.to_dict())))
+    assert {c.cause: c.explained_by for c in again.rejected if c.explained_by} == {
+        "host.page_cache_eviction": "serving.rollout",
+        "serving.kv_cache": "serving.rollout",
+    }
+
+
+def test_an_eviction_that_began_before_the_restart_is_not_its_effect() -> None:
+    d = _rollout_and_eviction(ONSET - 200)
+    # it stays a rival cause in the ranking, with its own score, not an effect in `rejected`
+    assert {c.cause for c in d.candidates} >= {"serving.rollout", "host.page_cache_eviction"}
+    assert all(not c.explained_by for c in d.candidates)
+    assert "host.page_cache_eviction" not in {c.cause for c in d.rejected}
+
+
+def test_evidence_with_labels_names_them_in_its_note() -> None:
+    top = SeriesData("topk", step(0.5, 0.95, ONSET - 30), {"namespace": "research", "pod": "vllm-0"})
+    ev = evaluate(catalogue.cause("scheduling.gpu_sm_neighbour").corroborating[1], top, ONSET)
+    assert ev.signal == "top_sm_neighbour" and "namespace=research, pod=vllm-0" in ev.note
