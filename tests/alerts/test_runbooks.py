@@ -241,3 +241,21 @@ def test_the_charts_default_runbook_urls_resolve_here(tmp_path: Path) -> None:
         url = rule["annotations"]["runbook_url"]
         assert url == load_config().runbook_url(rule["alert"]), url
         assert _resolves_here(url).is_file(), url
+
+
+# --- what the README says about the alerts
+
+
+def test_the_readme_gives_each_alert_the_target_kind_of_its_rule(alert_rules: list[dict[str, Any]]) -> None:
+    kinds = {r["alert"]: r["labels"]["target_kind"] for r in alert_rules}
+    readme = (ROOT / "README.md").read_text()
+    claims = []
+    # a paragraph or list item that names an alert and a target_kind says that alert has that kind
+    for chunk in re.split(r"\n\s*\n|\n\d+\. |\n- ", readme):
+        named = [n for n in re.findall(r"`([A-Z][A-Za-z0-9]+)`", chunk) if n in kinds]
+        for kind in re.findall(r"target_kind=(\w+)", chunk):
+            assert len(set(named)) == 1, f"README: target_kind={kind} next to {named or 'no alert'}"
+            claims.append((named[0], kind))
+    assert claims, "the README's walk-through names an alert's target_kind"
+    for name, kind in claims:
+        assert kinds[name] == kind, f"README says {name} has target_kind={kind}; its rule says {kinds[name]}"
