@@ -6,7 +6,6 @@ resolve to runbooks of this repository."""
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path, PurePosixPath
@@ -17,8 +16,8 @@ import yaml
 
 from alerts.config import load_config
 from alerts.rules.promql import base_metric, metric_names
-from demo.neighbours import MissingNeighbourError, neighbour_binary
-from tests.alerts.ruleset import PROMTOOL, ROOT, RUNBOOKS_DIR, known_metrics
+from tests.alerts.promtool_parse import check_queries, fenced_blocks, promtools
+from tests.alerts.ruleset import ROOT, RUNBOOKS_DIR, known_metrics
 
 sys.path.insert(0, str(ROOT / "scripts"))
 import generate_runbooks
@@ -35,7 +34,6 @@ SECTIONS = (
     "## Stop the automation",
     "## What to do",
 )
-FENCE = re.compile(r"^```([a-z]*)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
 # commands that need the node: they must run through kubectl exec (driver pod) or the node shell
 NODE_COMMANDS = re.compile(r"(?<![\w-])(nvidia-smi|dmesg|lspci|vmstat|iostat|free -h|dcgmi)\b")
 PROMETHEUS_INTERNAL = {"up", "time"}
@@ -46,33 +44,7 @@ def _runbooks() -> dict[str, str]:
 
 
 def _blocks(text: str, lang: str | None = None) -> list[tuple[str, str]]:
-    """(language, body) of every fenced code block."""
-    return [(m[0], m[1].strip()) for m in FENCE.findall(text) if lang is None or m[0] == lang]
-
-
-def _promtools() -> list[Any]:
-    params = [
-        pytest.param(
-            Path(PROMTOOL),
-            id="promtool-2.42",
-            marks=pytest.mark.skipif(shutil.which(PROMTOOL) is None, reason="Debian promtool missing"),
-        )
-    ]
-    try:
-        params.append(pytest.param(neighbour_binary("prometheus", "promtool"), id="promtool-3.16"))
-    except MissingNeighbourError as e:
-        params.append(pytest.param(None, id="promtool-3.16", marks=pytest.mark.skip(reason=str(e))))
-    return params
-
-
-def _check_rules(promtool: Path, queries: dict[str, str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    """promtool check rules on a file with one recording rule per query: its parser, nothing else."""
-    rules = [{"record": name, "expr": expr} for name, expr in queries.items()]
-    path = tmp_path / "runbook-queries.rules.yaml"
-    path.write_text(yaml.safe_dump({"groups": [{"name": "runbooks", "rules": rules}]}, sort_keys=False))
-    return subprocess.run(
-        [str(promtool), "check", "rules", str(path)], capture_output=True, text=True, timeout=60, check=False
-    )
+    return fenced_blocks(text, lang)
 
 
 def _queries() -> dict[str, str]:
@@ -99,21 +71,21 @@ def test_every_runbook_has_the_on_call_sections_in_order(name: str) -> None:
     assert all(lang in ("promql", "sh") for lang, _ in _blocks(text)), f"{name}: a fence without a language"
 
 
-@pytest.mark.parametrize("promtool", _promtools())
+@pytest.mark.parametrize("promtool", promtools())
 def test_every_promql_block_is_one_query_that_promtool_parses(promtool: Path, tmp_path: Path) -> None:
     queries = _queries()
     assert len(queries) >= 3 * len(_runbooks()) - 10  # the extraction finds them
-    result = _check_rules(promtool, queries, tmp_path)
+    result = check_queries(promtool, queries, tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"SUCCESS: {len(queries)} rules found" in result.stdout
 
 
-@pytest.mark.parametrize("promtool", _promtools())
+@pytest.mark.parametrize("promtool", promtools())
 def test_promtool_refuses_two_queries_in_one_block(promtool: Path, tmp_path: Path) -> None:
     # what GPUXidResetRequired's Confirm block held: pasted into Prometheus it is a parse error
     two = 'gpu_remapped_rows_pending{uuid="<uuid>"}, gpu_ecc_errors_total{uuid="<uuid>", type="uncorrected"}'
     lines = 'gpu_up{node="<node>"}\nincrease(gpu_xid_errors_total{node="<node>", xid="79"}[1h])'
-    result = _check_rules(promtool, {"runbook:x:q1": two, "runbook:x:q2": lines}, tmp_path)
+    result = check_queries(promtool, {"runbook:x:q1": two, "runbook:x:q2": lines}, tmp_path)
     assert result.returncode == 1
     out = result.stdout + result.stderr
     assert '"runbook:x:q1": could not parse expression' in out
