@@ -357,8 +357,9 @@ def on_the_node() -> str:
             "",
             _sh("kubectl debug node/<node> -it --profile=sysadmin --image=busybox:1.36 -- chroot /host sh"),
             "",
-            "Leaving the shell leaves the pod behind: `kubectl get pods -o name | grep node-debugger` and",
-            "`kubectl delete` it.",
+            "`--profile=sysadmin` makes the pod privileged (kubectl's newer profiles; on an older kubectl",
+            "drop the flag, and `dmesg` may then be refused). Leaving the shell leaves the pod behind:",
+            "`kubectl get pods -o name | grep node-debugger` and `kubectl delete` it.",
         ]
     )
 
