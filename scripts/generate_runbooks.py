@@ -71,8 +71,8 @@ _TARGET_VARS: Mapping[str, tuple[str, ...]] = {
     "gpu": ("node",),
     "node": ("node",),
     "exporter": ("node",),
-    "pod": ("namespace", "pod"),
-    "job": ("namespace", "node"),
+    "pod": ("node", "namespace", "pod"),
+    "job": ("node", "namespace"),
 }
 
 _CONTROLLER = (

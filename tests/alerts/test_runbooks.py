@@ -231,3 +231,20 @@ def test_the_readme_gives_each_alert_the_target_kind_of_its_rule(alert_rules: li
     assert claims, "the README's walk-through names an alert's target_kind"
     for name, kind in claims:
         assert kinds[name] == kind, f"README says {name} has target_kind={kind}; its rule says {kinds[name]}"
+
+
+@pytest.mark.parametrize("name", sorted(_runbooks()))
+def test_dashboard_links_name_boards_and_variables_that_exist(name: str) -> None:
+    import json
+
+    boards = {}
+    for path in (ROOT / "dashboards" / "json").glob("*.json"):
+        board = json.loads(path.read_text())
+        boards[board["uid"]] = {v["name"] for v in board["templating"]["list"]}
+    links = re.findall(r"`<grafana>/d/([a-z0-9-]+)(?:\?([^`]*))?`", _runbooks()[name])
+    assert links and any(uid == "gpupulse-remediation" for uid, _ in links), name
+    for uid, query in links:
+        assert uid in boards, f"{name}: no dashboard {uid}"
+        for param in filter(None, query.split("&")):
+            var = param.split("=", 1)[0].removeprefix("var-")
+            assert var in boards[uid], f"{name}: {uid} has no variable {var}"
