@@ -23,7 +23,7 @@ from gpupulse.xid import XID_CLASSES
 from remediation.signatures import Signature, SignatureLibrary
 
 RUNBOOKS = PurePosixPath("docs/runbooks")
-BLOCKS = ("links", "actions")
+BLOCKS = ("links", "actions", "node")
 _END = "<!-- END generated -->"
 
 
@@ -125,7 +125,7 @@ def _board_variables(dashboards: Mapping[str, str]) -> dict[str, tuple[str, set[
 
 
 def links_block(alert: AlertFacts, dashboards: Mapping[str, str], node: bool) -> str:
-    """## Dashboards and ## Escalation, and ## On the node when the runbook runs node commands."""
+    """## Dashboards and ## Escalation, and a pointer to ## On the node when the runbook needs it."""
     boards = _board_variables(dashboards)
     lines = [
         "## Dashboards",
@@ -143,7 +143,11 @@ def links_block(alert: AlertFacts, dashboards: Mapping[str, str], node: bool) ->
         lines.append(f"- {title}{what}: `<grafana>/d/{UIDS[key]}{query}`")
     lines += ["", "## Escalation", "", _escalation(alert)]
     if node:
-        lines += ["", on_the_node()]
+        lines += [
+            "",
+            "Commands on a node (`<driver-pod>`, \"in the node shell\") need no SSH: see",
+            "[On the node](#on-the-node) at the end.",
+        ]
     return "\n".join(lines)
 
 
@@ -392,7 +396,8 @@ def render(text: str, blocks: Mapping[str, str], path: PurePosixPath) -> str:
         if len(pattern.findall(text)) != 1:
             raise RunbookError(f"{path}: the BEGIN/END markers of the generated {block} block are missing")
         # a function, not a template: the content holds backslashes (jsonpath's "\\n")
-        text = pattern.sub(functools.partial(_replacement, f"{begin_marker(block)}\n{content}\n{_END}"), text)
+        whole = "\n".join(part for part in (begin_marker(block), content, _END) if part)
+        text = pattern.sub(functools.partial(_replacement, whole), text)
     return text
 
 
@@ -407,9 +412,11 @@ def runbook_files(
     for alert in facts(rules, library):
         path = RUNBOOKS / f"{alert.name}.md"
         text = read(path)
+        node = uses_the_node(text)
         blocks = {
-            "links": links_block(alert, dashboards, uses_the_node(text)),
+            "links": links_block(alert, dashboards, node),
             "actions": actions_block(alert),
+            "node": on_the_node() if node else "",
         }
         want[path] = render(text, blocks, path)
     return want
