@@ -214,8 +214,9 @@ def actions_block(alert: AlertFacts) -> str:
         "",
         "## By hand (dry run, the default)",
         "",
-        "The chart installs the controller with `controller.dryRun: true`: it records what it would do",
-        "(the incident says `dry_run`) and changes nothing. Until you turn that off, the steps it would take",
+        "The chart installs the controller with `controller.dryRun: true`: it records each step it would",
+        "take (outcome `dry_run`, \"dry run: would migrate ...\" in the incident's history) and neither acts",
+        "nor pages; the page you got came from your Alertmanager route. Until dry run is off, the steps",
         "are yours:",
         "",
         *_manual_path(alert),
@@ -237,7 +238,7 @@ def _manual_path(alert: AlertFacts) -> list[str]:
     kind = alert.target_kind
     if rungs == ("page",):
         return [
-            "Nothing: its ladder only pages, in dry run as when acting. Follow What to do.",
+            "Nothing that gpupulse would do: its ladder only pages. Follow What to do.",
         ]
     out: list[str] = []
     step = 1

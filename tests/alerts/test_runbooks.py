@@ -127,7 +127,7 @@ def test_the_manual_path_is_the_ladder_spelled_in_kubectl() -> None:
         rungs = alert.signature.ladder.rungs
         assert f"its ladder is **{' → '.join(rungs)}**" in runbooks[alert.name], alert.name
         if rungs == ("page",):
-            assert "Nothing: its ladder only pages" in manual, alert.name
+            assert "Nothing that gpupulse would do: its ladder only pages" in manual, alert.name
         if "restart" in rungs and alert.target_kind == "pod":
             assert "ownerReferences[?(@.controller==true)]" in manual, alert.name
             assert "kubectl delete pod -n <namespace> <pod>" in manual, alert.name
