@@ -7,7 +7,10 @@ It writes, from their sources:
   helm/gpupulse/files/dashboards/*  copies of the dashboards,
   the generated block of helm/gpupulse/values.yaml and the prometheusRule part of
   values.schema.json                (scripts/generate_chart.py);
-- docs/metrics.md                   from the metric catalog.
+- docs/metrics.md                   from the metric catalog;
+- docs/runbooks/*.md                the marked blocks of each hand-written runbook (dashboards,
+                                    escalation, what gpupulse did, the manual path) from the rules, the
+                                    dashboards and the signature library (scripts/generate_runbooks.py).
 A file in a folder that holds only generated files (the rule files of alerts/, dashboards/json/, the
 chart's files/rules/ and files/dashboards/) that the build does not produce is stale too: writing
 removes it.
@@ -30,11 +33,13 @@ for _path in (ROOT, ROOT / "scripts"):
         sys.path.insert(0, str(_path))
 
 from generate_chart import GENERATED_FOLDERS, SCHEMA, VALUES, ChartFileError, chart_files  # noqa: E402
+from generate_runbooks import RunbookError, runbook_files  # noqa: E402
 
 from alerts.generate import render_rules  # noqa: E402
 from dashboards.build import render_dashboards  # noqa: E402
 from gpupulse.metrics.catalog import ALL_SPECS as METRIC_SPECS  # noqa: E402
 from gpupulse.metrics.catalog import markdown as metrics_markdown  # noqa: E402
+from remediation.signatures import load_library  # noqa: E402
 
 ALERTS = PurePosixPath("alerts")
 DASHBOARDS = PurePosixPath("dashboards/json")
@@ -67,13 +72,18 @@ def expected(root: Path = ROOT) -> dict[PurePosixPath, str]:
     root's copy of them now.
     """
     dashboards = render_dashboards()
-    want = {ALERTS / name: text for name, text in render_rules().items()}
+    rules = render_rules()
+    want = {ALERTS / name: text for name, text in rules.items()}
     want.update({DASHBOARDS / name: text for name, text in dashboards.items()})
     try:
         want.update(chart_files(dashboards, _read(root, VALUES), _read(root, SCHEMA)))
     except ChartFileError as e:
         raise GenerateError(str(e)) from None
     want[METRICS_PAGE] = metrics_page()
+    try:
+        want.update(runbook_files(rules, dashboards, load_library(), lambda path: _read(root, path)))
+    except RunbookError as e:
+        raise GenerateError(str(e)) from None
     return want
 
 

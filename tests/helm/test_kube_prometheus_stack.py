@@ -27,10 +27,6 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 NODE_KINDS = {"node", "gpu", "exporter"}
 
 
-def _chart_version() -> str:
-    return str(yaml.safe_load((CHART / "Chart.yaml").read_text())["version"])
-
-
 def _service(inst: Installed, component: str) -> JSON:
     (service,) = [
         s
@@ -246,8 +242,7 @@ def _expected_rule_groups(values: JSON, namespace: str) -> list[JSON]:
     """What templates/prometheusrule.yaml must produce, computed from the generator's templates."""
     pr = values["prometheusRule"]
     base = (
-        pr["runbookUrl"]
-        or f"https://github.com/gpupulse/gpupulse/blob/gpupulse-{_chart_version()}/docs/runbooks/"
+        pr["runbookUrl"] or "https://github.com/gpupulse/gpupulse/blob/main/docs/runbooks/"
     )
     tokens = {
         "thresholds": pr["thresholds"],
@@ -286,8 +281,8 @@ def test_prometheus_rule_is_the_generator_with_this_releases_settings(inst: Inst
     alerts = {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r}
     for name in inst.values["prometheusRule"]["disabled"]:
         assert name not in alerts
-    # runbooks pinned to this chart version unless the values say otherwise
-    base = inst.values["prometheusRule"]["runbookUrl"] or f"/blob/gpupulse-{_chart_version()}/docs/runbooks/"
+    # the main branch's runbooks unless the values say otherwise
+    base = inst.values["prometheusRule"]["runbookUrl"] or "/blob/main/docs/runbooks/"
     assert all(base in a["annotations"]["runbook_url"] for a in alerts.values())
 
 
