@@ -21,6 +21,7 @@ class Act:
     rung: Rung
     target: Target
     reason: str
+    signature: str = ""  # the signature that chose this rung (told in the target's Events)
 
 
 @dataclass(frozen=True)

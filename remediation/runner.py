@@ -20,12 +20,15 @@ from remediation.diagnosis.types import DIAGNOSIS_BUSY, DIAGNOSIS_FAILED, Diagno
 from remediation.effects import Act, CheckPromQL, Diagnose, Effect, SendGroupPage, SendPage
 from remediation.errors import PermanentError, TemporaryError, VerifyError
 from remediation.metrics import RemediationMetrics
-from remediation.model import ActionBackend, Pager
+from remediation.model import ActionAudit, ActionBackend, ActionNotice, ActionPhase, Pager
 from remediation.settings import EngineDiagnosisSettings
 from remediation.transitions import Transitions
 from remediation.verify import PromQLVerifier
 
 log = logging.getLogger("remediation.engine")
+
+# an audit record (a Kubernetes Event) is best effort: it never holds an action back for longer
+AUDIT_TIMEOUT_SECONDS = 5.0
 
 Record = Callable[[Callable[[Transitions], list[Effect]]], Awaitable[None]]
 
@@ -44,8 +47,10 @@ class EffectRunner:
         diagnoser: Diagnoser | None = None,
         diagnosis: EngineDiagnosisSettings | None = None,
         may_act: Callable[[], bool] | None = None,
+        audit: ActionAudit | None = None,
     ) -> None:
         self.backend = backend
+        self.audit = audit
         self.pager = pager
         self.verifier = verifier
         self.metrics = metrics
@@ -113,10 +118,21 @@ class EffectRunner:
             return
         await coro
 
+    async def _announce(self, eff: Act, phase: ActionPhase, summary: str) -> None:
+        if self.audit is None:
+            return
+        notice = ActionNotice(eff.target, eff.rung, phase, eff.incident_id, eff.signature, summary)
+        try:
+            await asyncio.wait_for(self.audit.announce(notice), AUDIT_TIMEOUT_SECONDS)
+        except Exception as exc:  # the audit trail must never stop or fail an action
+            log.warning("could not record %s %s of incident %d: %s", eff.rung, phase, eff.incident_id, exc)
+
     async def _run_action(self, eff: Act) -> None:
+        await self._announce(eff, "started", eff.reason)
         started = time.monotonic()
         delay = 0.0
         details: Mapping[str, Any] = {}
+        outcome: ActionPhase
         try:
             call = self.backend.restart if eff.rung == "restart" else self.backend.migrate
             result = await asyncio.wait_for(call(eff.target, eff.reason), self.action_timeout_seconds)
@@ -137,6 +153,7 @@ class EffectRunner:
             outcome, summary = "failed", f"{type(exc).__name__}: {exc}"
         duration = time.monotonic() - started
         self.metrics.action_duration.labels(rung=eff.rung).observe(duration)
+        await self._announce(eff, outcome, summary)
         await self._record(lambda t: t.on_action_done(eff, outcome, summary, details, delay))
 
     async def _diagnose(self, labels: Mapping[str, str], fired_at: float) -> Diagnosis:

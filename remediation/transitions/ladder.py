@@ -102,7 +102,7 @@ class LadderTransitions(PagingTransitions):
         reason = f"{inc.alertname} ({sig.fault_class}, signature {sig.name}); attempt {attempt}"
         entry_id = self._entry(inc, "action", "started", f"{rung} {target.key}", **common)
         self._set(incident_id, state="acting", next_at=None, resolved_at=None)
-        return [Act(entry_id, incident_id, rung, target, reason)]
+        return [Act(entry_id, incident_id, rung, target, reason, signature=sig.name)]
 
     def _diagnosis_veto(self, incident_id: int, sig: Signature) -> str:
         """Why the incident's latest confident diagnosis rules out acting ("" when it does not)."""
