@@ -17,7 +17,7 @@ from typing import Any
 from remediation.decide.pages import with_diagnosis
 from remediation.diagnosis.diagnose import Diagnoser
 from remediation.diagnosis.types import DIAGNOSIS_BUSY, DIAGNOSIS_FAILED, Diagnosis, no_diagnosis
-from remediation.effects import Act, CheckPromQL, Diagnose, Effect, SendGroupPage, SendPage
+from remediation.effects import Act, Announce, CheckPromQL, Diagnose, Effect, SendGroupPage, SendPage
 from remediation.errors import PermanentError, TemporaryError, VerifyError
 from remediation.metrics import RemediationMetrics
 from remediation.model import ActionAudit, ActionBackend, ActionNotice, ActionPhase, Pager
@@ -98,6 +98,11 @@ class EffectRunner:
                 coro = self._run_group_page(eff)
             elif isinstance(eff, Diagnose):
                 coro = self._run_diagnose(eff)
+            elif isinstance(eff, Announce):
+                notice = ActionNotice(
+                    eff.target, eff.rung, "dry_run", eff.incident_id, eff.signature, eff.summary
+                )
+                coro = self._tell(notice)
             else:
                 coro = self._run_promql(eff)
             task = asyncio.ensure_future(self._unless_fenced(eff, coro))
@@ -119,13 +124,16 @@ class EffectRunner:
         await coro
 
     async def _announce(self, eff: Act, phase: ActionPhase, summary: str) -> None:
+        await self._tell(ActionNotice(eff.target, eff.rung, phase, eff.incident_id, eff.signature, summary))
+
+    async def _tell(self, notice: ActionNotice) -> None:
         if self.audit is None:
             return
-        notice = ActionNotice(eff.target, eff.rung, phase, eff.incident_id, eff.signature, summary)
         try:
             await asyncio.wait_for(self.audit.announce(notice), AUDIT_TIMEOUT_SECONDS)
         except Exception as exc:  # the audit trail must never stop or fail an action
-            log.warning("could not record %s %s of incident %d: %s", eff.rung, phase, eff.incident_id, exc)
+            what = f"{notice.rung} {notice.phase} of incident {notice.incident_id}"
+            log.warning("could not record the %s: %s", what, exc)
 
     async def _run_action(self, eff: Act) -> None:
         await self._announce(eff, "started", eff.reason)

@@ -33,6 +33,7 @@ REASONS: dict[ActionPhase, tuple[str, str]] = {
     "success": ("RemediationSucceeded", "Normal"),
     "failed": ("RemediationFailed", "Warning"),
     "temporary": ("RemediationRetrying", "Warning"),
+    "dry_run": ("RemediationDryRun", "Normal"),
 }
 
 
@@ -74,7 +75,13 @@ def event_body(notice: ActionNotice, reporting_instance: str, now: datetime, uni
     """The events.k8s.io/v1 Event for one notice."""
     about = regarding(notice.target)
     reason, kind = REASONS[notice.phase]
-    verb = {"started": "started", "success": "done", "failed": "failed", "temporary": "will be retried"}
+    verb = {
+        "started": "started",
+        "success": "done",
+        "failed": "failed",
+        "temporary": "will be retried",
+        "dry_run": "not taken (dry run)",
+    }
     note = (
         f"gpupulse {notice.rung} {verb[notice.phase]} (incident {notice.incident_id}, signature "
         f"{notice.signature or 'unknown'}): {notice.summary}"

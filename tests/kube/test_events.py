@@ -121,9 +121,11 @@ def _firing(clock: FakeClock) -> AlertEvent:
     )
 
 
-def _engine(kube_client: KubeClient, clock: StepClock, tmp_path: Path, audit: object) -> RemediationEngine:
+def _engine(
+    kube_client: KubeClient, clock: StepClock, tmp_path: Path, audit: object, dry_run: bool = False
+) -> RemediationEngine:
     settings = EngineSettings()
-    settings = replace(settings, scope=replace(settings.scope, namespaces=("llm",)))
+    settings = replace(settings, dry_run=dry_run, scope=replace(settings.scope, namespaces=("llm",)))
     return cast(
         RemediationEngine,
         build_engine(
@@ -201,3 +203,20 @@ async def test_an_audit_trail_that_fails_or_hangs_never_stops_the_action(
     assert audit.calls == 2  # started and the outcome were both attempted
     assert [d[0] for d in kube_api.deleted] == ["llm/vllm-0"]
     assert incidents and incidents[0]["state"] != "acting"
+
+
+async def test_a_dry_run_leaves_an_event_saying_what_would_have_been_done(
+    kube_api: FakeKubeAPI, kube_client: KubeClient, clock: StepClock, tmp_path: Path
+) -> None:
+    kube_api.add_node("gpu-1")
+    kube_api.add_pod("llm", "vllm-0", "gpu-1", owner=("StatefulSet", "vllm"), gpus=1)
+    engine = _engine(kube_client, clock, tmp_path, KubeEventAudit(kube_client, "r"), dry_run=True)
+    try:
+        await engine.handle(_firing(FakeClock()))
+        await engine.wait_idle()
+    finally:
+        await engine.aclose()
+    [event] = _events(kube_api)
+    assert event["reason"] == "RemediationDryRun" and event["type"] == "Normal"
+    assert "would restart" in str(event["note"])
+    assert kube_api.deleted == []
