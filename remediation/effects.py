@@ -21,6 +21,7 @@ class Act:
     rung: Rung
     target: Target
     reason: str
+    signature: str = ""  # the signature that chose this rung (told in the target's Events)
 
 
 @dataclass(frozen=True)
@@ -63,4 +64,16 @@ class CheckPromQL:
     query: str
 
 
-Effect = Act | SendPage | SendGroupPage | CheckPromQL | Diagnose
+@dataclass(frozen=True)
+class Announce:
+    """Tell the target's owners about a rung that was decided but not run (a dry run): the audit
+    trail (Kubernetes Events) then shows what the controller would have done."""
+
+    incident_id: int
+    rung: Rung
+    target: Target
+    signature: str
+    summary: str
+
+
+Effect = Act | SendPage | SendGroupPage | CheckPromQL | Diagnose | Announce

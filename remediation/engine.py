@@ -34,7 +34,7 @@ from remediation.effects import Effect
 from remediation.ladder import target_from_labels
 from remediation.ledger import Ledger, connect
 from remediation.metrics import RemediationMetrics
-from remediation.model import ActionBackend, AlertEvent, Engine, NodeLabels, Pager
+from remediation.model import ActionAudit, ActionBackend, AlertEvent, Engine, NodeLabels, Pager
 from remediation.operations import Operations
 from remediation.replication import LedgerMirror, TrackedLedger
 from remediation.runner import EffectRunner
@@ -64,6 +64,7 @@ class RemediationEngine:
         node_labels: NodeLabels | None = None,
         diagnoser: Diagnoser | None = None,
         mirror: LedgerMirror | None = None,
+        audit: ActionAudit | None = None,
     ) -> None:
         self.settings = settings
         self.node_labels = node_labels
@@ -105,6 +106,7 @@ class RemediationEngine:
             diagnoser,
             settings.diagnosis,
             may_act=mirror.may_act if mirror is not None else None,
+            audit=audit,
         )
         self._operations = Operations(settings, self._ro, library, clock, metrics)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpupulse-engine")
@@ -241,6 +243,7 @@ def build_engine(
     library: SignatureLibrary | None = None,
     node_labels: NodeLabels | None = None,
     mirror: LedgerMirror | None = None,
+    audit: ActionAudit | None = None,
 ) -> Engine:
     """Load and validate the signatures, open the ledger tables and resume where the last run stopped.
 
@@ -273,6 +276,7 @@ def build_engine(
         node_labels=node_labels,
         diagnoser=diagnoser_from_settings(settings, clock or SystemClock()),
         mirror=mirror,
+        audit=audit,
     )
 
 

@@ -80,6 +80,28 @@ class ActionBackend(Protocol):
     async def migrate(self, target: Target, reason: str) -> ActionResult: ...
 
 
+ActionPhase = Literal["started", "success", "failed", "temporary", "dry_run"]
+
+
+@dataclass(frozen=True)
+class ActionNotice:
+    """One action of the ladder, or its outcome, told where the target's owners look (Kubernetes
+    Events): which rung, on what, for which incident and signature, and what happened."""
+
+    target: Target
+    rung: Rung
+    phase: ActionPhase
+    incident_id: int
+    signature: str
+    summary: str
+
+
+class ActionAudit(Protocol):
+    """Tells a cluster's users what the controller does (remediation/kube/events.py); best effort."""
+
+    async def announce(self, notice: ActionNotice) -> None: ...
+
+
 @dataclass(frozen=True)
 class Page:
     """One page to a human, with everything needed to act without opening another tool."""

@@ -17,15 +17,18 @@ from typing import Any
 from remediation.decide.pages import with_diagnosis
 from remediation.diagnosis.diagnose import Diagnoser
 from remediation.diagnosis.types import DIAGNOSIS_BUSY, DIAGNOSIS_FAILED, Diagnosis, no_diagnosis
-from remediation.effects import Act, CheckPromQL, Diagnose, Effect, SendGroupPage, SendPage
+from remediation.effects import Act, Announce, CheckPromQL, Diagnose, Effect, SendGroupPage, SendPage
 from remediation.errors import PermanentError, TemporaryError, VerifyError
 from remediation.metrics import RemediationMetrics
-from remediation.model import ActionBackend, Pager
+from remediation.model import ActionAudit, ActionBackend, ActionNotice, ActionPhase, Pager
 from remediation.settings import EngineDiagnosisSettings
 from remediation.transitions import Transitions
 from remediation.verify import PromQLVerifier
 
 log = logging.getLogger("remediation.engine")
+
+# an audit record (a Kubernetes Event) is best effort: it never holds an action back for longer
+AUDIT_TIMEOUT_SECONDS = 5.0
 
 Record = Callable[[Callable[[Transitions], list[Effect]]], Awaitable[None]]
 
@@ -44,8 +47,10 @@ class EffectRunner:
         diagnoser: Diagnoser | None = None,
         diagnosis: EngineDiagnosisSettings | None = None,
         may_act: Callable[[], bool] | None = None,
+        audit: ActionAudit | None = None,
     ) -> None:
         self.backend = backend
+        self.audit = audit
         self.pager = pager
         self.verifier = verifier
         self.metrics = metrics
@@ -93,6 +98,11 @@ class EffectRunner:
                 coro = self._run_group_page(eff)
             elif isinstance(eff, Diagnose):
                 coro = self._run_diagnose(eff)
+            elif isinstance(eff, Announce):
+                notice = ActionNotice(
+                    eff.target, eff.rung, "dry_run", eff.incident_id, eff.signature, eff.summary
+                )
+                coro = self._tell(notice)
             else:
                 coro = self._run_promql(eff)
             task = asyncio.ensure_future(self._unless_fenced(eff, coro))
@@ -113,10 +123,24 @@ class EffectRunner:
             return
         await coro
 
+    async def _announce(self, eff: Act, phase: ActionPhase, summary: str) -> None:
+        await self._tell(ActionNotice(eff.target, eff.rung, phase, eff.incident_id, eff.signature, summary))
+
+    async def _tell(self, notice: ActionNotice) -> None:
+        if self.audit is None:
+            return
+        try:
+            await asyncio.wait_for(self.audit.announce(notice), AUDIT_TIMEOUT_SECONDS)
+        except Exception as exc:  # the audit trail must never stop or fail an action
+            what = f"{notice.rung} {notice.phase} of incident {notice.incident_id}"
+            log.warning("could not record the %s: %s", what, exc)
+
     async def _run_action(self, eff: Act) -> None:
+        await self._announce(eff, "started", eff.reason)
         started = time.monotonic()
         delay = 0.0
         details: Mapping[str, Any] = {}
+        outcome: ActionPhase
         try:
             call = self.backend.restart if eff.rung == "restart" else self.backend.migrate
             result = await asyncio.wait_for(call(eff.target, eff.reason), self.action_timeout_seconds)
@@ -137,6 +161,7 @@ class EffectRunner:
             outcome, summary = "failed", f"{type(exc).__name__}: {exc}"
         duration = time.monotonic() - started
         self.metrics.action_duration.labels(rung=eff.rung).observe(duration)
+        await self._announce(eff, outcome, summary)
         await self._record(lambda t: t.on_action_done(eff, outcome, summary, details, delay))
 
     async def _diagnose(self, labels: Mapping[str, str], fired_at: float) -> Diagnosis:

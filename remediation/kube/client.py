@@ -84,6 +84,7 @@ class KubeClient:
         self._coordination: Any = k8s.CoordinationV1Api(api_client)
         self._batch: Any = k8s.BatchV1Api(api_client)
         self._custom: Any = k8s.CustomObjectsApi(api_client)
+        self._events: Any = k8s.EventsV1Api(api_client)
 
     @classmethod
     async def connect(cls, settings: KubeClientSettings) -> KubeClient:
@@ -258,6 +259,15 @@ class KubeClient:
             )
         )
         return obj if isinstance(obj, dict) else {}
+
+    # --- events
+
+    async def create_event(self, namespace: str, body: Mapping[str, Any]) -> JSON:
+        """Create one events.k8s.io/v1 Event (what `kubectl get events` and `describe` show)."""
+        event = await self._call(
+            self._events.create_namespaced_event(namespace, dict(body), _request_timeout=self._timeout)
+        )
+        return self._json(event)
 
     # --- leases
 

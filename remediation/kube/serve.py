@@ -209,6 +209,7 @@ async def build_kube_engine(
     """The ladder engine on the ledger with the Kubernetes backend; recovers interrupted actions.
 
     With a mirror (cluster mode) every decision is written through to the GpuIncident objects."""
+    from remediation.kube.events import KubeEventAudit
     from remediation.kube.nodelabels import KubeNodeLabels
 
     engine_mod = importlib.import_module("remediation.engine")
@@ -222,6 +223,7 @@ async def build_kube_engine(
             backend=proxy.runtime.backend,
             node_labels=KubeNodeLabels(proxy.runtime.client),
             mirror=mirror,
+            audit=KubeEventAudit(proxy.runtime.client, proxy.identity),
         )
     except ValueError as e:
         raise ConfigError(str(e)) from e

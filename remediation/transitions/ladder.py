@@ -7,7 +7,7 @@ from typing import Any
 
 from remediation.decide.incidents import ladder_end_reason
 from remediation.diagnosis.policy import veto
-from remediation.effects import Act, CheckPromQL, Effect
+from remediation.effects import Act, Announce, CheckPromQL, Effect
 from remediation.ladder import incident_identity, next_step
 from remediation.model import Rung
 from remediation.safety import PAUSE
@@ -77,7 +77,7 @@ class LadderTransitions(PagingTransitions):
             )
             self._later(lambda: self.metrics.actions.labels(rung=rung, outcome="dry_run").inc())
             self._set(incident_id, state="verifying", next_at=now + sig.ladder.verify_window_seconds)
-            return []
+            return [Announce(incident_id, rung, target, sig.name, f"dry run: would {rung} {target.key}")]
         if self._safety.paused():
             paused_by = self._db.get_state(PAUSE).get("by", "an operator")
             why = f"automation paused by {paused_by}: {rung} not taken"
@@ -102,7 +102,7 @@ class LadderTransitions(PagingTransitions):
         reason = f"{inc.alertname} ({sig.fault_class}, signature {sig.name}); attempt {attempt}"
         entry_id = self._entry(inc, "action", "started", f"{rung} {target.key}", **common)
         self._set(incident_id, state="acting", next_at=None, resolved_at=None)
-        return [Act(entry_id, incident_id, rung, target, reason)]
+        return [Act(entry_id, incident_id, rung, target, reason, signature=sig.name)]
 
     def _diagnosis_veto(self, incident_id: int, sig: Signature) -> str:
         """Why the incident's latest confident diagnosis rules out acting ("" when it does not)."""

@@ -65,6 +65,7 @@ SERVED: dict[tuple[str, str], str] = {
     ("batch.volcano.sh/v1alpha1", "jobs"): "Job",
     ("bus.volcano.sh/v1alpha1", "commands"): "Command",
     ("leaderworkerset.x-k8s.io/v1", "leaderworkersets"): "LeaderWorkerSet",
+    ("events.k8s.io/v1", "events"): "Event",
     ("remediation.gpupulse.io/v1", "gpuincidents"): "GpuIncident",
     ("remediation.gpupulse.io/v1", "gpuremediationstates"): "GpuRemediationState",
 }
