@@ -52,7 +52,7 @@ class BudgetSettings:
     # distinct nodes touched by a migrate of a gpu/node target within migrate_window_seconds
     max_nodes_migrated: int = 3
     # the same as a fraction of known nodes (cluster_node_count, else nodes seen in alerts); 0 disables
-    max_nodes_migrated_fraction: float = 0.2
+    max_nodes_migrated_fraction: float = 0.1
     migrate_window_seconds: float = 3600.0
     # how often new incidents that arrive while the breaker is open are flushed as one grouped page
     # (and how often a summary page is updated)
