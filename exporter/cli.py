@@ -37,6 +37,7 @@ from exporter.nvml import Nvml, XidWatcher
 from exporter.sampler import Sampler, SnapshotHook
 from exporter.server import make_app, make_site
 from exporter.snapshot import Snapshot
+from exporter.webconfig import WebConfigError, web_config_from_flag
 from gpupulse.clock import SystemClock
 from gpupulse.durations import duration_flag
 from gpupulse.logs import FORMATS, LEVELS, setup_logging
@@ -89,6 +90,13 @@ def build_parser(
         dest="web_listen_address",
         default=f"0.0.0.0:{DEFAULT_PORT}",
         help="host:port to serve /metrics on (default: %(default)s)",
+    )
+    p.add_argument(
+        "--web.config.file",
+        dest="web_config_file",
+        default="",
+        help="TLS and basic auth, in the Prometheus exporter toolkit's format (tls_server_config, "
+        "basic_auth_users, http_server_config); read again when it changes (default: none, plain HTTP)",
     )
     p.add_argument(
         "--sampling.interval",
@@ -371,10 +379,16 @@ async def _serve(
         settings, args, plugins, otlp, on_done=lambda: loop.call_soon_threadsafe(stop.set)
     )
     exporter = await sampling.start()
-    runner = web.AppRunner(make_app(exporter.sampler), access_log=None)
+    web_config = web_config_from_flag(args.web_config_file)
+    runner = web.AppRunner(make_app(exporter.sampler, web_config), access_log=None)
     try:
         await runner.setup()
-        site = make_site(runner, settings.listen_host, settings.listen_port)
+        site = make_site(
+            runner,
+            settings.listen_host,
+            settings.listen_port,
+            ssl_context=web_config.context if web_config is not None else None,
+        )
         await site.start()
         # What start-up made (modules, NVML tables, the simulation) lives for the whole run: frozen
         # out of the garbage collector's scans, a full collection set off by a burst of parsing (a
@@ -412,6 +426,10 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     except ValueError as exc:
         parser.error(str(exc))
     setup_logging(settings.log_format, settings.log_level)
+    try:
+        web_config_from_flag(args.web_config_file)  # a bad file fails here, before any sampling starts
+    except WebConfigError as exc:
+        parser.error(str(exc))
     try:
         return asyncio.run(serve(settings, args, plugins, otlp))
     except NvmlInitError as exc:

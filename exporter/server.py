@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import html
 import logging
+import ssl
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
@@ -12,6 +13,7 @@ from aiohttp import web
 from exporter.config import exporter_version
 from exporter.sampler import Sampler
 from exporter.snapshot import CONTENT_TYPE
+from exporter.webconfig import WebConfigFile, auth_middleware
 
 SAMPLER_KEY = web.AppKey("sampler", Sampler)
 # a request head must be complete this long after its first byte; aiohttp itself has no such deadline,
@@ -135,13 +137,21 @@ class _HeadDeadline(asyncio.Protocol):
 
 
 class _DeadlineSite(web.BaseSite):
-    def __init__(self, runner: web.BaseRunner, host: str, port: int, timeout_seconds: float) -> None:
-        super().__init__(runner)
+    def __init__(
+        self,
+        runner: web.BaseRunner,
+        host: str,
+        port: int,
+        timeout_seconds: float,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        super().__init__(runner, ssl_context=ssl_context)
         self._host, self._port, self._timeout_seconds = host, port, timeout_seconds
 
     @property
     def name(self) -> str:
-        return f"http://{self._host}:{self._port}"
+        scheme = "https" if self._ssl_context is not None else "http"
+        return f"{scheme}://{self._host}:{self._port}"
 
     async def start(self) -> None:
         await super().start()
@@ -149,15 +159,24 @@ class _DeadlineSite(web.BaseSite):
         assert server is not None
         timeout = self._timeout_seconds
         self._server = await asyncio.get_running_loop().create_server(
-            lambda: _HeadDeadline(server(), timeout), self._host, self._port, backlog=self._backlog
+            lambda: _HeadDeadline(server(), timeout),
+            self._host,
+            self._port,
+            backlog=self._backlog,
+            ssl=self._ssl_context,
         )
 
 
 def make_site(
-    runner: web.BaseRunner, host: str, port: int, header_timeout_seconds: float = HEADER_TIMEOUT_SECONDS
+    runner: web.BaseRunner,
+    host: str,
+    port: int,
+    header_timeout_seconds: float = HEADER_TIMEOUT_SECONDS,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> web.BaseSite:
-    """The TCP site the exporter listens on: aiohttp's, plus a deadline for each request head."""
-    return _DeadlineSite(runner, host, port, header_timeout_seconds)
+    """The TCP site the exporter listens on: aiohttp's, plus a deadline for each request head, over
+    TLS when a context is given (--web.config.file)."""
+    return _DeadlineSite(runner, host, port, header_timeout_seconds, ssl_context)
 
 
 @web.middleware
@@ -174,9 +193,11 @@ async def _head_deadline(
         proto.request_done()
 
 
-def make_app(sampler: Sampler) -> web.Application:
-    """The aiohttp application serving one sampler's snapshots."""
-    app = web.Application(middlewares=[_head_deadline])
+def make_app(sampler: Sampler, web_config: WebConfigFile | None = None) -> web.Application:
+    """The aiohttp application serving one sampler's snapshots (with --web.config.file's basic auth
+    and headers when one is given)."""
+    middlewares = [_head_deadline] + ([auth_middleware(web_config)] if web_config is not None else [])
+    app = web.Application(middlewares=middlewares)
     app[SAMPLER_KEY] = sampler
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
