@@ -10,6 +10,7 @@ from alerts.rules.recording import (
     MODEL_GPUS,
     SM_ACTIVITY,
 )
+from alerts.rules.promql import histogram_quantile_of
 from dashboards.boards.annotations import DIAGNOSES
 from dashboards.boards.filters import NAMESPACE, NODE, POD, UIDS, serving_filters
 from dashboards.grafana import Dashboard, Panel, Row, Target
@@ -21,8 +22,9 @@ MODEL_SEL = f'{NAMESPACE}, model=~"$model"'
 
 
 def quantile(histogram: str, q: float, by: str = "namespace, model") -> str:
-    """histogram_quantile over the dashboard's filters, rated over $__rate_interval."""
-    return f"histogram_quantile({q}, sum by ({by}, le) (rate({histogram}_bucket{{{SEL}}}[$__rate_interval])))"
+    """histogram_quantile over the dashboard's filters, rated over $__rate_interval: from the classic
+    buckets, or from the native histogram a converting Prometheus 3 stores instead."""
+    return histogram_quantile_of(q, histogram, by, "$__rate_interval", SEL)
 
 
 def _sum_rate(counter: str) -> str:
