@@ -70,11 +70,9 @@ def histogram_quantile_of(q: float | str, histogram: str, by: str, window: str, 
     # `by ()` rather than none: a query rewritten for several clusters gains the label in both halves
     grouping = f" by ({by})"
     bucket_grouping = f" by ({by}, le)" if by else " by (le)"
-    return (
-        f"histogram_quantile({quantile}, sum{bucket_grouping} (rate({histogram}_bucket{matchers}[{window}])))\n"
-        f"or\n"
-        f"histogram_quantile({quantile}, sum{grouping} (rate({histogram}{matchers}[{window}])))"
-    )
+    classic = f"sum{bucket_grouping} (rate({histogram}_bucket{matchers}[{window}]))"
+    native = f"sum{grouping} (rate({histogram}{matchers}[{window}]))"
+    return f"histogram_quantile({quantile}, {classic})\nor\nhistogram_quantile({quantile}, {native})"
 
 
 def histogram_count_rate(histogram: str, window: str, selector: str = "") -> str:

@@ -4,13 +4,13 @@ per token, per model and GPU."""
 from __future__ import annotations
 
 from alerts.config import RulesConfig
+from alerts.rules.promql import histogram_quantile_of
 from alerts.rules.recording import (
     MODEL_COST_PER_MILLION_TOKENS,
     MODEL_ENERGY_PER_TOKEN,
     MODEL_GPUS,
     SM_ACTIVITY,
 )
-from alerts.rules.promql import histogram_quantile_of
 from dashboards.boards.annotations import DIAGNOSES
 from dashboards.boards.filters import NAMESPACE, NODE, POD, UIDS, serving_filters
 from dashboards.grafana import Dashboard, Panel, Row, Target

@@ -13,7 +13,20 @@ from remediation.diagnosis.types import LAYERS
 
 ROOT = Path(__file__).resolve().parents[2]
 NODE_EXPORTER = {"node_disk_read_bytes_total", "node_cpu_seconds_total"}
-_FUNCTIONS = {"sum", "max", "min", "avg", "rate", "increase", "on", "or", "group_left", "vector", "by", "histogram_count"}
+_FUNCTIONS = {
+    "sum",
+    "max",
+    "min",
+    "avg",
+    "rate",
+    "increase",
+    "on",
+    "or",
+    "group_left",
+    "vector",
+    "by",
+    "histogram_count",
+}
 _HISTOGRAM_SUFFIXES = ("_count", "_sum", "_bucket")
 
 
