@@ -135,6 +135,53 @@ async def test_diagnosis_request_rate_counts_classic_native_and_both_once(tmp_pa
     await _promtool_test(path)
 
 
+# The controller's histograms, fed to the remediation dashboard's latency panels: per minute 90
+# observations under 1 s and 10 under 10 s, so the P99 is 9.1 s on either form.
+_CONTROLLER_HISTOGRAMS = {
+    "gpupulse_remediation_action_duration_seconds": 'rung="restart"',
+    "gpupulse_remediation_ingest_latency_seconds": "",
+}
+
+
+async def test_remediation_latency_panels_answer_on_native_histograms(tmp_path: Path) -> None:
+    """The remediation dashboard's P99 panels (the controller's own histograms) on classic buckets, on
+    their native twin, and on both: the same 9.1 s, one series."""
+    native = (
+        "{{schema:-53 count:0 custom_values:[1 10] buckets:[0 0 0]}}"
+        "+{{schema:-53 count:100 custom_values:[1 10] buckets:[90 10 0]}}x10"
+    )
+    panels = [
+        q
+        for q in panel_queries(rate_interval="5m")
+        if q.uid == "gpupulse-remediation" and "histogram_quantile" in q.expr
+    ]
+    assert len(panels) == len(_CONTROLLER_HISTOGRAMS), [str(q) for q in panels]
+    cases = []
+    for forms in (("classic",), ("native",), ("classic", "native")):
+        series: list[dict[str, str]] = []
+        for histogram, labels in _CONTROLLER_HISTOGRAMS.items():
+            sep = "," if labels else ""
+            if "classic" in forms:
+                for le, per_minute in (("1", 90), ("10", 100), ("+Inf", 100)):
+                    bucket = f'{histogram}_bucket{{{labels}{sep}le="{le}"}}'
+                    series.append({"series": bucket, "values": f"0+{per_minute}x10"})
+            if "native" in forms:
+                series.append({"series": f"{histogram}{{{labels}}}", "values": native})
+        checks = []
+        for panel in panels:
+            histogram = next(h for h in _CONTROLLER_HISTOGRAMS if h in panel.expr)
+            expected = {"labels": "{" + _CONTROLLER_HISTOGRAMS[histogram] + "}", "value": 9100000}
+            checks.append(
+                {"expr": f"round(({panel.expr}) * 1e6)", "eval_time": "8m", "exp_samples": [expected]}
+            )
+        cases.append(
+            {"name": "+".join(forms), "interval": "1m", "input_series": series, "promql_expr_test": checks}
+        )
+    path = tmp_path / "remediation-panels.test.yaml"
+    path.write_text(yaml.safe_dump({"tests": cases}, width=1000))
+    await _promtool_test(path)
+
+
 class StampingProxy:
     """The exporter's /metrics for several scrape jobs, one path each: the k-th scrape of every job gets
     the k-th body fetched, with every sample stamped with the time it was fetched."""
