@@ -59,6 +59,32 @@ def num(value: float) -> str:
     return f"{value:g}" if float(value) != int(value) else str(int(value))
 
 
+def histogram_quantile_of(q: float | str, histogram: str, by: str, window: str, selector: str = "") -> str:
+    """The q-quantile of a histogram by `by`, from its classic `_bucket` series or else from the native
+    histogram Prometheus 3 stores in their place (`convert_classic_histograms_to_nhcb`).
+
+    Both halves drop `le`, so where Prometheus keeps both (`always_scrape_classic_histograms`) the `or`
+    matches equal label sets and the classic answer wins, once. Prometheus 2.40+ parses both halves."""
+    quantile = q if isinstance(q, str) else num(q)
+    matchers = "{" + selector + "}" if selector else ""
+    # `by ()` rather than none: a query rewritten for several clusters gains the label in both halves
+    grouping = f" by ({by})"
+    bucket_grouping = f" by ({by}, le)" if by else " by (le)"
+    classic = f"sum{bucket_grouping} (rate({histogram}_bucket{matchers}[{window}]))"
+    native = f"sum{grouping} (rate({histogram}{matchers}[{window}]))"
+    return f"histogram_quantile({quantile}, {classic})\nor\nhistogram_quantile({quantile}, {native})"
+
+
+def histogram_count_rate(histogram: str, window: str, selector: str = "") -> str:
+    """Per-series rate of observations of a histogram: its classic `_count`, or else the count of the
+    native histogram stored in its place; both keep the series' labels, so `or` keeps one per series."""
+    matchers = "{" + selector + "}" if selector else ""
+    return (
+        f"rate({histogram}_count{matchers}[{window}])"
+        f" or histogram_count(rate({histogram}{matchers}[{window}]))"
+    )
+
+
 def metric_names(expr: str) -> set[str]:
     """Metric (and recording-rule) names that a PromQL expression selects."""
     text = _GRAFANA_VAR.sub("1", expr)

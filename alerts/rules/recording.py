@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from alerts.config import RulesConfig
 from alerts.rules.model import Group, Record, RuleFile
-from alerts.rules.promql import num
+from alerts.rules.promql import histogram_quantile_of, num
 
 # Names other rule files and the dashboards join on.
 SM_ACTIVITY = "uuid:gpu_sm_activity:ratio"
@@ -261,8 +261,9 @@ def _latency(c: RulesConfig) -> Group:
                 rules.append(
                     Record(
                         latency_quantile_name(level, histogram, qname),
-                        f"histogram_quantile({num(q)}, sum by ({by}, le) "
-                        f"(rate({histogram}_bucket[{c.windows.rate}])))",
+                        # classic buckets, or the native histogram that replaces them on a Prometheus 3
+                        # converting classic histograms (kube-prometheus-stack convertClassicHistogramsToNHCB)
+                        histogram_quantile_of(q, histogram, by, c.windows.rate),
                     )
                 )
     return Group("gpupulse.latency", tuple(rules))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from alerts.rules.promql import histogram_quantile_of
 from dashboards.boards.annotations import DIAGNOSES
 from dashboards.boards.filters import UIDS
 from dashboards.grafana import Dashboard, Panel, Row, Target
@@ -71,8 +72,9 @@ def dashboard() -> Dashboard:
                 "s",
                 (
                     Target(
-                        "histogram_quantile(0.99, sum by (rung, le) "
-                        "(rate(gpupulse_remediation_action_duration_seconds_bucket[$__rate_interval])))",
+                        histogram_quantile_of(
+                            0.99, "gpupulse_remediation_action_duration_seconds", "rung", "$__rate_interval"
+                        ),
                         "{{rung}}",
                     ),
                 ),
@@ -121,8 +123,9 @@ def dashboard() -> Dashboard:
                 "s",
                 (
                     Target(
-                        "histogram_quantile(0.99, sum by (le) "
-                        "(rate(gpupulse_remediation_ingest_latency_seconds_bucket[$__rate_interval])))",
+                        histogram_quantile_of(
+                            0.99, "gpupulse_remediation_ingest_latency_seconds", "", "$__rate_interval"
+                        ),
                         "p99",
                     ),
                 ),

@@ -4,6 +4,7 @@ per token, per model and GPU."""
 from __future__ import annotations
 
 from alerts.config import RulesConfig
+from alerts.rules.promql import histogram_quantile_of
 from alerts.rules.recording import (
     MODEL_COST_PER_MILLION_TOKENS,
     MODEL_ENERGY_PER_TOKEN,
@@ -21,8 +22,9 @@ MODEL_SEL = f'{NAMESPACE}, model=~"$model"'
 
 
 def quantile(histogram: str, q: float, by: str = "namespace, model") -> str:
-    """histogram_quantile over the dashboard's filters, rated over $__rate_interval."""
-    return f"histogram_quantile({q}, sum by ({by}, le) (rate({histogram}_bucket{{{SEL}}}[$__rate_interval])))"
+    """histogram_quantile over the dashboard's filters, rated over $__rate_interval: from the classic
+    buckets, or from the native histogram a converting Prometheus 3 stores instead."""
+    return histogram_quantile_of(q, histogram, by, "$__rate_interval", SEL)
 
 
 def _sum_rate(counter: str) -> str:

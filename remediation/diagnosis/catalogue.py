@@ -471,7 +471,10 @@ CAUSES: tuple[Cause, ...] = (
         Signal(
             "request_rate",
             "requests served (per second)",
-            f"sum(rate(inference_request_latency_seconds_count{{{_P}}}[2m]))",
+            # classic `_count`, or the native histogram a Prometheus 3 converting classic histograms
+            # stores in its place; per series, so where both are kept each series counts once
+            f"sum(rate(inference_request_latency_seconds_count{{{_P}}}[2m])"
+            f" or histogram_count(rate(inference_request_latency_seconds{{{_P}}}[2m])))",
             "up",
             Gate(min_relative=0.3),
             lag_seconds=_RATE_LAG,

@@ -39,6 +39,7 @@ _FUNCTIONS = {
     "group_left",
     "vector",
     "by",
+    "histogram_count",
 }
 # labels Prometheus' scrape configuration adds (our chart's `node`, kube-prometheus' `instance`)
 _SCRAPE_LABELS = {"node", "instance", "cluster", "job"}

@@ -118,10 +118,12 @@ async def running_prometheus(
     ready_timeout_seconds: float = 30.0,
     extra_args: Sequence[str] = (),
     tsdb_path: Path | None = None,
+    binary: str | os.PathLike[str] | None = None,
 ) -> AsyncIterator[PromHandle]:
     """Start Prometheus with this config on 127.0.0.1:<free port>; stopped (and its TSDB removed) on exit.
 
-    With `tsdb_path`, Prometheus serves that TSDB (e.g. backfilled blocks) and leaves it in place."""
+    With `tsdb_path`, Prometheus serves that TSDB (e.g. backfilled blocks) and leaves it in place; with
+    `binary`, that Prometheus runs instead of the default one (e.g. a pinned 3.x for a 3.x-only feature)."""
     workdir = Path(tempfile.mkdtemp(prefix="gpupulse-prom-"))
     tsdb = tsdb_path if tsdb_path is not None else workdir / "tsdb"
     try:
@@ -131,7 +133,7 @@ async def running_prometheus(
         log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             proc = await asyncio.create_subprocess_exec(
-                PROMETHEUS,
+                PROMETHEUS if binary is None else binary,
                 f"--config.file={workdir / 'prometheus.yml'}",
                 f"--storage.tsdb.path={tsdb}",
                 f"--web.listen-address=127.0.0.1:{port}",
