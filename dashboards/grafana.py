@@ -24,6 +24,23 @@ class Target:
 
 
 @dataclass(frozen=True)
+class Threshold:
+    """From `value` up, the panel shows `color` (a stat's background, a line on a time series)."""
+
+    value: float
+    color: Literal["orange", "red"] = "red"
+
+
+@dataclass(frozen=True)
+class Link:
+    """A data link: a click on a series opens `url`, which may use the series' labels
+    (`${__field.labels.node}`) and the dashboard's variables (`${__url_time_range}`)."""
+
+    title: str
+    url: str
+
+
+@dataclass(frozen=True)
 class Panel:
     """A panel; `unit` is a Grafana unit id (bytes, percentunit, celsius, s, ...) and is required."""
 
@@ -37,6 +54,8 @@ class Panel:
     min_value: float | None = None
     max_value: float | None = None
     stacked: bool = False
+    thresholds: tuple[Threshold, ...] = ()
+    links: tuple[Link, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -209,6 +228,14 @@ def _panel(p: Panel, panel_id: int, x: int, y: int) -> dict[str, Any]:
         defaults["min"] = p.min_value
     if p.max_value is not None:
         defaults["max"] = p.max_value
+    if p.thresholds:
+        steps: list[dict[str, Any]] = [{"color": "green", "value": None}]
+        steps += [{"color": t.color, "value": t.value} for t in sorted(p.thresholds, key=lambda t: t.value)]
+        defaults["thresholds"] = {"mode": "absolute", "steps": steps}
+        by_threshold = p.kind in ("stat", "bargauge")
+        defaults["color"] = {"mode": "thresholds" if by_threshold else "palette-classic"}
+    if p.links:
+        defaults["links"] = [{"title": link.title, "url": link.url} for link in p.links]
     options: dict[str, Any] = {}
     if p.kind == "timeseries":
         defaults["custom"] = {
@@ -216,10 +243,14 @@ def _panel(p: Panel, panel_id: int, x: int, y: int) -> dict[str, Any]:
             "fillOpacity": 10,
             "showPoints": "never",
             "stacking": {"mode": "normal" if p.stacked else "none", "group": "A"},
+            # a threshold is a dashed line across the graph: where the alert starts
+            **({"thresholdsStyle": {"mode": "dashed"}} if p.thresholds else {}),
         }
         options = {"legend": {"displayMode": "table", "placement": "bottom", "calcs": ["lastNotNull", "max"]}}
     elif p.kind in ("stat", "bargauge"):
         options = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False}}
+        if p.thresholds:
+            options["colorMode"] = "background"
     elif p.kind == "table":
         options = {"showHeader": True}
     return {

@@ -73,4 +73,7 @@ def for_clusters(d: Dashboard, label: str) -> Dashboard:
         for r in d.rows
     )
     cluster = Variable("cluster", "Cluster", f"label_values(up, {label})")
-    return dataclasses.replace(d, rows=rows, variables=(cluster, *(variable(v) for v in d.variables)))
+    annotations = tuple(dataclasses.replace(a, expr=query(a.expr)) for a in d.annotations)
+    return dataclasses.replace(
+        d, rows=rows, variables=(cluster, *(variable(v) for v in d.variables)), annotations=annotations
+    )

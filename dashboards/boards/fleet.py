@@ -6,7 +6,10 @@ from alerts.config import RulesConfig
 from alerts.rules.promql import num
 from alerts.rules.recording import ALLOCATION_SHARE, SM_ACTIVITY
 from dashboards.boards.filters import NAMESPACE, NODE, POD, UIDS, gpu_filters
-from dashboards.grafana import Dashboard, Panel, Row, Target
+from dashboards.grafana import Dashboard, Link, Panel, Row, Target, Threshold
+
+# a click on a node's series opens that node's detail board for the same time range
+TO_NODE = Link("Node detail", f"/d/{UIDS['node']}?var-node=${{__field.labels.node}}&${{__url_time_range}}")
 
 RANGE_HOURS = "$__range_s / 3600"
 
@@ -97,6 +100,7 @@ def dashboard(c: RulesConfig) -> Dashboard:
                 (Target(f"{SM_ACTIVITY}{{{NODE}}}", "{{node}} GPU {{gpu}} ({{source}})"),),
                 min_value=0,
                 max_value=1,
+                links=(TO_NODE,),
             ),
         ),
     )
@@ -179,6 +183,7 @@ def dashboard(c: RulesConfig) -> Dashboard:
                 "none",
                 (Target(f"count(gpu_up{{{NODE}}} == 0) or vector(0)"),),
                 width=4,
+                thresholds=(Threshold(1),),
             ),
             Panel(
                 "Exporters up",
@@ -193,6 +198,8 @@ def dashboard(c: RulesConfig) -> Dashboard:
                 "celsius",
                 (Target(f"max by (node) (gpu_temperature_celsius{{{NODE}}})", "{{node}}"),),
                 width=8,
+                thresholds=(Threshold(c.thresholds.temperature_celsius),),
+                links=(TO_NODE,),
             ),
             Panel(
                 "XID events",

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from alerts.config import RulesConfig
 from alerts.rules.recording import SM_ACTIVITY
-from dashboards.boards.annotations import DIAGNOSES
+from dashboards.boards.annotations import ACTIONS, DIAGNOSES
 from dashboards.boards.filters import NAMESPACE, NODE, POD, UIDS, gpu_filters
-from dashboards.grafana import Dashboard, Panel, Row, Target
+from dashboards.grafana import Dashboard, Panel, Row, Target, Threshold
 
 GPU = "{{node}} GPU {{gpu}}"
 PROC = "{{namespace}}/{{pod}} pid {{pid}}"
@@ -35,6 +35,8 @@ def dashboard(c: RulesConfig) -> Dashboard:
                     Target(f"gpu_temperature_celsius{n}", GPU),
                     Target(f"gpu_memory_temperature_celsius{n}", GPU + " memory"),
                 ),
+                description="The dashed line is where GPUTemperatureHigh starts counting.",
+                thresholds=(Threshold(c.thresholds.temperature_celsius),),
             ),
             Panel(
                 "Memory used",
@@ -182,6 +184,7 @@ def dashboard(c: RulesConfig) -> Dashboard:
                 "none",
                 (Target(f"count(gpu_nvlink_up{n} == 0) or vector(0)"),),
                 width=8,
+                thresholds=(Threshold(1),),
             ),
         ),
     )
@@ -225,5 +228,5 @@ def dashboard(c: RulesConfig) -> Dashboard:
         rows=(gpus, processes, health, page_cache),
         variables=gpu_filters(),
         links=tuple(UIDS.values()),
-        annotations=(DIAGNOSES,),
+        annotations=(DIAGNOSES, ACTIONS),
     )

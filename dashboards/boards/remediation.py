@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from alerts.rules.promql import histogram_quantile_of
-from dashboards.boards.annotations import DIAGNOSES
+from dashboards.boards.annotations import ACTIONS, DIAGNOSES
 from dashboards.boards.filters import UIDS
-from dashboards.grafana import Dashboard, Panel, Row, Target
+from dashboards.grafana import Dashboard, Panel, Row, Target, Threshold
 
 
 def _rate(metric: str, by: str) -> str:
@@ -24,7 +24,9 @@ def dashboard() -> Dashboard:
                 (Target("max(gpupulse_remediation_breaker_open)"),),
                 width=6,
                 height=4,
-                description="While open every incident pages; a human must reset it.",
+                description="While open every incident pages; a human must reset it "
+                "(gpupulse-remediation breaker reset).",
+                thresholds=(Threshold(1),),
             ),
             Panel(
                 "Automation paused",
@@ -33,6 +35,7 @@ def dashboard() -> Dashboard:
                 (Target("max(gpupulse_remediation_paused)"),),
                 width=6,
                 height=4,
+                thresholds=(Threshold(1, "orange"),),
             ),
             Panel(
                 "Open incidents",
@@ -138,5 +141,5 @@ def dashboard() -> Dashboard:
         description="What the controller did: actions by rung and outcome, loops, breaker and pause state.",
         rows=(state, actions, intake),
         links=tuple(UIDS.values()),
-        annotations=(DIAGNOSES,),
+        annotations=(DIAGNOSES, ACTIONS),
     )

@@ -11,7 +11,7 @@ from alerts.rules.recording import (
     MODEL_GPUS,
     SM_ACTIVITY,
 )
-from dashboards.boards.annotations import DIAGNOSES
+from dashboards.boards.annotations import ACTIONS, DIAGNOSES
 from dashboards.boards.filters import NAMESPACE, NODE, POD, UIDS, serving_filters
 from dashboards.grafana import Dashboard, Panel, Row, Target
 
@@ -184,5 +184,5 @@ def dashboard(c: RulesConfig) -> Dashboard:
         rows=(kv, latency, queue, tokens),
         variables=serving_filters(),
         links=tuple(UIDS.values()),
-        annotations=(DIAGNOSES,),
+        annotations=(DIAGNOSES, ACTIONS),
     )
