@@ -104,6 +104,35 @@ def dashboard(c: RulesConfig) -> Dashboard:
             _latency_panel("Inter-token latency", "inference_inter_token_latency_seconds"),
         ),
     )
+    # what the diagnosis reads first when latency rises with flat traffic (docs/design/diagnosis.md)
+    explains = Row(
+        "What explains latency",
+        (
+            Panel(
+                "Host CPU of the GPU processes",
+                "timeseries",
+                "short",
+                (
+                    Target(
+                        "sum by (namespace, pod) (rate(gpu_process_host_cpu_seconds_total"
+                        f"{{{NODE}, {NAMESPACE}, {POD}}}[$__rate_interval]))",
+                        "{{namespace}}/{{pod}}",
+                    ),
+                ),
+                description="CPU cores. A model server pinned at one core while its GPU idles is starved "
+                "by its host (GPUStarvedByHost).",
+            ),
+            Panel(
+                "Model weights in the page cache",
+                "timeseries",
+                "percentunit",
+                (Target(f"model_weights_page_cache_resident_ratio{{{SEL}}}", MODEL + " {{pod}}"),),
+                min_value=0,
+                max_value=1,
+                description="Weights evicted from the page cache are read from disk again: the P99 spikes.",
+            ),
+        ),
+    )
     queue = Row(
         "Queue and GPUs",
         (
@@ -181,7 +210,7 @@ def dashboard(c: RulesConfig) -> Dashboard:
         uid=UIDS["serving"],
         title="gpupulse / Inference serving",
         description="KV cache, latency, queue, GPU activity, tokens and cost per token of inference engines.",
-        rows=(kv, latency, queue, tokens),
+        rows=(kv, latency, explains, queue, tokens),
         variables=serving_filters(),
         links=tuple(UIDS.values()),
         annotations=(DIAGNOSES, ACTIONS),
