@@ -1,4 +1,4 @@
-"""Safety rails: scope (namespace allowlist, opt-in label), budgets and the breaker.
+"""Safety rails: scope (namespaces, node selector, opt-in label), budgets and the breaker.
 
 The breaker opens when an action would exceed a budget; from then on every incident pages as part
 of one grouped page per burst, and only a human closes it (`reset_breaker`). Its state lives in the
@@ -18,6 +18,9 @@ from remediation.settings import BudgetSettings, ScopeSettings
 
 BREAKER = "breaker"
 PAUSE = "paused"
+_EMPTY_SCOPE = (
+    "the namespace scope is empty, which allows no workload (--scope.namespaces='*' allows every namespace)"
+)
 
 
 def in_scope(
@@ -32,12 +35,18 @@ def in_scope(
     node_labels are the labels of the target's Node (None when unknown); they are consulted only when
     a node selector is set and the target is a GPU or a node.
     """
+    workload = target.kind in ("pod", "job")
     namespace = target.namespace or labels.get("namespace", "")
-    if target.kind not in ("pod", "job") and namespace in settings.routing_namespaces:
+    if not workload and namespace in settings.routing_namespaces:
         namespace = ""  # stamped for routing (docs/helm.md), it names no workload
-    if settings.namespaces and namespace and namespace not in settings.namespaces:
+    # what the namespace scope means lives in ScopeSettings: empty = none, "*" = every namespace
+    if namespace and not settings.allows_namespace(namespace):
+        if not settings.namespaces:
+            return f"namespace {namespace!r}: {_EMPTY_SCOPE}"
         return f"namespace {namespace!r} is not in the allowlist {list(settings.namespaces)}"
-    if settings.namespaces and target.kind in ("pod", "job") and not target.namespace:
+    if workload and not target.namespace and not settings.every_namespace:
+        if not settings.namespaces:
+            return f"{target.kind} target: {_EMPTY_SCOPE}"
         return f"{target.kind} target without a namespace while a namespace allowlist is configured"
     # a job target names a node only when a migrate would cordon it
     if settings.node_selector and (target.kind in ("gpu", "node") or (target.kind == "job" and target.node)):
