@@ -609,6 +609,7 @@ def build_parser() -> argparse.ArgumentParser:
     if signatures_cli is not None:
         signatures_cli.register(sub)
     importlib.import_module("remediation.incidents_cli").register(sub)
+    importlib.import_module("remediation.control_cli").register(sub)
     return parser
 
 

@@ -87,15 +87,23 @@ class SafetyGate:
     def paused(self) -> bool:
         return bool(self.ledger.get_state(PAUSE).get("paused"))
 
+    def actions_in_flight(self) -> int:
+        """Restart/migrate actions started and not yet finished (the concurrency budget's count)."""
+        return self.ledger.count_actions(ACTION_RUNGS, 0.0, statuses=("started",))
+
+    def actions_last_minute(self, now: float) -> int:
+        """Restart/migrate actions started in the 60 s before `now` (the per-minute budget's count)."""
+        return self.ledger.count_actions(
+            ACTION_RUNGS, now - 60.0, statuses=("started", "success", "failed", "temporary", "interrupted")
+        )
+
     def check(self, rung: str, target: Target, now: float) -> BudgetCheck:
         """Would starting this action exceed a budget? (call inside the deciding transaction)"""
         b = self.budgets
-        running = self.ledger.count_actions(ACTION_RUNGS, 0.0, statuses=("started",))
+        running = self.actions_in_flight()
         if running + 1 > b.max_concurrent_actions:
             return BudgetCheck(f"concurrent actions {running + 1} > {b.max_concurrent_actions}")
-        recent = self.ledger.count_actions(
-            ACTION_RUNGS, now - 60.0, statuses=("started", "success", "failed", "temporary", "interrupted")
-        )
+        recent = self.actions_last_minute(now)
         if recent + 1 > b.max_actions_per_minute:
             return BudgetCheck(f"actions in the last minute {recent + 1} > {b.max_actions_per_minute}")
         # a job's migrate cordons its suspect node: it counts against the node budgets like any other

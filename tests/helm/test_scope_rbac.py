@@ -143,3 +143,14 @@ def test_the_notes_say_where_the_controller_may_restart(
     scoped: dict[str, Installed], scope: str, says: str
 ) -> None:
     assert says in scoped[scope].result["info"]["notes"]
+
+
+def test_the_notes_show_the_kill_switch_with_the_pods_token_and_port(scoped: dict[str, Installed]) -> None:
+    notes = scoped["none"].result["info"]["notes"]
+    (line,) = [ln.strip() for ln in notes.splitlines() if "gpupulse-remediation pause" in ln]
+    assert line.startswith(f"kubectl -n {NAMESPACE} exec deploy/pulse-gpupulse-controller -- ")
+    assert "--url http://127.0.0.1:9836 --auth.token-file=/etc/gpupulse/token/token" in line
+    (deployment,) = scoped["none"].of_kind("Deployment")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert "--auth.token-file=/etc/gpupulse/token/token" in container["args"]  # the same file
+    assert "status | resume | breaker reset" in notes
