@@ -29,7 +29,7 @@ from gpupulse.clock import Clock
 from remediation.engine import RemediationEngine, build_engine
 from remediation.metrics import RemediationMetrics
 from remediation.model import ActionResult, AlertEvent, Page, Target
-from remediation.settings import EngineSettings
+from remediation.settings import EngineSettings, ScopeSettings
 
 
 class SimClock(Clock):
@@ -128,7 +128,8 @@ async def storm(
     clock = SimClock()
     pager = CountingPager()
     metrics = RemediationMetrics()
-    settings = EngineSettings()
+    # the storms' pod alerts spread over many namespaces: every one is in scope
+    settings = EngineSettings(scope=ScopeSettings(namespaces=("*",)))
     if not budget:
         settings = dataclasses.replace(
             settings, budgets=dataclasses.replace(settings.budgets, max_pages_per_window=10**9)

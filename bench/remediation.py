@@ -187,6 +187,7 @@ def start_controller(storage: Path, *flags: str) -> Server:
             f"--storage.path={storage}",
             "--queue.max-pending=10000000",
             "--log.level=error",
+            "--scope.namespaces=serving",  # the recorded notification's pods
             *flags,
         ],
         env=env,

@@ -255,6 +255,9 @@ async def start_stack(stack: Stack, opts: DemoOptions) -> tuple[str, str, World]
             str(LOOP_MAX_RESTARTS),
             "--loops.restart-window",
             "10m",
+            # the simulated node's namespaces: an empty scope would restart no pod
+            "--scope.namespaces",
+            ",".join(sorted({p.namespace for p in world.pods})),
         ],
         _child_env({"GPUPULSE_DEMO_CONTROL_URL": control_url, "GPUPULSE_DEMO_CONTROL_TOKEN": control_token}),
     )

@@ -11,9 +11,11 @@ from typing import Any
 
 from aiohttp import web
 
+from .errors import NotLeader
 from .model import Engine
 
 MAX_BY_CHARS = 200
+MAX_REASON_CHARS = 500
 INCIDENT_STATES_LIMIT = 1000
 
 
@@ -31,7 +33,8 @@ def _error(status: int, field: str, message: str) -> web.Response:
 
 
 async def _operator(request: web.Request) -> str | web.Response:
-    """The `by` of a control request (who did it, for the ledger), or a 400 response."""
+    """Who did it, for the ledger: `by`, with the optional `reason` after it ("alice (rack 4)"), or
+    a 400 response."""
     body = await request.read()
     if not body:
         return _error(400, "by", 'body must be {"by": "<operator name>"}')
@@ -44,7 +47,12 @@ async def _operator(request: web.Request) -> str | web.Response:
         return _error(400, "by", "is required: the name of the operator")
     if len(by) > MAX_BY_CHARS:
         return _error(400, "by", f"longer than {MAX_BY_CHARS} characters")
-    return by.strip()
+    reason = doc.get("reason", "")
+    if not isinstance(reason, str):
+        return _error(400, "reason", "must be a string")
+    if len(reason) > MAX_REASON_CHARS:
+        return _error(400, "reason", f"longer than {MAX_REASON_CHARS} characters")
+    return f"{by.strip()} ({reason.strip()})" if reason.strip() else by.strip()
 
 
 class Api:
@@ -90,7 +98,10 @@ class Api:
             by = await _operator(request)
             if isinstance(by, web.Response):
                 return by
-            action(by)
+            try:
+                action(by)
+            except NotLeader as exc:  # a follower replica: the leader's engine holds the state
+                return _error(503, "leader", str(exc))
             return _json({"ok": True, "action": verb, "by": by})
 
         return handler

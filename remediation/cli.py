@@ -238,7 +238,8 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "scope.namespaces",
         parse_list,
         "",
-        "Namespaces the controller may act in (comma-separated; empty = all).",
+        "Namespaces whose pods and jobs the controller may act on (comma-separated). Empty = none: "
+        "only GPU and node targets act. '*' = every namespace.",
     ),
     Flag(
         "scope.routing-namespaces",
@@ -608,6 +609,7 @@ def build_parser() -> argparse.ArgumentParser:
     if signatures_cli is not None:
         signatures_cli.register(sub)
     importlib.import_module("remediation.incidents_cli").register(sub)
+    importlib.import_module("remediation.control_cli").register(sub)
     return parser
 
 

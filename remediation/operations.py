@@ -87,9 +87,21 @@ class Operations:
             # alerts recorded and never acted on (out_of_order, expired, too_old)
             "stale_alerts": self._ro.stale_counts(),
             "breaker": breaker or {"open": False},
+            "actions": self._actions(),
             "paused": self._ro.get_state(PAUSE) or {"paused": False},
             "dry_run": self.settings.dry_run,
             "signatures": len(self.library),
+        }
+
+    def _actions(self) -> dict[str, int]:
+        """Actions in flight and started in the last minute, beside the budgets they count against."""
+        b = self.settings.budgets
+        gate = SafetyGate(self._ro, b, self.settings.cluster_node_count)
+        return {
+            "in_flight": gate.actions_in_flight(),
+            "max_concurrent": b.max_concurrent_actions,
+            "last_minute": gate.actions_last_minute(self.clock.time()),
+            "max_per_minute": b.max_actions_per_minute,
         }
 
     def pause(self, by: str) -> None:

@@ -1,4 +1,4 @@
-"""Safety rails: scope (namespace allowlist, opt-in label), budgets and the breaker.
+"""Safety rails: scope (namespaces, node selector, opt-in label), budgets and the breaker.
 
 The breaker opens when an action would exceed a budget; from then on every incident pages as part
 of one grouped page per burst, and only a human closes it (`reset_breaker`). Its state lives in the
@@ -18,6 +18,9 @@ from remediation.settings import BudgetSettings, ScopeSettings
 
 BREAKER = "breaker"
 PAUSE = "paused"
+_EMPTY_SCOPE = (
+    "the namespace scope is empty, which allows no workload (--scope.namespaces='*' allows every namespace)"
+)
 
 
 def in_scope(
@@ -32,12 +35,18 @@ def in_scope(
     node_labels are the labels of the target's Node (None when unknown); they are consulted only when
     a node selector is set and the target is a GPU or a node.
     """
+    workload = target.kind in ("pod", "job")
     namespace = target.namespace or labels.get("namespace", "")
-    if target.kind not in ("pod", "job") and namespace in settings.routing_namespaces:
+    if not workload and namespace in settings.routing_namespaces:
         namespace = ""  # stamped for routing (docs/helm.md), it names no workload
-    if settings.namespaces and namespace and namespace not in settings.namespaces:
+    # what the namespace scope means lives in ScopeSettings: empty = none, "*" = every namespace
+    if namespace and not settings.allows_namespace(namespace):
+        if not settings.namespaces:
+            return f"namespace {namespace!r}: {_EMPTY_SCOPE}"
         return f"namespace {namespace!r} is not in the allowlist {list(settings.namespaces)}"
-    if settings.namespaces and target.kind in ("pod", "job") and not target.namespace:
+    if workload and not target.namespace and not settings.every_namespace:
+        if not settings.namespaces:
+            return f"{target.kind} target: {_EMPTY_SCOPE}"
         return f"{target.kind} target without a namespace while a namespace allowlist is configured"
     # a job target names a node only when a migrate would cordon it
     if settings.node_selector and (target.kind in ("gpu", "node") or (target.kind == "job" and target.node)):
@@ -78,15 +87,23 @@ class SafetyGate:
     def paused(self) -> bool:
         return bool(self.ledger.get_state(PAUSE).get("paused"))
 
+    def actions_in_flight(self) -> int:
+        """Restart/migrate actions started and not yet finished (the concurrency budget's count)."""
+        return self.ledger.count_actions(ACTION_RUNGS, 0.0, statuses=("started",))
+
+    def actions_last_minute(self, now: float) -> int:
+        """Restart/migrate actions started in the 60 s before `now` (the per-minute budget's count)."""
+        return self.ledger.count_actions(
+            ACTION_RUNGS, now - 60.0, statuses=("started", "success", "failed", "temporary", "interrupted")
+        )
+
     def check(self, rung: str, target: Target, now: float) -> BudgetCheck:
         """Would starting this action exceed a budget? (call inside the deciding transaction)"""
         b = self.budgets
-        running = self.ledger.count_actions(ACTION_RUNGS, 0.0, statuses=("started",))
+        running = self.actions_in_flight()
         if running + 1 > b.max_concurrent_actions:
             return BudgetCheck(f"concurrent actions {running + 1} > {b.max_concurrent_actions}")
-        recent = self.ledger.count_actions(
-            ACTION_RUNGS, now - 60.0, statuses=("started", "success", "failed", "temporary", "interrupted")
-        )
+        recent = self.actions_last_minute(now)
         if recent + 1 > b.max_actions_per_minute:
             return BudgetCheck(f"actions in the last minute {recent + 1} > {b.max_actions_per_minute}")
         # a job's migrate cordons its suspect node: it counts against the node budgets like any other

@@ -77,12 +77,18 @@ class LoopSettings:
     flap_window_seconds: float = 1800.0
 
 
+# the one value of ScopeSettings.namespaces (flag --scope.namespaces='*', chart ["*"]) that means
+# every namespace; an empty scope means none
+ALL_NAMESPACES = "*"
+
+
 @dataclass(frozen=True)
 class ScopeSettings:
     """Which targets the engine may act on; others are recorded and never acted on."""
 
-    # empty = every namespace; any alert naming a namespace outside it is out of scope, whatever its
-    # target (a pod target must name one)
+    # the namespaces whose workloads may be acted on: empty = none (pod and job targets never act;
+    # GPU and node targets still may), ("*",) = every namespace. Any alert naming a namespace outside
+    # it is out of scope, whatever its target (routing_namespaces aside, below)
     namespaces: tuple[str, ...] = ()
     # namespaces alerts carry only to be routed, not to name a workload: the chart stamps its own
     # namespace on node, GPU and exporter alerts so that prometheus-operator's default OnNamespace
@@ -98,6 +104,25 @@ class ScopeSettings:
     # Prometheus label names cannot hold "." or "/", so `gpupulse.io/remediate` arrives as e.g.
     # `label_gpupulse_io_remediate` (kube-state-metrics) or `gpupulse_io_remediate`
     opt_in_label: str = ""
+
+    @property
+    def every_namespace(self) -> bool:
+        """True when the scope is `*`: workloads in any namespace may be acted on."""
+        return ALL_NAMESPACES in self.namespaces
+
+    def allows_namespace(self, namespace: str) -> bool:
+        """May a workload in `namespace` be acted on? ("" = a workload that names none)"""
+        return self.every_namespace or (bool(namespace) and namespace in self.namespaces)
+
+    def validate(self) -> None:
+        """Raise ValueError when the namespace scope is ambiguous."""
+        if ALL_NAMESPACES in self.namespaces and len(self.namespaces) > 1:
+            raise ValueError(
+                f"scope.namespaces: {ALL_NAMESPACES!r} means every namespace and stands alone, "
+                f"got {list(self.namespaces)}"
+            )
+        if ALL_NAMESPACES in self.routing_namespaces:
+            raise ValueError(f"scope.routing_namespaces cannot be {ALL_NAMESPACES!r}: name the namespaces")
 
 
 @dataclass(frozen=True)
@@ -234,6 +259,7 @@ class EngineSettings:
             )
         if self.pager.kind in ("webhook", "slack") and not self.pager.url:
             raise ValueError(f"pager {self.pager.kind} needs a URL")
+        self.scope.validate()
         if self.scope.off_scope not in ("ignore", "page"):
             raise ValueError("engine setting scope.off_scope must be ignore or page")
         parse_selector(self.scope.node_selector)  # SelectorError is a ValueError naming the term

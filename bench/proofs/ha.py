@@ -150,6 +150,7 @@ class Pair:
             f"--kube.retry-period={format_duration(retry)}",
             "--engine.tick-interval=200ms",
             "--log.level=warning",
+            "--scope.namespaces=*",  # the leaks are spread over ns-0 .. ns-49
             *extra,
         ]
         self.dirs = {n: workdir / f"state-{n}" for n in ("a", "b")}

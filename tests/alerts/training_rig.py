@@ -550,6 +550,7 @@ async def _start_controller(stack: AsyncExitStack, api: FakeKubeAPI, tmp: Path) 
         f"--kube.kubeconfig={kubeconfig}",
         "--kube.namespace=gpupulse",
         "--kube.identity=gpupulse-remediation-0",
+        f"--scope.namespaces={NAMESPACE}",
         f"--cluster.node-count={CLUSTER_NODES}",
         "--engine.tick-interval=200ms",
     ]

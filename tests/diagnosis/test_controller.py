@@ -19,7 +19,7 @@ import pytest
 from aiohttp import web
 
 from remediation.incidents_cli import cmd_incidents
-from remediation.settings import EngineDiagnosisSettings, EngineSettings
+from remediation.settings import EngineDiagnosisSettings, EngineSettings, ScopeSettings
 from remediation.signatures import SignatureError, parse_document
 from tests.diagnosis import replay_tsdb
 from tests.fakes.clock import FakeClock
@@ -65,6 +65,8 @@ def _rig(tmp_path: Path, url: str, signatures: str = NAIVE_RESTART, **diagnosis:
     sig_dir.mkdir(exist_ok=True)
     (sig_dir / "user.yaml").write_text(signatures)
     settings = EngineSettings(
+        # every story is a pod in its own namespace
+        scope=ScopeSettings(namespaces=tuple(sorted({s.namespace for s in STORIES.values()}))),
         signature_dirs=(sig_dir,),
         prometheus_url=url,
         diagnosis=EngineDiagnosisSettings(

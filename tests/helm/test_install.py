@@ -373,10 +373,26 @@ def test_network_policy_only_when_enabled(inst: Installed) -> None:
 
 
 def _rbac_doc_objects() -> dict[str, JSON]:
+    """docs/rbac.md's controller YAML, by kind and name."""
     text = (ROOT / "docs" / "rbac.md").read_text()
     blocks = re.findall(r"```yaml\n(.*?)```", text, flags=re.DOTALL)
     assert len(blocks) == 1
-    return {d["kind"]: d for d in yaml.safe_load_all(blocks[0]) if d}
+    return {f"{d['kind']}/{d['metadata']['name']}": d for d in yaml.safe_load_all(blocks[0]) if d}
+
+
+def controller_rbac_from_docs(values: JSON) -> tuple[list[JSON], list[JSON], list[JSON]]:
+    """(ClusterRole rules, workload rules, lease Role rules) docs/rbac.md says these values render."""
+    doc = _rbac_doc_objects()
+    cluster = doc["ClusterRole/gpupulse-remediation"]["rules"]
+    workloads = doc["Role/gpupulse-remediation-workloads"]["rules"]
+    if not values["controller"]["rbac"]["rolloutRestart"]:
+        workloads = [r for r in workloads if r["resources"] != ["deployments"]]
+    leases = doc["Role/gpupulse-remediation-leases"]["rules"]
+    if not values["controller"]["cluster"]["enabled"]:
+        leases = [r for r in leases if r["apiGroups"] != ["remediation.gpupulse.io"]]
+    if values["controller"]["scope"]["namespaces"] == ["*"]:
+        cluster = cluster + workloads
+    return cluster, workloads, leases
 
 
 def test_controller_rbac_equals_docs_rbac(inst: Installed) -> None:
@@ -390,16 +406,20 @@ def test_controller_rbac_equals_docs_rbac(inst: Installed) -> None:
         assert role is None
         return
     assert role is not None
-    doc = _rbac_doc_objects()
-    want = doc["ClusterRole"]["rules"]
-    if not inst.values["controller"]["rbac"]["rolloutRestart"]:
-        want = [r for r in want if r["resources"] != ["deployments"]]
-    assert role["rules"] == want
-    (lease_role,) = inst.of_kind("Role")
-    want_ns = doc["Role"]["rules"]
-    if not inst.values["controller"]["cluster"]["enabled"]:
-        want_ns = [r for r in want_ns if r["apiGroups"] != ["remediation.gpupulse.io"]]
-    assert lease_role["rules"] == want_ns
+    cluster, workloads, leases = controller_rbac_from_docs(inst.values)
+    assert role["rules"] == cluster
+    own = inst.result["namespace"]
+    (lease_role,) = [r for r in inst.of_kind("Role") if r["metadata"]["name"].endswith("-controller")]
+    assert lease_role["metadata"]["namespace"] == own
+    assert lease_role["rules"] == leases
+    scope = inst.values["controller"]["scope"]["namespaces"]
+    workload_roles = {
+        r["metadata"]["namespace"]: r["rules"]
+        for r in inst.of_kind("Role")
+        if r["metadata"]["name"].endswith("-controller-workloads")
+    }
+    want = {} if scope == ["*"] else dict.fromkeys(scope, workloads)
+    assert workload_roles == want
 
 
 def test_exporter_rbac_equals_docs_rbac(inst: Installed) -> None:

@@ -177,7 +177,7 @@ def _expected_amc_namespaces(inst: Installed) -> list[str]:
         return [own]
     out = [own]
     for ns in amc["namespaces"] or inst.values["controller"]["scope"]["namespaces"]:
-        if ns not in out:
+        if ns not in out and ns != "*":  # "*" (every namespace) is no namespace to live in
             out.append(ns)
     return out
 

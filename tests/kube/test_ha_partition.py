@@ -28,7 +28,7 @@ from tests.fakes.clock import FakeClock
 from tests.fakes.kube_api import FakeKubeAPI
 from tests.fakes.pager_sink import RecordingPager
 from tests.fakes.tcp_proxy import CuttableProxy
-from tests.remediation.test_engine_support import LEAK, Rig, ScriptedBackend
+from tests.remediation.test_engine_support import LEAK, SCOPE, Rig, ScriptedBackend
 
 DURATION, RENEW, RETRY = 2, 1.2, 0.2
 NS = "gpupulse"
@@ -92,7 +92,7 @@ class Replica:
         self.engine = cast(
             RemediationEngine,
             build_engine(
-                EngineSettings(),
+                EngineSettings(scope=SCOPE),
                 db,
                 RemediationMetrics(),
                 clock=self.clock,

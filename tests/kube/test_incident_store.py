@@ -31,7 +31,7 @@ from remediation.settings import EngineSettings
 from tests.fakes.clock import FakeClock
 from tests.fakes.kube_api import FakeKubeAPI
 from tests.fakes.pager_sink import RecordingPager
-from tests.remediation.test_engine_support import LEAK, Rig, ScriptedBackend, statuses
+from tests.remediation.test_engine_support import LEAK, SCOPE, Rig, ScriptedBackend, statuses
 
 NS = "gpupulse"
 GV = f"{GROUP}/{VERSION}"
@@ -71,7 +71,7 @@ class ClusterRig:
         self.engine = cast(
             RemediationEngine,
             build_engine(
-                EngineSettings(),
+                EngineSettings(scope=SCOPE),
                 db,
                 RemediationMetrics(),
                 clock=self.clock,

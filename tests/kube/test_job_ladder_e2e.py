@@ -15,7 +15,7 @@ from remediation.engine import RemediationEngine, build_engine
 from remediation.kube.client import KubeClient
 from remediation.metrics import RemediationMetrics
 from remediation.model import AlertEvent
-from remediation.settings import BudgetSettings, EngineSettings, LoopSettings
+from remediation.settings import BudgetSettings, EngineSettings, LoopSettings, ScopeSettings
 from tests.fakes.clock import FakeClock
 from tests.fakes.kube_api import FakeKubeAPI
 from tests.fakes.pager_sink import RecordingPager
@@ -28,6 +28,7 @@ JOB = {
     "training_job": "llama",
     "training_job_kind": "PyTorchJob.kubeflow.org",
 }
+SCOPE = ScopeSettings(namespaces=(JOB["namespace"],))
 HUNG = {
     "alertname": "TrainingJobHung",
     "severity": "critical",
@@ -73,7 +74,7 @@ class Rig:
         self.engine = cast(
             RemediationEngine,
             build_engine(
-                replace(EngineSettings(), **settings),  # type: ignore[arg-type]
+                replace(EngineSettings(scope=SCOPE), **settings),  # type: ignore[arg-type]
                 tmp / "ledger.db",
                 RemediationMetrics(),
                 clock=self.clock,

@@ -13,7 +13,7 @@ from remediation.engine import RemediationEngine, build_engine
 from remediation.kube.client import KubeClient
 from remediation.metrics import RemediationMetrics
 from remediation.model import AlertEvent
-from remediation.settings import EngineSettings
+from remediation.settings import EngineSettings, ScopeSettings
 from tests.fakes.clock import FakeClock
 from tests.fakes.kube_api import FakeKubeAPI
 from tests.fakes.pager_sink import RecordingPager
@@ -61,7 +61,7 @@ async def test_ladder_restarts_then_drains_with_pdb_then_pages(
     engine = cast(
         RemediationEngine,
         build_engine(
-            EngineSettings(),
+            EngineSettings(scope=ScopeSettings(namespaces=(LEAK["namespace"],))),
             tmp_path / "ledger.db",
             RemediationMetrics(),
             clock=engine_clock,

@@ -160,11 +160,21 @@ def test_list_flags_from_the_environment_are_comma_separated() -> None:
         (["--web.tls-cert-file", "/c.pem"], {}, "together"),
         (["--web.tls-client-ca-file", "/ca.pem"], {}, "tls-cert-file"),
         (["--safety.max-nodes-migrated-fraction", "1.5"], {}, "fraction"),
+        (["--scope.namespaces", "*,prod"], {}, "stands alone"),
     ],
 )
 def test_bad_values_name_the_flag_or_variable(argv: list[str], env: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
         _settings(["--insecure-no-auth", *argv], env)
+
+
+def test_no_scope_flag_is_no_namespace_and_a_star_is_every_namespace() -> None:
+    default = _settings(["--insecure-no-auth"]).engine.scope
+    assert default.namespaces == () and not default.allows_namespace("default")
+    every = _settings(["--insecure-no-auth", "--scope.namespaces=*"]).engine.scope
+    assert every.namespaces == ("*",) and every.allows_namespace("prod-payments")
+    listed = _settings(["--insecure-no-auth", "--scope.namespaces=a,b"]).engine.scope
+    assert listed.allows_namespace("a") and not listed.allows_namespace("c")
 
 
 def test_mutual_tls_client_ca_counts_as_authentication(tmp_path: Path) -> None:
@@ -246,4 +256,5 @@ def test_signatures_subcommand_is_delegated_when_the_engine_ships_it(
 
     monkeypatch.setattr(importlib, "import_module", no_signatures_cli)
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
-    assert set(sub.choices) == {"serve", "incidents"}  # absent module: skipped, serve still works
+    # absent module: skipped, serve and the rest still work
+    assert set(sub.choices) == {"serve", "incidents", "pause", "resume", "status", "breaker"}

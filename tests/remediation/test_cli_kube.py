@@ -97,6 +97,7 @@ def test_serve_with_the_kubernetes_backend_restarts_a_replicaset_pod(tmp_path: P
             "--kube.namespace=gpupulse",
             "--kube.identity=ctl-0",
             "--engine.tick-interval=100ms",
+            "--scope.namespaces=serving",
         ],
     )
     try:
@@ -160,6 +161,7 @@ def test_with_leader_election_only_the_leader_acts_on_what_the_follower_accepted
         "--kube.renew-deadline=2s",
         "--kube.retry-period=500ms",
         "--engine.tick-interval=100ms",
+        "--scope.namespaces=ml",
     ]
     leader = Serve(tmp_path, [*common, "--kube.identity=a"], name="a")
     follower = Serve(tmp_path, [*common, "--kube.identity=b"], name="b")

@@ -91,7 +91,7 @@ def test_serve_acts_on_an_alert_and_stops_cleanly_on_sigterm(tmp_path: Path) -> 
     marker = tmp_path / "restarted"
     script = f"import pathlib,sys; pathlib.Path({str(marker)!r}).write_text(' '.join(sys.argv[1:]))"
     restart = f"{sys.executable} -c {json.dumps(script)} {{namespace}} {{pod}}"
-    serve = Serve(tmp_path, f"--backend.local.restart-command={restart}")
+    serve = Serve(tmp_path, f"--backend.local.restart-command={restart}", "--scope.namespaces=serving")
     try:
         leak = alert(
             fingerprint="1eak000000000001", fault_class="memory_leak", namespace="serving", pod="llm-0"

@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from remediation.settings import EngineSettings
+from remediation.settings import EngineSettings, ScopeSettings
 from tests.remediation.test_engine_support import (
     CORRUPT_MODEL,
     LEAK,
     XID_RESET,
     Rig,
+    engine_settings,
     events,
     statuses,
 )
@@ -21,7 +22,7 @@ from tests.remediation.test_engine_support import (
 
 @pytest.fixture
 async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
-    r = Rig(tmp_path, EngineSettings())
+    r = Rig(tmp_path, engine_settings())
     r.build()
     yield r
     await r.engine.aclose()
@@ -174,7 +175,10 @@ async def test_missing_target_kind_pages_instead_of_guessing(rig: Rig) -> None:
     assert rig.only_incident()["state"] == "paged"
 
 
-async def test_xid_app_error_without_a_named_pod_pages(rig: Rig) -> None:
+async def test_xid_app_error_without_a_named_pod_pages(tmp_path: Path) -> None:
+    # under "*" a pod target without a namespace is in scope (a named scope records it out of scope)
+    rig = Rig(tmp_path, engine_settings(scope=ScopeSettings(namespaces=("*",))))
+    rig.build()
     labels = {
         "alertname": "GPUXidAppError",
         "fault_class": "xid_app",
@@ -189,6 +193,7 @@ async def test_xid_app_error_without_a_named_pod_pages(rig: Rig) -> None:
     inc = rig.only_incident()
     assert inc["state"] == "paged"
     assert "without namespace, pod" in inc["reason"]
+    await rig.engine.aclose()
 
 
 async def test_handle_is_idempotent_on_dedup_key(rig: Rig) -> None:

@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from remediation.settings import EngineSettings
-from tests.remediation.test_engine_support import LEAK, Rig, events
+from tests.remediation.test_engine_support import LEAK, Rig, engine_settings, events
 
 THERMAL = {
     "alertname": "GPUTemperatureHigh",
@@ -29,7 +28,7 @@ THERMAL = {
 
 @pytest.fixture
 async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
-    r = Rig(tmp_path, EngineSettings(max_event_age_seconds=900.0))
+    r = Rig(tmp_path, engine_settings(max_event_age_seconds=900.0))
     r.build()
     yield r
     await r.engine.aclose()

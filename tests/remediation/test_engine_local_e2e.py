@@ -13,7 +13,7 @@ from remediation.metrics import RemediationMetrics
 from remediation.settings import EnginePagerSettings, EngineSettings, LocalBackendSettings
 from tests.fakes.clock import FakeClock
 from tests.fakes.pager_sink import PagerSink
-from tests.remediation.test_engine_support import CORRUPT_MODEL, LEAK, Rig
+from tests.remediation.test_engine_support import CORRUPT_MODEL, LEAK, SCOPE, Rig
 
 
 @pytest.mark.integration
@@ -23,6 +23,7 @@ async def test_settings_built_engine_acts_locally_and_pages_webhook(tmp_path: Pa
     log = tmp_path / "restarts.log"
     script = "import sys; open(sys.argv[1], 'a').write(sys.argv[2] + '\\n')"
     settings = EngineSettings(
+        scope=SCOPE,
         backend="local",
         local_backend=LocalBackendSettings(
             restart_command=(sys.executable, "-c", script, str(log), "{namespace}/{pod}")

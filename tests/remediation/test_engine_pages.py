@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from remediation.settings import BudgetSettings, EngineSettings
-from tests.remediation.test_engine_support import Rig
+from remediation.settings import BudgetSettings
+from tests.remediation.test_engine_support import Rig, engine_settings
 
 # XID 79 as a rule that is not ours sends it (DCGM-style): no target_kind, no fault_class
 PLAIN_XID79 = {"alertname": "GpuXidError", "severity": "critical", "xid": "79", "gpu": "0"}
@@ -29,7 +29,7 @@ BUDGET = BudgetSettings(max_pages_per_window=5, page_window_seconds=600.0, group
 
 @pytest.fixture
 async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
-    r = Rig(tmp_path, EngineSettings(budgets=BUDGET, external_url="https://remediation.example"))
+    r = Rig(tmp_path, engine_settings(budgets=BUDGET, external_url="https://remediation.example"))
     r.build()
     yield r
     await r.engine.aclose()
@@ -140,7 +140,7 @@ async def test_informational_pages_on_open_respect_the_budget(rig: Rig) -> None:
 
 async def test_without_a_budget_every_incident_pages(tmp_path: Path) -> None:
     # the baseline the storm figures compare against
-    r = Rig(tmp_path, EngineSettings(budgets=replace(BUDGET, max_pages_per_window=10_000)))
+    r = Rig(tmp_path, engine_settings(budgets=replace(BUDGET, max_pages_per_window=10_000)))
     r.build()
     try:
         for i in range(30):

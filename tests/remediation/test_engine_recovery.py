@@ -8,13 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from remediation.settings import EngineSettings
-from tests.remediation.test_engine_support import CORRUPT_MODEL, LEAK, Rig, events, statuses
+from tests.remediation.test_engine_support import CORRUPT_MODEL, LEAK, Rig, engine_settings, events, statuses
 
 
 @pytest.fixture
 async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
-    r = Rig(tmp_path, EngineSettings())
+    r = Rig(tmp_path, engine_settings())
     r.build()
     yield r
     await r.engine.aclose()

@@ -17,7 +17,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from remediation.engine import RemediationEngine, build_engine
 from remediation.metrics import RemediationMetrics
 from remediation.model import ActionResult, AlertEvent, Target
-from remediation.settings import EngineSettings
+from remediation.settings import EngineSettings, ScopeSettings
 from remediation.signatures import SignatureLibrary
 from tests.fakes.clock import FakeClock
 from tests.fakes.pager_sink import RecordingPager
@@ -57,8 +57,18 @@ XID_RESET = {
 
 _fp = itertools.count(1)
 
+# the namespace the builders' pod alerts name; an empty scope acts on no pod, so the rigs name it
+NAMESPACE = "llm"
+SCOPE = ScopeSettings(namespaces=(NAMESPACE,))
 
-def pod(labels: Mapping[str, str], name: str, namespace: str = "llm") -> dict[str, str]:
+
+def engine_settings(**fields: Any) -> EngineSettings:
+    """EngineSettings whose scope is the builders' namespace unless `scope` is given."""
+    fields.setdefault("scope", SCOPE)
+    return EngineSettings(**fields)
+
+
+def pod(labels: Mapping[str, str], name: str, namespace: str = NAMESPACE) -> dict[str, str]:
     """The same alert about another pod."""
     return {**labels, "pod": name, "namespace": namespace}
 

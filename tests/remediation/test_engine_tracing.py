@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from remediation.settings import EngineSettings
-from tests.remediation.test_engine_support import LEAK, Rig
+from tests.remediation.test_engine_support import LEAK, Rig, engine_settings
 
 
 async def test_trace_has_one_span_per_rung(tmp_path: Path) -> None:
-    rig = Rig(tmp_path, EngineSettings())
+    rig = Rig(tmp_path, engine_settings())
     rig.build()
     try:
         ev = await rig.fire(LEAK)
@@ -40,7 +39,7 @@ async def test_trace_has_one_span_per_rung(tmp_path: Path) -> None:
 
 
 async def test_separate_incidents_have_separate_traces(tmp_path: Path) -> None:
-    rig = Rig(tmp_path, EngineSettings())
+    rig = Rig(tmp_path, engine_settings())
     rig.build()
     try:
         for name in ("a", "b"):
@@ -64,7 +63,7 @@ async def test_spans_are_exported_over_otlp_http_when_configured(tmp_path: Path)
 
     collector = PagerSink()  # any HTTP sink records the OTLP/HTTP protobuf POST
     await collector.start()
-    settings = EngineSettings(otlp_traces_endpoint=collector.url + "/v1/traces")
+    settings = engine_settings(otlp_traces_endpoint=collector.url + "/v1/traces")
     clock = FakeClock()
     engine = cast(
         RemediationEngine,

@@ -11,9 +11,9 @@ import pytest
 import yaml
 
 from remediation.errors import PermanentError, SignatureError
-from remediation.settings import BudgetSettings, EngineSettings
+from remediation.settings import BudgetSettings
 from remediation.signatures import load_library, parse_document
-from tests.remediation.test_engine_support import LEAK, Rig, events
+from tests.remediation.test_engine_support import LEAK, Rig, engine_settings, events
 
 REPO = Path(__file__).resolve().parents[2]
 XID_APP = {
@@ -44,7 +44,7 @@ FELL_OFF = {
 
 @pytest.fixture
 async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
-    r = Rig(tmp_path, EngineSettings())
+    r = Rig(tmp_path, engine_settings())
     r.build()
     yield r
     await r.engine.aclose()
@@ -161,7 +161,7 @@ async def test_a_drain_finishing_after_the_breaker_opened_keeps_its_task_in_the_
     tmp_path: Path,
 ) -> None:
 
-    rig = Rig(tmp_path, EngineSettings(budgets=BudgetSettings(max_concurrent_actions=1)))
+    rig = Rig(tmp_path, engine_settings(budgets=BudgetSettings(max_concurrent_actions=1)))
     rig.build()
     try:
         rig.backend.gate = asyncio.Event()

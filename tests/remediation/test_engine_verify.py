@@ -11,10 +11,9 @@ import pytest
 from aiohttp import web
 
 from remediation.errors import VerifyError
-from remediation.settings import EngineSettings
 from remediation.signatures import SignatureLibrary, load_library, parse_document
 from remediation.verify import PromQLVerifier, render_query
-from tests.remediation.test_engine_support import LEAK, Rig, events
+from tests.remediation.test_engine_support import LEAK, Rig, engine_settings, events
 
 VERIFIED_LEAK = """
 signatures:
@@ -93,7 +92,7 @@ async def test_verifier_reads_vector_results(prom: FakePrometheus) -> None:
 
 
 async def test_resolved_alert_counts_only_when_promql_holds(tmp_path: Path, prom: FakePrometheus) -> None:
-    rig = Rig(tmp_path, EngineSettings(prometheus_url=prom.url, promql_recheck_seconds=15))
+    rig = Rig(tmp_path, engine_settings(prometheus_url=prom.url, promql_recheck_seconds=15))
     rig.library = SignatureLibrary([*load_library(), *parse_document(VERIFIED_LEAK, "t.yaml", "user")])
     rig.build()
     try:
@@ -115,7 +114,7 @@ async def test_resolved_alert_counts_only_when_promql_holds(tmp_path: Path, prom
 
 
 async def test_promql_never_healthy_escalates_after_window(tmp_path: Path, prom: FakePrometheus) -> None:
-    rig = Rig(tmp_path, EngineSettings(prometheus_url=prom.url))
+    rig = Rig(tmp_path, engine_settings(prometheus_url=prom.url))
     rig.library = SignatureLibrary([*load_library(), *parse_document(VERIFIED_LEAK, "t.yaml", "user")])
     rig.build()
     try:
@@ -199,7 +198,7 @@ async def test_an_unreachable_prometheus_is_an_error_and_the_incident_keeps_wait
         dead = f"http://127.0.0.1:{s.getsockname()[1]}"
     with pytest.raises(VerifyError, match="prometheus query failed"):
         await PromQLVerifier(dead, timeout_seconds=2).healthy("q")
-    rig = Rig(tmp_path, EngineSettings(prometheus_url=dead, prometheus_timeout_seconds=2))
+    rig = Rig(tmp_path, engine_settings(prometheus_url=dead, prometheus_timeout_seconds=2))
     rig.library = SignatureLibrary([*load_library(), *parse_document(VERIFIED_LEAK, "t.yaml", "user")])
     rig.build()
     try:

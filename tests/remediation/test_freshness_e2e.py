@@ -15,11 +15,11 @@ from remediation.intake import parse_notification
 from remediation.metrics import RemediationMetrics
 from remediation.model import Engine
 from remediation.server import start_service
-from remediation.settings import EngineSettings, Settings
+from remediation.settings import Settings
 from tests.fakes.clock import FakeClock
 from tests.fakes.intake import alert, count_rows, make_settings, notification
 from tests.fakes.pager_sink import RecordingPager
-from tests.remediation.test_engine_support import ScriptedBackend
+from tests.remediation.test_engine_support import ScriptedBackend, engine_settings
 
 LEAK = {
     "alertname": "GPUProcessMemoryAboveHardLimit",
@@ -39,7 +39,7 @@ def _payload(fingerprint: str) -> dict[str, object]:
 
 async def test_rows_left_from_before_an_outage_do_not_act_until_alertmanager_resends(tmp_path: Path) -> None:
     clock = FakeClock()
-    settings = make_settings(tmp_path, engine=EngineSettings(max_event_age_seconds=900.0, backend="none"))
+    settings = make_settings(tmp_path, engine=engine_settings(max_event_age_seconds=900.0, backend="none"))
     # accepted six hours ago, never processed: the controller went down right after the 200
     inbox = Inbox(settings.inbox_path)
     await inbox.start()

@@ -11,9 +11,9 @@ import pytest
 from remediation.ladder import loop_identity, target_from_labels, workload_name
 from remediation.ledger import Ledger, connect
 from remediation.loops import LoopDetector
-from remediation.settings import EngineSettings, LoopSettings
+from remediation.settings import LoopSettings
 from remediation.signatures import load_library, parse_document
-from tests.remediation.test_engine_support import LEAK, Rig, events, pod
+from tests.remediation.test_engine_support import LEAK, Rig, engine_settings, events, pod
 
 RESTART_THEN_PAGE = """
 signatures:
@@ -29,7 +29,7 @@ signatures:
 
 @pytest.fixture
 async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
-    r = Rig(tmp_path, EngineSettings(loops=LoopSettings(max_restarts=3, restart_window_seconds=3600)))
+    r = Rig(tmp_path, engine_settings(loops=LoopSettings(max_restarts=3, restart_window_seconds=3600)))
     r.build()
     yield r
     await r.engine.aclose()
@@ -65,7 +65,7 @@ async def test_restart_loop_is_stopped_and_escalates(rig: Rig) -> None:
 
 async def test_restart_loop_pages_when_no_migrate_rung(tmp_path: Path) -> None:
     lib_sigs = parse_document(RESTART_THEN_PAGE, "test.yaml", "user")
-    r = Rig(tmp_path, EngineSettings(loops=LoopSettings(max_restarts=2)))
+    r = Rig(tmp_path, engine_settings(loops=LoopSettings(max_restarts=2)))
     from remediation.signatures import SignatureLibrary
 
     r.library = SignatureLibrary([*load_library(), *lib_sigs])
@@ -100,7 +100,7 @@ async def test_restart_loop_survives_controller_restart(rig: Rig) -> None:
 
 
 async def test_flapping_alert_pages_instead_of_acting(tmp_path: Path) -> None:
-    settings = EngineSettings(loops=LoopSettings(flap_max_transitions=4, flap_window_seconds=600))
+    settings = engine_settings(loops=LoopSettings(flap_max_transitions=4, flap_window_seconds=600))
     r = Rig(tmp_path, settings)
     r.build()
     try:
@@ -123,7 +123,7 @@ async def test_flapping_alert_pages_instead_of_acting(tmp_path: Path) -> None:
 
 
 async def test_flapping_during_ladder_stops_acting(tmp_path: Path) -> None:
-    settings = EngineSettings(loops=LoopSettings(flap_max_transitions=2, flap_window_seconds=600))
+    settings = engine_settings(loops=LoopSettings(flap_max_transitions=2, flap_window_seconds=600))
     r = Rig(tmp_path, settings)
     r.build()
     try:
@@ -146,7 +146,7 @@ def test_loop_settings_defaults_are_documented_values() -> None:
 
 
 async def test_flapping_starts_one_transition_past_the_limit(tmp_path: Path) -> None:
-    settings = EngineSettings(loops=LoopSettings(flap_max_transitions=3, flap_window_seconds=600))
+    settings = engine_settings(loops=LoopSettings(flap_max_transitions=3, flap_window_seconds=600))
     r = Rig(tmp_path, settings)
     r.build()
     try:

@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from remediation.settings import BudgetSettings, EngineSettings, ScopeSettings
-from tests.remediation.test_engine_support import CORRUPT_MODEL, LEAK, XID_RESET, Rig, statuses
+from tests.remediation.test_engine_support import (
+    CORRUPT_MODEL,
+    LEAK,
+    SCOPE,
+    XID_RESET,
+    Rig,
+    engine_settings,
+    statuses,
+)
 
 
 async def _rig(tmp_path: Path, settings: EngineSettings) -> Rig:
@@ -20,7 +29,7 @@ async def _rig(tmp_path: Path, settings: EngineSettings) -> Rig:
 
 @pytest.fixture
 async def burst_rig(tmp_path: Path) -> AsyncIterator[Rig]:
-    settings = EngineSettings(
+    settings = engine_settings(
         budgets=BudgetSettings(max_actions_per_minute=2, group_page_interval_seconds=60)
     )
     r = await _rig(tmp_path, settings)
@@ -67,7 +76,7 @@ async def test_breaker_opens_under_burst_and_pages_once_as_a_group(burst_rig: Ri
 
 
 async def test_concurrent_actions_budget_opens_breaker(tmp_path: Path) -> None:
-    rig = await _rig(tmp_path, EngineSettings(budgets=BudgetSettings(max_concurrent_actions=2)))
+    rig = await _rig(tmp_path, engine_settings(budgets=BudgetSettings(max_concurrent_actions=2)))
     rig.backend.gate = asyncio.Event()  # actions hang, so they pile up
     try:
         for i in range(3):
@@ -99,7 +108,7 @@ async def test_breaker_stays_open_across_restart_until_a_human_resets_it(burst_r
 
 
 async def test_actions_per_minute_budget(tmp_path: Path) -> None:
-    rig = await _rig(tmp_path, EngineSettings(budgets=BudgetSettings(max_actions_per_minute=3)))
+    rig = await _rig(tmp_path, engine_settings(budgets=BudgetSettings(max_actions_per_minute=3)))
     try:
         for i in range(4):
             await rig.fire({**LEAK, "pod": f"p{i}"})
@@ -112,7 +121,7 @@ async def test_actions_per_minute_budget(tmp_path: Path) -> None:
 
 async def test_nodes_migrated_budget_absolute_and_fraction(tmp_path: Path) -> None:
     rig = await _rig(
-        tmp_path, EngineSettings(budgets=BudgetSettings(max_nodes_migrated=2, max_nodes_migrated_fraction=0))
+        tmp_path, engine_settings(budgets=BudgetSettings(max_nodes_migrated=2, max_nodes_migrated_fraction=0))
     )
     try:
         for n in ("n1", "n2", "n3"):
@@ -122,7 +131,7 @@ async def test_nodes_migrated_budget_absolute_and_fraction(tmp_path: Path) -> No
     finally:
         await rig.engine.aclose()
 
-    frac = EngineSettings(
+    frac = engine_settings(
         budgets=BudgetSettings(max_nodes_migrated=100, max_nodes_migrated_fraction=0.2), cluster_node_count=10
     )
     rig = await _rig(tmp_path / "frac", frac)
@@ -135,7 +144,7 @@ async def test_nodes_migrated_budget_absolute_and_fraction(tmp_path: Path) -> No
 
 
 async def test_dry_run_never_calls_backends_or_pagers(tmp_path: Path) -> None:
-    rig = await _rig(tmp_path, EngineSettings(dry_run=True))
+    rig = await _rig(tmp_path, engine_settings(dry_run=True))
     try:
         await rig.fire(LEAK)
         await rig.advance(301)  # not resolved: the ladder moves on, still dry
@@ -153,7 +162,7 @@ async def test_dry_run_never_calls_backends_or_pagers(tmp_path: Path) -> None:
 
 
 async def test_pause_blocks_actions_and_pages_until_resume(tmp_path: Path) -> None:
-    rig = await _rig(tmp_path, EngineSettings())
+    rig = await _rig(tmp_path, engine_settings())
     try:
         rig.engine.pause("bob")
         assert rig.metric("gpupulse_remediation_paused") == 1
@@ -183,8 +192,41 @@ async def test_out_of_scope_namespace_is_recorded_never_acted_on(tmp_path: Path)
         await rig.engine.aclose()
 
 
+async def test_an_empty_scope_acts_on_no_workload_but_still_on_gpus(tmp_path: Path) -> None:
+    # the default scope, as the chart renders it: no --scope.namespaces flag at all
+    rig = await _rig(tmp_path, EngineSettings())
+    try:
+        await rig.fire({**LEAK, "namespace": "prod-payments"})
+        await rig.fire({k: v for k, v in LEAK.items() if k != "namespace"} | {"pod": "bare"})
+        assert rig.backend.calls == [] and rig.pager.pages == []
+        for inc in rig.incidents():
+            assert (inc["state"], inc["resolution"]) == ("ignored", "out_of_scope")
+            assert "namespace scope is empty" in inc["reason"]
+        # a GPU alert that names no namespace is no workload: it still acts
+        await rig.fire(XID_RESET)
+        assert [(rung, t.kind) for rung, t in rig.backend.calls] == [("migrate", "gpu")]
+        # one that names a namespace (not a routing one) is as out of scope as a pod there
+        await rig.fire({**XID_RESET, "uuid": "GPU-cccc", "node": "node-c", "namespace": "prod-payments"})
+        assert len(rig.backend.calls) == 1
+    finally:
+        await rig.engine.aclose()
+
+
+async def test_a_star_scope_acts_in_every_namespace(tmp_path: Path) -> None:
+    rig = await _rig(tmp_path, EngineSettings(scope=ScopeSettings(namespaces=("*",))))
+    try:
+        await rig.fire({**LEAK, "namespace": "prod-payments"})
+        await rig.fire({**LEAK, "namespace": "anything-else", "pod": "other"})
+        assert [(rung, t.namespace) for rung, t in rig.backend.calls] == [
+            ("restart", "prod-payments"),
+            ("restart", "anything-else"),
+        ]
+    finally:
+        await rig.engine.aclose()
+
+
 async def test_opt_in_label_required_when_configured(tmp_path: Path) -> None:
-    rig = await _rig(tmp_path, EngineSettings(scope=ScopeSettings(opt_in_label="gpupulse_io_remediate")))
+    rig = await _rig(tmp_path, EngineSettings(scope=replace(SCOPE, opt_in_label="gpupulse_io_remediate")))
     try:
         await rig.fire(LEAK)
         assert rig.backend.calls == []
@@ -210,7 +252,7 @@ async def test_a_pod_without_a_namespace_is_out_of_scope_under_an_allowlist(tmp_
 
 async def test_node_targets_count_in_the_migrated_nodes_budget(tmp_path: Path) -> None:
     budgets = BudgetSettings(max_nodes_migrated=1, max_nodes_migrated_fraction=0)
-    rig = await _rig(tmp_path, EngineSettings(budgets=budgets))
+    rig = await _rig(tmp_path, engine_settings(budgets=budgets))
     node_alert = {
         "alertname": "NodeGpuDegraded",
         "fault_class": "crash_loop",
@@ -230,7 +272,7 @@ async def test_node_targets_count_in_the_migrated_nodes_budget(tmp_path: Path) -
 async def test_the_per_minute_budget_counts_an_action_exactly_a_minute_old(
     tmp_path: Path, gap: float, blocked: bool
 ) -> None:
-    rig = await _rig(tmp_path, EngineSettings(budgets=BudgetSettings(max_actions_per_minute=1)))
+    rig = await _rig(tmp_path, engine_settings(budgets=BudgetSettings(max_actions_per_minute=1)))
     try:
         await rig.fire({**LEAK, "pod": "first"})
         rig.clock.advance(gap)

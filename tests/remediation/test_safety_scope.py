@@ -5,6 +5,8 @@ test_scope.py drives the same rules through the engine, with node labels from a 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from remediation.model import Target
@@ -12,6 +14,11 @@ from remediation.safety import in_scope
 from remediation.settings import ScopeSettings
 
 _PROD = ScopeSettings(namespaces=("prod",))
+_NONE = ScopeSettings()
+_ALL = ScopeSettings(namespaces=("*",))
+_EMPTY = (
+    "the namespace scope is empty, which allows no workload (--scope.namespaces='*' allows every namespace)"
+)
 _POOL = ScopeSettings(node_selector="nodepool=inference")
 _INFERENCE = {"nodepool": "inference"}
 _GPU = Target("gpu", "n", uuid="G")
@@ -31,7 +38,24 @@ _GPU = Target("gpu", "n", uuid="G")
             None,
             "pod target without a namespace while a namespace allowlist is configured",
         ),
-        (ScopeSettings(), Target("pod", "n", "", "p"), {}, None, ""),
+        # an empty scope allows no workload; "*" allows every one, even one that names no namespace
+        (_NONE, Target("pod", "n", "prod-payments", "p"), {}, None, f"namespace 'prod-payments': {_EMPTY}"),
+        (_NONE, Target("job", "n", "train"), {}, None, f"namespace 'train': {_EMPTY}"),
+        (_NONE, Target("pod", "n", "", "p"), {}, None, f"pod target: {_EMPTY}"),
+        (_NONE, _GPU, {}, None, ""),
+        (_NONE, Target("node", "n"), {}, None, ""),
+        (_NONE, _GPU, {"namespace": "dev"}, None, f"namespace 'dev': {_EMPTY}"),
+        (ScopeSettings(routing_namespaces=("gpupulse",)), _GPU, {"namespace": "gpupulse"}, None, ""),
+        (
+            ScopeSettings(routing_namespaces=("gpupulse",)),
+            Target("pod", "n", "gpupulse", "p"),
+            {},
+            None,
+            f"namespace 'gpupulse': {_EMPTY}",
+        ),
+        (_ALL, Target("pod", "n", "prod-payments", "p"), {}, None, ""),
+        (_ALL, Target("pod", "n", "", "p"), {}, None, ""),
+        (_ALL, _GPU, {"namespace": "dev"}, None, ""),
         # a node selector needs the node, and the node's labels, of GPU and node targets
         (
             _POOL,
@@ -55,7 +79,7 @@ _GPU = Target("gpu", "n", uuid="G")
             "node 'n' does not match the node selector 'nodepool=inference'",
         ),
         (_POOL, _GPU, {}, _INFERENCE, ""),
-        (_POOL, Target("pod", "", "ns", "p"), {}, None, ""),
+        (replace(_POOL, namespaces=("ns",)), Target("pod", "", "ns", "p"), {}, None, ""),
         (_POOL, Target("exporter", ""), {}, None, ""),
     ],
 )
@@ -86,6 +110,16 @@ def test_only_true_opts_a_target_in(
     labels: dict[str, str], annotations: dict[str, str], opted_in: bool
 ) -> None:
     why = in_scope(
-        ScopeSettings(opt_in_label="remediate"), Target("pod", "n", "ns", "p"), labels, annotations
+        ScopeSettings(namespaces=("ns",), opt_in_label="remediate"),
+        Target("pod", "n", "ns", "p"),
+        labels,
+        annotations,
     )
     assert why == ("" if opted_in else 'target has not opted in (remediate="true" missing)')
+
+
+def test_star_stands_alone_in_a_namespace_scope() -> None:
+    with pytest.raises(ValueError, match="stands alone"):
+        ScopeSettings(namespaces=("*", "prod")).validate()
+    ScopeSettings(namespaces=("*",)).validate()
+    ScopeSettings().validate()

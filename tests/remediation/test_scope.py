@@ -15,7 +15,7 @@ from remediation.errors import SelectorError
 from remediation.metrics import RemediationMetrics
 from remediation.selector import parse_selector
 from remediation.settings import EngineSettings, ScopeSettings
-from tests.remediation.test_engine_support import LEAK, XID_RESET, Rig
+from tests.remediation.test_engine_support import LEAK, SCOPE, XID_RESET, Rig
 
 NODE_DOWN = {
     "alertname": "NodeGpuDrained",
@@ -120,7 +120,9 @@ async def test_a_node_selector_scopes_gpu_and_node_targets_by_node_labels(tmp_pa
             "node-d": {"nodepool": "inference", "gpupulse.io/no-remediation": "true"},
         }
     )
-    scope = ScopeSettings(node_selector="nodepool=inference,!gpupulse.io/no-remediation")
+    scope = ScopeSettings(
+        namespaces=SCOPE.namespaces, node_selector="nodepool=inference,!gpupulse.io/no-remediation"
+    )
     rig = await _rig(tmp_path, scope, nodes)
     try:
         await rig.fire(XID_RESET)  # node-b: training pool

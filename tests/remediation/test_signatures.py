@@ -263,10 +263,9 @@ def test_cli_add_from_flags_then_test_uses_it(tmp_path: Path) -> None:
 
 
 async def test_cli_add_from_resolved_incident(tmp_path: Path) -> None:
-    from remediation.settings import EngineSettings
-    from tests.remediation.test_engine_support import Rig
+    from tests.remediation.test_engine_support import Rig, engine_settings
 
-    rig = Rig(tmp_path, EngineSettings())
+    rig = Rig(tmp_path, engine_settings())
     rig.build()
     labels = {
         "alertname": "EngineWedged",

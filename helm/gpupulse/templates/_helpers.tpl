@@ -168,11 +168,35 @@ Secret), as a JSON list, from the Alertmanager's matcher strategy (docs/helm.md)
 {{- $out = list $own -}}
 {{- else -}}
 {{- $out = list $own -}}
+{{- /* "*" (every namespace) names no namespace an AlertmanagerConfig could live in */ -}}
 {{- range ($amc.namespaces | default .Values.controller.scope.namespaces) -}}
-{{- if not (has . $out) }}{{ $out = append $out . }}{{ end -}}
+{{- if and (ne . "*") (not (has . $out)) }}{{ $out = append $out . }}{{ end -}}
 {{- end -}}
 {{- end -}}
 {{- toJson $out -}}
+{{- end }}
+
+{{/* The controller's grants that change workloads (restart: delete a pod, delete a JobSet's Jobs,
+a Volcano RestartJob Command, a rollout restart), as a rule list: in a Role in each namespace of
+controller.scope.namespaces, or in the ClusterRole with ["*"] (docs/rbac.md). */}}
+{{- define "gpupulse.controller.workloadRules" -}}
+# restart deletes controller-owned pods with a UID precondition
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["delete"]
+# gang restart deletes a JobSet's child Jobs, or asks Volcano for a RestartJob Command
+- apiGroups: ["batch"]
+  resources: ["jobs"]
+  verbs: ["delete"]
+- apiGroups: ["bus.volcano.sh"]
+  resources: ["commands"]
+  verbs: ["create"]
+{{- if .Values.controller.rbac.rolloutRestart }}
+# rollout restart patches the Deployment's pod template annotation
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs: ["patch"]
+{{- end }}
 {{- end }}
 
 {{/* OTEL_RESOURCE_ATTRIBUTES from a mapping: k=v pairs, comma separated, in key order. */}}
