@@ -1,0 +1,365 @@
+"""Restart and migrate against a real kube-apiserver and kube-controller-manager (tests/kube/realapi.py):
+the chart's ServiceAccount, ClusterRole and Role applied as Helm renders them, the controller acting
+with that ServiceAccount's token, owners and PodDisruptionBudgets computed by the real controllers."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.proofs.harness import TOKEN, Serve, alert, notification, post
+from gpupulse.clock import SystemClock
+from remediation.backends.kubernetes import KubernetesBackend
+from remediation.errors import KubeTooManyRequests, TemporaryError
+from remediation.kube.client import KubeClient, KubeClientSettings
+from remediation.model import Target
+from tests.kube.conftest import backend_settings
+from tests.kube.realapi import (
+    JSON,
+    KubeHTTPError,
+    RealCluster,
+    RealKube,
+    add_node,
+    ensure_namespace,
+    real_cluster,
+    service_account_token,
+    wait_for,
+    write_kubeconfig,
+)
+
+pytestmark = [pytest.mark.real_apiserver, pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
+__all__ = ["real_cluster"]  # the session fixture, imported so that pytest finds it here
+
+CONTROLLER_NS = "gpupulse"
+RELEASE = "pulse"
+
+
+@pytest.fixture(scope="module")
+def controller_token(real_cluster: RealCluster, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The chart's controller RBAC applied to the real server; a TokenRequest token for its ServiceAccount."""
+    pytest.importorskip("helm_sdkpy")
+    from tests.helm.installs import install_values
+
+    kube = real_cluster.kube
+    ensure_namespace(kube, CONTROLLER_NS)
+    # cluster mode on: the ClusterRole is the same, the Role adds the GpuIncident rules
+    values = {"controller": {"cluster": {"enabled": True}}}
+    installed = install_values(tmp_path_factory.mktemp("helm"), CONTROLLER_NS, values)
+    for crd in installed.api.crds():
+        _create(kube, crd)
+    kinds = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+    for obj in installed.objects:
+        if obj["kind"] in kinds and "controller" in obj["metadata"]["name"]:
+            _create(kube, {**obj, "metadata": {**obj["metadata"], "namespace": CONTROLLER_NS}}
+                    if obj["kind"] not in ("ClusterRole", "ClusterRoleBinding") else obj)  # fmt: skip
+    return service_account_token(kube, CONTROLLER_NS, f"{RELEASE}-gpupulse-controller")
+
+
+def _create(kube: RealKube, obj: JSON) -> None:
+    clean = {k: v for k, v in obj.items() if k != "status"}
+    clean["metadata"] = {
+        k: v for k, v in obj["metadata"].items() if k in ("name", "namespace", "labels", "annotations")
+    }
+    try:
+        kube.apply(clean)
+    except KubeHTTPError as e:
+        if e.status != 409:  # applied by an earlier module of this session
+            raise
+
+
+@pytest.fixture
+def kubeconfig(real_cluster: RealCluster, controller_token: str, tmp_path: Path) -> Path:
+    return write_kubeconfig(
+        tmp_path / "kubeconfig", real_cluster.plane.url, real_cluster.plane.ca_file, controller_token
+    )
+
+
+@pytest.fixture
+async def controller_client(kubeconfig: Path) -> Any:
+    client = await KubeClient.connect(
+        KubeClientSettings(kubeconfig_path=str(kubeconfig), request_timeout_seconds=10)
+    )
+    yield client
+    await client.close()
+
+
+def deployment(namespace: str, name: str, replicas: int = 1) -> JSON:
+    labels = {"app": name}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "terminationGracePeriodSeconds": 5,
+                    "containers": [
+                        {
+                            "name": "server",
+                            "image": "vllm:test",
+                            "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                        },
+                    ],
+                },
+            },
+        },
+    }
+
+
+def pods_of(kube: RealKube, namespace: str, app: str) -> list[JSON]:
+    return list(kube.get(f"/api/v1/namespaces/{namespace}/pods?labelSelector=app%3D{app}").get("items") or [])
+
+
+def running(kube: RealKube, namespace: str, app: str) -> list[JSON]:
+    """The app's pods that are Ready and not being deleted."""
+    return [
+        p
+        for p in pods_of(kube, namespace, app)
+        if not p["metadata"].get("deletionTimestamp")
+        and any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions") or [])
+    ]
+
+
+@contextlib.contextmanager
+def workload(real_cluster: RealCluster, replicas: int = 1, nodes: int = 1) -> Iterator[tuple[str, list[str]]]:
+    """A namespace with a GPU Deployment of its own, on nodes of its own (deleted afterwards)."""
+    kube = real_cluster.kube
+    ns = real_cluster.unique("llm")
+    names = [real_cluster.unique("gpu") for _ in range(nodes)]
+    for name in names:
+        add_node(kube, name)
+    ensure_namespace(kube, ns)
+    kube.apply(deployment(ns, "vllm", replicas))
+    wait_for(
+        lambda: len(running(kube, ns, "vllm")) == replicas, 60, f"{replicas} vllm pod(s) running in {ns}"
+    )
+    try:
+        yield ns, names
+    finally:
+        kube.delete(f"/api/v1/namespaces/{ns}")
+        for name in names:
+            with contextlib.suppress(KubeHTTPError):
+                kube.delete(f"/api/v1/nodes/{name}")
+
+
+def serve_args(storage: Path, kubeconfig: Path, *extra: str) -> list[str]:
+    return [
+        f"--storage.path={storage}",
+        "--backend=kubernetes",
+        f"--kube.kubeconfig={kubeconfig}",
+        f"--kube.namespace={CONTROLLER_NS}",
+        "--kube.identity=ctl-0",
+        "--engine.tick-interval=100ms",
+        *extra,
+    ]
+
+
+def leak_alert(fingerprint: str, namespace: str, pod: str, node: str) -> dict[str, Any]:
+    return alert(
+        fingerprint,
+        {
+            "alertname": "GPUProcessMemoryAboveHardLimit",
+            "fault_class": "memory_leak",
+            "target_kind": "pod",
+            "namespace": namespace,
+            "pod": pod,
+            "node": node,
+        },
+    )
+
+
+def test_restart_deletes_the_deployment_pod_by_uid_and_the_replicaset_brings_it_back(
+    real_cluster: RealCluster, kubeconfig: Path, tmp_path: Path
+) -> None:
+    kube = real_cluster.kube
+    with workload(real_cluster) as (ns, (node,)):
+        (before,) = running(kube, ns, "vllm")
+        assert before["spec"]["nodeName"] == node
+        serve = Serve(tmp_path, serve_args(tmp_path / "state", kubeconfig))
+        try:
+            serve.start()
+            leak = leak_alert("1eak0000000000a1", ns, before["metadata"]["name"], node)
+            assert post(serve.url, notification([leak])) == 200
+
+            def replaced() -> bool:
+                now = running(kube, ns, "vllm")
+                return len(now) == 1 and now[0]["metadata"]["uid"] != before["metadata"]["uid"]
+
+            wait_for(replaced, 60, "the ReplicaSet to bring a new pod")
+            assert serve.stop() == 0
+        finally:
+            serve.kill()
+        (after,) = running(kube, ns, "vllm")
+        # the same ReplicaSet owns the new pod: the Deployment was not rolled
+        assert (
+            after["metadata"]["ownerReferences"][0]["uid"] == before["metadata"]["ownerReferences"][0]["uid"]
+        )
+        assert not kube.exists(f"/api/v1/namespaces/{ns}/pods/{before['metadata']['name']}")
+        log = serve.log_path.read_text(errors="replace")
+        assert "forbidden" not in log.lower(), log
+
+
+def pdb(namespace: str, min_available: int) -> JSON:
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": "vllm", "namespace": namespace},
+        "spec": {"minAvailable": min_available, "selector": {"matchLabels": {"app": "vllm"}}},
+    }
+
+
+def pdb_status(kube: RealKube, namespace: str) -> JSON:
+    out = kube.get(f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets/vllm")
+    status = dict(out.get("status") or {})
+    status["computed"] = status.get("observedGeneration") == out["metadata"]["generation"]
+    return status
+
+
+async def test_an_eviction_that_the_pdb_forbids_is_a_429_our_client_reads_as_too_many_requests(
+    real_cluster: RealCluster, controller_client: KubeClient
+) -> None:
+    kube = real_cluster.kube
+    with workload(real_cluster) as (ns, _):
+        kube.apply(pdb(ns, 1))
+        wait_for(lambda: pdb_status(kube, ns)["computed"] and pdb_status(kube, ns).get("currentHealthy") == 1,
+                 30, "the disruption controller to compute the PDB")  # fmt: skip
+        assert pdb_status(kube, ns)["disruptionsAllowed"] == 0
+        (pod,) = running(kube, ns, "vllm")
+        with pytest.raises(KubeTooManyRequests) as refused:
+            await controller_client.evict_pod(ns, pod["metadata"]["name"], pod["metadata"]["uid"])
+        assert refused.value.status == 429
+        assert "disruption budget" in refused.value.message
+        # the pod is untouched
+        assert running(kube, ns, "vllm")[0]["metadata"]["uid"] == pod["metadata"]["uid"]
+
+
+async def test_migrate_cordons_waits_on_the_pdb_then_evicts_once_a_replica_elsewhere_is_ready(
+    real_cluster: RealCluster, controller_client: KubeClient
+) -> None:
+    kube = real_cluster.kube
+    with workload(real_cluster, nodes=2) as (ns, (node, spare)):
+        (pod,) = running(kube, ns, "vllm")
+        assert pod["spec"]["nodeName"] == node  # the player binds to the first schedulable node by name
+        kube.apply(pdb(ns, 1))
+        wait_for(lambda: pdb_status(kube, ns)["computed"] and pdb_status(kube, ns).get("currentHealthy") == 1,
+                 30, "the disruption controller to compute the PDB")  # fmt: skip
+        backend = KubernetesBackend(
+            controller_client,
+            backend_settings(
+                namespace=CONTROLLER_NS,
+                identity="ctl-0",
+                eviction_deadline_seconds=2.0,
+                eviction_backoff_initial_seconds=0.5,
+                eviction_backoff_max_seconds=1.0,
+            ),
+            SystemClock(),
+        )
+        target = Target(kind="pod", node=node, namespace=ns, pod=pod["metadata"]["name"])
+        with pytest.raises(TemporaryError, match="disruption budget"):
+            await backend.migrate(target, "xid 79")
+        cordoned = kube.get(f"/api/v1/nodes/{node}")["spec"]
+        assert cordoned["unschedulable"] is True
+        assert "gpupulse.io/remediation" in [t["key"] for t in cordoned["taints"]]
+        assert running(kube, ns, "vllm")[0]["metadata"]["uid"] == pod["metadata"]["uid"]
+
+        # a second replica lands on the spare node (the first is cordoned); the budget then allows one
+        kube.merge_patch(f"/apis/apps/v1/namespaces/{ns}/deployments/vllm", {"spec": {"replicas": 2}})
+        wait_for(lambda: pdb_status(kube, ns).get("disruptionsAllowed") == 1, 60, "the PDB to allow one")
+        assert {p["spec"]["nodeName"] for p in running(kube, ns, "vllm")} == {node, spare}
+        result = await backend.migrate(target, "xid 79")
+        assert result.done and result.details["evicted"] == [f"{ns}/{pod['metadata']['name']}"]
+        # the eviction is a graceful delete; the kubelet player confirms it, the ReplicaSet replaces it
+        wait_for(lambda: not kube.exists(f"/api/v1/namespaces/{ns}/pods/{pod['metadata']['name']}"), 30,
+                 "the evicted pod to be gone")  # fmt: skip
+        wait_for(lambda: len(running(kube, ns, "vllm")) == 2, 60, "the ReplicaSet to replace it")
+        assert {p["spec"]["nodeName"] for p in running(kube, ns, "vllm")} == {spare}
+
+
+def test_the_controller_token_is_bound_by_rbac(real_cluster: RealCluster, controller_token: str) -> None:
+    """The ServiceAccount gets what the chart grants and nothing more (a Secret read is a 403)."""
+    as_controller = RealKube(real_cluster.plane.url, real_cluster.plane.ca_file, controller_token)
+    with pytest.raises(KubeHTTPError) as denied:
+        as_controller.get(f"/api/v1/namespaces/{CONTROLLER_NS}/secrets")
+    assert denied.value.status == 403
+    review = as_controller.post(
+        "/apis/authentication.k8s.io/v1/selfsubjectreviews",
+        {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"},
+    )
+    assert (
+        review["status"]["userInfo"]["username"]
+        == f"system:serviceaccount:{CONTROLLER_NS}:{RELEASE}-gpupulse-controller"
+    )
+
+
+def _incidents(serve: Serve) -> list[dict[str, Any]]:
+    req = urllib.request.Request(
+        serve.url + "/api/v1/incidents", headers={"Authorization": f"Bearer {TOKEN}"}
+    )
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return list(json.loads(r.read())["incidents"])
+
+
+def test_cluster_mode_keeps_the_incident_as_an_object_a_fresh_replica_rebuilds_from(
+    real_cluster: RealCluster, kubeconfig: Path, tmp_path: Path
+) -> None:
+    """--kube.ledger=kubernetes with leader election: the GpuIncident CRD (schema, status subresource)
+    and the Role's Lease and incident rules on the real server; a replica with an empty disk rebuilds."""
+    kube = real_cluster.kube
+    incidents = f"/apis/remediation.gpupulse.io/v1/namespaces/{CONTROLLER_NS}/gpuincidents"
+    cluster = (
+        "--kube.ledger=kubernetes",
+        "--kube.leader-election",
+        f"--kube.lease-name={real_cluster.unique('lease')}",
+    )
+    with workload(real_cluster) as (ns, (node,)):
+        (before,) = running(kube, ns, "vllm")
+        first = Serve(tmp_path, serve_args(tmp_path / "a", kubeconfig, *cluster), name="a")
+        try:
+            first.start()
+            leak = leak_alert("1eak0000000000c1", ns, before["metadata"]["name"], node)
+            assert post(first.url, notification([leak])) == 200
+            gone = before["metadata"]["uid"]
+            wait_for(
+                lambda: gone not in {p["metadata"]["uid"] for p in running(kube, ns, "vllm")},
+                60,
+                "the restart",
+            )
+
+            def mine() -> list[JSON]:
+                items = kube.get(incidents).get("items") or []
+                return [i for i in items if ns in str(i["spec"].get("target", ""))]
+
+            def recorded() -> bool:
+                found = mine()
+                entries = (found[0].get("status") or {}).get("entries") or [] if found else []
+                return any(e.get("kind") == "action" and e.get("status") == "success" for e in entries)
+
+            wait_for(recorded, 30, "the restart recorded in a GpuIncident")
+            assert first.stop() == 0
+        finally:
+            first.kill()
+        (obj,) = mine()
+        # what we wrote survived the CRD's structural schema (nothing pruned on the way to etcd)
+        assert obj["status"]["row"]["key"] == obj["spec"]["key"]
+        assert obj["status"]["writer"]["holder"] == "ctl-0"
+        # a replica with an empty disk (a StatefulSet pod without a volume) rebuilds the same incident
+        second = Serve(tmp_path, serve_args(tmp_path / "b", kubeconfig, *cluster), name="b")
+        try:
+            second.start()
+            (incident,) = [i for i in _incidents(second) if i["id"] == obj["spec"]["id"]]
+            assert incident["key"] == obj["spec"]["key"]
+            assert second.stop() == 0
+        finally:
+            second.kill()
+        for log in (first.log_path, second.log_path):
+            text = log.read_text(errors="replace")
+            assert "forbidden" not in text.lower() and "422" not in text, text
