@@ -16,7 +16,7 @@ import pytest
 from bench.proofs.harness import TOKEN, Serve, alert, notification, post
 from gpupulse.clock import SystemClock
 from remediation.backends.kubernetes import KubernetesBackend
-from remediation.errors import KubeTooManyRequests, TemporaryError
+from remediation.errors import KubeInvalid, KubeTooManyRequests, TemporaryError
 from remediation.kube.client import KubeClient, KubeClientSettings
 from remediation.model import Target
 from tests.kube.conftest import backend_settings
@@ -363,3 +363,63 @@ def test_cluster_mode_keeps_the_incident_as_an_object_a_fresh_replica_rebuilds_f
         for log in (first.log_path, second.log_path):
             text = log.read_text(errors="replace")
             assert "forbidden" not in text.lower() and "422" not in text, text
+
+
+# aiohttp warns before sending any body over 1 MiB in one piece; sending one is the point here
+@pytest.mark.filterwarnings("ignore:Sending a large body:ResourceWarning")
+async def test_an_incident_past_etcds_or_the_servers_limit_is_refused_as_invalid(
+    real_cluster: RealCluster, controller_client: KubeClient
+) -> None:
+    """What the real server answers for an oversized status: 500 from etcd past ~1.5 MiB, 413 past
+    3 MiB; both are KubeInvalid (the same write fails every time), not a retry."""
+    group, plural = "remediation.gpupulse.io", "gpuincidents"
+    name = real_cluster.unique("incident")
+    created = await controller_client.create_custom_object(
+        group, "v1", CONTROLLER_NS, plural,
+        {"apiVersion": f"{group}/v1", "kind": "GpuIncident", "metadata": {"name": name},
+         "spec": {"schemaVersion": 1, "id": 1}},
+    )  # fmt: skip
+    seen = []
+    for entries in (1700, 3200):  # about 1.7 MB and 3.3 MB of ledger entries
+        body = {
+            "apiVersion": f"{group}/v1",
+            "kind": "GpuIncident",
+            "metadata": {"name": name, "resourceVersion": created["metadata"]["resourceVersion"]},
+            "status": {"entries": [{"kind": "note", "text": "x" * 1000} for _ in range(entries)]},
+        }
+        with pytest.raises(KubeInvalid) as refused:
+            await controller_client.replace_custom_object_status(
+                group, "v1", CONTROLLER_NS, plural, name, body
+            )
+        seen.append(refused.value.status)
+    assert seen == [500, 413]
+
+
+@pytest.mark.xfail(
+    strict=True, reason="issue 23 Build 3: migrate reports success once the eviction is accepted"
+)
+async def test_migrate_waits_until_the_evicted_pod_is_gone(
+    real_cluster: RealCluster, controller_client: KubeClient
+) -> None:
+    """A real eviction is a graceful delete; on a node whose kubelet never confirms it the pod stays
+    Terminating. Migrate should not report success while it is there (kubectl drain waits)."""
+    kube = real_cluster.kube
+    with workload(real_cluster) as (ns, (node,)):
+        (pod,) = running(kube, ns, "vllm")
+        real_cluster.kubelet.hung_nodes.add(node)
+        try:
+            backend = KubernetesBackend(
+                controller_client,
+                backend_settings(namespace=CONTROLLER_NS, identity="ctl-0", eviction_deadline_seconds=2.0),
+                SystemClock(),
+            )
+            target = Target(kind="pod", node=node, namespace=ns, pod=pod["metadata"]["name"])
+            with contextlib.suppress(TemporaryError):
+                result = await backend.migrate(target, "xid 79")
+                terminating = kube.get(f"/api/v1/namespaces/{ns}/pods/{pod['metadata']['name']}")
+                assert terminating["metadata"][
+                    "deletionTimestamp"
+                ]  # the eviction was accepted, the pod is there
+                assert not result.done, "migrate said done while the evicted pod is still terminating"
+        finally:
+            real_cluster.kubelet.hung_nodes.discard(node)
