@@ -16,7 +16,7 @@ import pytest
 from bench.proofs.harness import TOKEN, Serve, alert, notification, post
 from gpupulse.clock import SystemClock
 from remediation.backends.kubernetes import KubernetesBackend
-from remediation.errors import KubeInvalid, KubeTooManyRequests, TemporaryError
+from remediation.errors import KubeInvalid, KubeTooManyRequests, PermanentError, TemporaryError
 from remediation.kube.client import KubeClient, KubeClientSettings
 from remediation.model import Target
 from tests.kube.conftest import backend_settings
@@ -282,6 +282,24 @@ async def test_migrate_cordons_waits_on_the_pdb_then_evicts_once_a_replica_elsew
                  "the evicted pod to be gone")  # fmt: skip
         wait_for(lambda: len(running(kube, ns, "vllm")) == 2, 60, "the ReplicaSet to replace it")
         assert {p["spec"]["nodeName"] for p in running(kube, ns, "vllm")} == {spare}
+
+
+async def test_two_budgets_on_one_pod_are_reported_as_misconfigured_in_the_servers_words(
+    real_cluster: RealCluster, controller_client: KubeClient
+) -> None:
+    """The real server's 500 for a pod that two PDBs select is what eviction.py matches on."""
+    kube = real_cluster.kube
+    with workload(real_cluster) as (ns, (node,)):
+        (pod,) = running(kube, ns, "vllm")
+        for name in ("vllm", "vllm-too"):
+            kube.apply({**pdb(ns, 0), "metadata": {"name": name, "namespace": ns}})
+        backend = KubernetesBackend(
+            controller_client, backend_settings(namespace=CONTROLLER_NS, identity="ctl-0"), SystemClock()
+        )
+        target = Target(kind="pod", node=node, namespace=ns, pod=pod["metadata"]["name"])
+        with pytest.raises(PermanentError, match="more than one PodDisruptionBudget"):
+            await backend.migrate(target, "xid 79")
+        assert running(kube, ns, "vllm")[0]["metadata"]["uid"] == pod["metadata"]["uid"]
 
 
 def test_the_controller_token_is_bound_by_rbac(real_cluster: RealCluster, controller_token: str) -> None:
