@@ -14,6 +14,9 @@ from typing import Any
 import pytest
 
 from bench.proofs.harness import TOKEN, Serve, alert, notification, post
+from exporter.attribution.podmeta import PodMetadataSource
+from exporter.attribution.slices import ResourceSliceSource, SliceSettings
+from exporter.kube.client import ApiSettings
 from gpupulse.clock import SystemClock
 from remediation.backends.kubernetes import KubernetesBackend
 from remediation.errors import KubeInvalid, KubeTooManyRequests, PermanentError, TemporaryError
@@ -41,24 +44,41 @@ RELEASE = "pulse"
 
 
 @pytest.fixture(scope="module")
-def controller_token(real_cluster: RealCluster, tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The chart's controller RBAC applied to the real server; a TokenRequest token for its ServiceAccount."""
+def chart(real_cluster: RealCluster, tmp_path_factory: pytest.TempPathFactory) -> list[JSON]:
+    """The chart as Helm renders it (cluster mode on: the Role adds the GpuIncident rules); its CRDs
+    applied to the real server. The objects it would create."""
     pytest.importorskip("helm_sdkpy")
     from tests.helm.installs import install_values
 
-    kube = real_cluster.kube
-    ensure_namespace(kube, CONTROLLER_NS)
-    # cluster mode on: the ClusterRole is the same, the Role adds the GpuIncident rules
+    ensure_namespace(real_cluster.kube, CONTROLLER_NS)
     values = {"controller": {"cluster": {"enabled": True}}}
     installed = install_values(tmp_path_factory.mktemp("helm"), CONTROLLER_NS, values)
     for crd in installed.api.crds():
-        _create(kube, crd)
+        _create(real_cluster.kube, crd)
+    return installed.objects
+
+
+def _apply_rbac(kube: RealKube, objects: list[JSON], component: str) -> str:
+    """Apply one component's ServiceAccount, roles and bindings; a TokenRequest token for it."""
     kinds = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
-    for obj in installed.objects:
-        if obj["kind"] in kinds and "controller" in obj["metadata"]["name"]:
-            _create(kube, {**obj, "metadata": {**obj["metadata"], "namespace": CONTROLLER_NS}}
-                    if obj["kind"] not in ("ClusterRole", "ClusterRoleBinding") else obj)  # fmt: skip
-    return service_account_token(kube, CONTROLLER_NS, f"{RELEASE}-gpupulse-controller")
+    for obj in objects:
+        if obj["kind"] in kinds and obj["metadata"]["name"] == f"{RELEASE}-gpupulse-{component}":
+            if obj["kind"] not in ("ClusterRole", "ClusterRoleBinding"):
+                obj = {**obj, "metadata": {**obj["metadata"], "namespace": CONTROLLER_NS}}
+            _create(kube, obj)
+    return service_account_token(kube, CONTROLLER_NS, f"{RELEASE}-gpupulse-{component}")
+
+
+@pytest.fixture(scope="module")
+def controller_token(real_cluster: RealCluster, chart: list[JSON]) -> str:
+    """The chart's controller RBAC applied; a token for the controller's ServiceAccount."""
+    return _apply_rbac(real_cluster.kube, chart, "controller")
+
+
+@pytest.fixture(scope="module")
+def exporter_token(real_cluster: RealCluster, chart: list[JSON]) -> str:
+    """The chart's exporter RBAC applied; a token for the exporter's ServiceAccount."""
+    return _apply_rbac(real_cluster.kube, chart, "exporter")
 
 
 def _create(kube: RealKube, obj: JSON) -> None:
@@ -441,3 +461,55 @@ async def test_migrate_waits_until_the_evicted_pod_is_gone(
                 assert not result.done, "migrate said done while the evicted pod is still terminating"
         finally:
             real_cluster.kubelet.hung_nodes.discard(node)
+
+
+async def test_the_exporters_pod_and_resourceslice_watches_see_their_node_only_with_the_charts_rbac(
+    real_cluster: RealCluster, exporter_token: str, tmp_path: Path
+) -> None:
+    """The exporter's reflectors (LIST, then WATCH with bookmarks, field selector spec.nodeName) with
+    its ServiceAccount's token: this node's pods and ResourceSlices, nobody else's."""
+    kube = real_cluster.kube
+    token = tmp_path / "token"
+    token.write_text(exporter_token)
+    with workload(real_cluster, nodes=2) as (ns, (node, other)):
+        (pod,) = running(kube, ns, "vllm")
+        settings = {
+            "api_url": real_cluster.plane.url,
+            "token_path": token,
+            "ca_path": real_cluster.plane.ca_file,
+        }
+        pods = PodMetadataSource(ApiSettings(node, **settings))
+        slices = ResourceSliceSource(SliceSettings(node, **settings))
+        for name, on, uuid in ((f"{node}-gpus", node, "GPU-1111"), (f"{other}-gpus", other, "GPU-2222")):
+            kube.post(
+                "/apis/resource.k8s.io/v1/resourceslices",
+                {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": name},
+                 "spec": {"driver": "gpu.nvidia.com", "nodeName": on,
+                          "pool": {"name": on, "generation": 1, "resourceSliceCount": 1},
+                          "devices": [{"name": "gpu-0", "attributes": {"uuid": {"string": uuid}}}]}},
+            )  # fmt: skip
+        pods.start()
+        slices.start()
+        try:
+            name = pod["metadata"]["name"]
+            await pods.wait_until(lambda: pods.lookup(ns, name) is not None, 30)
+            await slices.wait_until(lambda: bool(slices.index()), 30)
+            assert [d.uuid for d in slices.index().values()] == ["GPU-1111"]
+            assert slices.version == "v1"
+            # pods that arrive later come through the watch, not a relist: one on another node first
+            # (never seen), then one on this node
+            lists = pods.stats.lists
+            for name, on in (("elsewhere", other), ("here", node)):
+                kube.post(
+                    f"/api/v1/namespaces/{ns}/pods",
+                    {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {"app": name}},
+                     "spec": {"nodeName": on, "containers": [{"name": "c", "image": "x"}]}},
+                )  # fmt: skip
+            await pods.wait_until(lambda: pods.lookup(ns, "here") is not None, 30)
+            assert pods.lookup(ns, "elsewhere") is None
+            assert pods.stats.lists == lists and pods.stats.failures == 0 and slices.stats.failures == 0
+        finally:
+            await pods.close()
+            await slices.close()
+            for name in (f"{node}-gpus", f"{other}-gpus"):
+                kube.delete(f"/apis/resource.k8s.io/v1/resourceslices/{name}")
