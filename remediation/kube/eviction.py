@@ -66,6 +66,8 @@ async def evict_pods(
                     return
                 except KubeTooManyRequests as exc:
                     last = _refusal(exc)
+                    # the server's own hint (a budget it has not computed yet says 10 s) is a floor
+                    delay = max(delay, _retry_after_seconds(exc))
                 except KubeUnavailable as exc:
                     if exc.status == 500 and _SEVERAL_PDBS in exc.message:
                         report.misconfigured[pod.key] = exc.message
@@ -94,3 +96,9 @@ def _refusal(exc: KubeTooManyRequests) -> str:
     causes = (exc.body.get("details") or {}).get("causes") or []
     said = [str(c.get("message")) for c in causes if isinstance(c, dict) and c.get("message")]
     return "; ".join([exc.message or "429 TooManyRequests", *said])
+
+
+def _retry_after_seconds(exc: KubeTooManyRequests) -> float:
+    """details.retryAfterSeconds of a 429 Status (what the Retry-After header also says), else 0."""
+    value = (exc.body.get("details") or {}).get("retryAfterSeconds")
+    return float(value) if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0.0
