@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -171,13 +172,13 @@ def workload(real_cluster: RealCluster, replicas: int = 1, nodes: int = 1) -> It
                 kube.delete(f"/api/v1/nodes/{name}")
 
 
-def serve_args(storage: Path, kubeconfig: Path, *extra: str) -> list[str]:
+def serve_args(storage: Path, kubeconfig: Path, *extra: str, identity: str = "ctl-0") -> list[str]:
     return [
         f"--storage.path={storage}",
         "--backend=kubernetes",
         f"--kube.kubeconfig={kubeconfig}",
         f"--kube.namespace={CONTROLLER_NS}",
-        "--kube.identity=ctl-0",
+        f"--kube.identity={identity}",
         "--engine.tick-interval=100ms",
         *extra,
     ]
@@ -513,3 +514,50 @@ async def test_the_exporters_pod_and_resourceslice_watches_see_their_node_only_w
             await slices.close()
             for name in (f"{node}-gpus", f"{other}-gpus"):
                 kube.delete(f"/apis/resource.k8s.io/v1/resourceslices/{name}")
+
+
+def test_a_follower_takes_over_a_leader_killed_with_sigkill_and_acts(
+    real_cluster: RealCluster, kubeconfig: Path, tmp_path: Path
+) -> None:
+    """Two controllers with leader election on the real server's Lease (resourceVersion swaps, the
+    server's MicroTime validation): the leader is SIGKILLed (no release), the follower leads within
+    a lease duration and restarts the pod of an alert it then receives."""
+    kube = real_cluster.kube
+    lease = real_cluster.unique("lease")
+    common = (
+        "--kube.leader-election",
+        f"--kube.lease-name={lease}",
+        "--kube.lease-duration=3s",
+        "--kube.renew-deadline=2s",
+        "--kube.retry-period=500ms",
+    )
+    with workload(real_cluster) as (ns, (node,)):
+        (before,) = running(kube, ns, "vllm")
+        a = Serve(tmp_path, serve_args(tmp_path / "a", kubeconfig, *common, identity="a"), name="a")
+        b = Serve(tmp_path, serve_args(tmp_path / "b", kubeconfig, *common, identity="b"), name="b")
+        try:
+            a.start()
+            b.start(wait_ready=False)
+            held = kube.get(f"/apis/coordination.k8s.io/v1/namespaces/{CONTROLLER_NS}/leases/{lease}")
+            assert held["spec"]["holderIdentity"] == "a" and not b.ready()
+            a.kill()  # SIGKILL: the Lease is not released
+            killed = time.monotonic()
+            wait_for(b.ready, 15, "the follower to lead")
+            took = time.monotonic() - killed
+            # a lease duration plus a retry period, with slack for a loaded 2-core machine
+            assert took < 6, f"takeover took {took:.1f} s"
+            after = kube.get(f"/apis/coordination.k8s.io/v1/namespaces/{CONTROLLER_NS}/leases/{lease}")
+            assert after["spec"]["holderIdentity"] == "b"
+            assert int(after["spec"].get("leaseTransitions", 0)) >= 1
+            leak = leak_alert("1eak0000000000f1", ns, before["metadata"]["name"], node)
+            assert post(b.url, notification([leak])) == 200
+            gone = before["metadata"]["uid"]
+            wait_for(
+                lambda: gone not in {p["metadata"]["uid"] for p in running(kube, ns, "vllm")},
+                60,
+                "the restart",
+            )
+            assert b.stop() == 0
+        finally:
+            a.kill()
+            b.kill()
