@@ -135,7 +135,7 @@ class KubeUnavailable(KubeError):
 
 
 class KubeInvalid(KubeError):
-    """400/415/422: the request itself is wrong."""
+    """400/413/415/422 (and a 500 saying etcd found the object too large): the request itself is wrong."""
 
 
 class LeadershipLost(RemediationError):

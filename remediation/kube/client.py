@@ -32,6 +32,8 @@ T = TypeVar("T")
 JSON = dict[str, Any]
 
 MERGE_PATCH = "application/merge-patch+json"
+# what kube-apiserver answers (500, no reason) when etcd refuses an object as too large
+_TOO_LARGE = "request is too large"
 
 
 @dataclass(frozen=True)
@@ -65,7 +67,9 @@ def _error_from(exc: ApiException) -> KubeError:
         kind = KubeTooManyRequests
     elif status in (401, 403):
         kind = KubeForbidden
-    elif status in (400, 415, 422):
+    elif status in (400, 413, 415, 422) or (status == 500 and _TOO_LARGE in message):
+        # 413: past the API server's body limit (3 MiB); 500 "etcdserver: request is too large": past
+        # etcd's (1.5 MiB). The same request fails the same way every time: not worth a retry.
         kind = KubeInvalid
     else:
         kind = KubeUnavailable

@@ -13,6 +13,8 @@ from remediation.kube.client import KubeClient
 from remediation.kube.pods import PodRef
 
 DeadlinePolicy = Literal["fail", "delete"]
+# kube-apiserver's 500 (no reason) for a pod that several PodDisruptionBudgets select: a retry never helps
+_SEVERAL_PDBS = "more than one PodDisruptionBudget"
 
 
 @dataclass(frozen=True)
@@ -32,7 +34,7 @@ class EvictionReport:
     evicted: list[str] = field(default_factory=list)
     gone: list[str] = field(default_factory=list)  # deleted or replaced before we got to it
     blocked: dict[str, str] = field(default_factory=dict)  # key -> last refusal
-    misconfigured: dict[str, str] = field(default_factory=dict)  # 500: e.g. several PDBs select the pod
+    misconfigured: dict[str, str] = field(default_factory=dict)  # 500: several PDBs select the pod
     attempts: int = 0
 
 
@@ -64,10 +66,13 @@ async def evict_pods(
                     return
                 except KubeTooManyRequests as exc:
                     last = _refusal(exc)
+                    # the server's own hint (a budget it has not computed yet says 10 s) is a floor
+                    delay = max(delay, _retry_after_seconds(exc))
                 except KubeUnavailable as exc:
-                    if exc.status == 500:
+                    if exc.status == 500 and _SEVERAL_PDBS in exc.message:
                         report.misconfigured[pod.key] = exc.message
                         return
+                    # any other 500 (an etcd timeout, a failing admission webhook) may pass: retry
                     last = str(exc)
                 left = deadline - clock.monotonic()
                 if left <= 0:
@@ -91,3 +96,9 @@ def _refusal(exc: KubeTooManyRequests) -> str:
     causes = (exc.body.get("details") or {}).get("causes") or []
     said = [str(c.get("message")) for c in causes if isinstance(c, dict) and c.get("message")]
     return "; ".join([exc.message or "429 TooManyRequests", *said])
+
+
+def _retry_after_seconds(exc: KubeTooManyRequests) -> float:
+    """details.retryAfterSeconds of a 429 Status (what the Retry-After header also says), else 0."""
+    value = (exc.body.get("details") or {}).get("retryAfterSeconds")
+    return float(value) if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0.0
