@@ -255,8 +255,9 @@ class KubernetesBackend:
                     self._guard,
                 )
                 forced: list[str] = []
-                if report.blocked and s.on_eviction_deadline == "delete":
-                    forced = await self._force_delete(pods, set(report.blocked))
+                stuck = set(report.blocked) | set(report.terminating)
+                if stuck and s.on_eviction_deadline == "delete":
+                    forced = await self._force_delete(pods, stuck, now=set(report.terminating))
         details: dict[str, Any] = {
             "node": node,
             "cordoned": True,
@@ -268,6 +269,7 @@ class KubernetesBackend:
             "skipped": skipped,
             "forced_delete": sorted(forced),
             "blocked": dict(sorted(report.blocked.items())) if not forced else {},
+            "terminating": dict(sorted(report.terminating.items())) if not forced else {},
             "misconfigured": dict(sorted(report.misconfigured.items())),
             "eviction_attempts": report.attempts,
         }
@@ -281,6 +283,13 @@ class KubernetesBackend:
                 f"node {node} cordoned; eviction of {', '.join(sorted(report.blocked))} still refused "
                 f"after {s.eviction_deadline_seconds:.0f}s "
                 f"({len(report.evicted)} evicted): {next(iter(report.blocked.values()))}",
+                s.blocked_retry_delay_seconds,
+            )
+        if report.terminating and not forced:
+            raise TemporaryError(
+                f"node {node} cordoned; {', '.join(sorted(report.terminating))} evicted but not gone after "
+                f"{s.eviction_deadline_seconds:.0f}s ({len(report.evicted)} gone): "
+                f"{next(iter(report.terminating.values()))}; on_eviction_deadline: delete force-deletes them",
                 s.blocked_retry_delay_seconds,
             )
         summary = (
@@ -344,17 +353,18 @@ class KubernetesBackend:
             )
         return live, skipped, "all evictable pods on the node"
 
-    async def _force_delete(self, pods: list[JSON], keys: set[str]) -> list[str]:
+    async def _force_delete(self, pods: list[JSON], keys: set[str], now: set[str] | None = None) -> list[str]:
+        """Delete the pods of `keys`; those of `now` (already terminating on a node that does not
+        confirm) with no grace period, which frees their name and GPU without the kubelet."""
         forced = []
         for pod in pods:
             ref = PodRef.of(pod)
             if ref.key not in keys:
                 continue
             self._guard()
+            grace = 0 if now and ref.key in now else self._settings.pod_delete_grace_period_seconds
             try:
-                await self._client.delete_pod(
-                    ref.namespace, ref.name, ref.uid, self._settings.pod_delete_grace_period_seconds
-                )
+                await self._client.delete_pod(ref.namespace, ref.name, ref.uid, grace)
             except (KubeNotFound, KubeConflict):
                 pass
             forced.append(ref.key)

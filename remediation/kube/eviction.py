@@ -25,6 +25,8 @@ class EvictionSettings:
     backoff_initial_seconds: float = 1.0
     backoff_max_seconds: float = 30.0
     concurrency: int = 8
+    # how often an evicted pod is read again until it is gone
+    gone_poll_seconds: float = 1.0
 
 
 @dataclass
@@ -35,6 +37,9 @@ class EvictionReport:
     gone: list[str] = field(default_factory=list)  # deleted or replaced before we got to it
     blocked: dict[str, str] = field(default_factory=dict)  # key -> last refusal
     misconfigured: dict[str, str] = field(default_factory=dict)  # 500: several PDBs select the pod
+    # evicted, but still there at the deadline: an eviction is a graceful delete that the node's
+    # kubelet confirms, and a hung node never does (kubectl drain waits for the same)
+    terminating: dict[str, str] = field(default_factory=dict)
     attempts: int = 0
 
 
@@ -58,7 +63,11 @@ async def evict_pods(
                 report.attempts += 1
                 try:
                     await client.evict_pod(pod.namespace, pod.name, pod.uid)
-                    report.evicted.append(pod.key)
+                    still = await _wait_gone(client, pod, deadline, settings.gone_poll_seconds, clock)
+                    if still:
+                        report.terminating[pod.key] = still
+                    else:
+                        report.evicted.append(pod.key)
                     return
                 except (KubeNotFound, KubeConflict):
                     # 409 here means the UID precondition failed: the pod we meant is already gone
@@ -89,6 +98,29 @@ async def evict_pods(
         # the siblings are cancelled by now; hand the first cause to the caller as a plain exception
         raise failed.exceptions[0] from None
     return report
+
+
+async def _wait_gone(
+    client: KubeClient, pod: PodRef, deadline: float, poll_seconds: float, clock: Clock
+) -> str:
+    """"" once the evicted pod is gone (deleted, or replaced under its name), else why it is not."""
+    while True:
+        try:
+            current = await client.get_pod(pod.namespace, pod.name)
+        except KubeNotFound:
+            return ""
+        except KubeUnavailable:
+            current = None  # a read that failed says nothing; ask again
+        if current is not None:
+            meta = current.get("metadata") or {}
+            if meta.get("uid") != pod.uid:
+                return ""
+        left = deadline - clock.monotonic()
+        if left <= 0:
+            since = (current or {}).get("metadata", {}).get("deletionTimestamp", "?")
+            node = (current or {}).get("spec", {}).get("nodeName", "?")
+            return f"evicted, still terminating since {since} (the kubelet of {node} has not confirmed)"
+        await clock.sleep(min(poll_seconds, left))
 
 
 def _refusal(exc: KubeTooManyRequests) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from remediation.errors import KubeTooManyRequests
+from remediation.errors import KubeNotFound, KubeTooManyRequests
 from remediation.kube.eviction import EvictionSettings, evict_pods
 from remediation.kube.pods import PodRef
 from tests.kube.conftest import StepClock
@@ -40,6 +40,9 @@ class RefusesThenEvicts:
         self.calls += 1
         if self.calls <= self.refusals:
             raise KubeTooManyRequests(429, "TooManyRequests", str(self.body["message"]), self.body)
+
+    async def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        raise KubeNotFound(404, "NotFound", f'pods "{name}" not found', {})  # gone once evicted
 
 
 POD = PodRef(namespace="llm", name="vllm-0", uid="u-1", node="gpu-1")

@@ -445,9 +445,6 @@ async def test_an_incident_past_etcds_or_the_servers_limit_is_refused_as_invalid
     assert seen == [500, 413]
 
 
-@pytest.mark.xfail(
-    strict=True, reason="issue 23 Build 3: migrate reports success once the eviction is accepted"
-)
 async def test_migrate_waits_until_the_evicted_pod_is_gone(
     real_cluster: RealCluster, controller_client: KubeClient
 ) -> None:
