@@ -194,7 +194,8 @@ def _memory(c: RulesConfig) -> tuple[Group, Group]:
     Only samples older than `memory_history_offset` are learned, so a run-up in progress does not
     raise its own limit before it crosses it.
     A workload above its hard limit for the whole of `memory_history_offset` has a new normal, not a
-    leak (a leak is freed by its restart): its runs are accepted, and stay accepted (a latch) while
+    leak (a leak is freed by its restart): its runs above it over that time (restarts included) are
+    accepted, and stay accepted (a latch) while
     they could still be dropped, so the limit that followed them does not fall back once they are
     below it. While a workload has nothing left to learn from (a leak that keeps returning), each limit
     keeps its last value instead of vanishing.
@@ -275,7 +276,7 @@ def _memory(c: RulesConfig) -> tuple[Group, Group]:
                 RUN_NEW_NORMAL,
                 f"""
                 (
-                  group by ({run}) (last_over_time({RUN_ABOVE_HARD_LIMIT}[{hold}]))
+                  group by ({run}) (min_over_time({RUN_ABOVE_HARD_LIMIT}[{delay}]))
                   and on(namespace, workload)
                   (min_over_time({ABOVE_HARD_LIMIT}[{delay}]) == 1)
                 )
