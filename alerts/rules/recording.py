@@ -192,7 +192,8 @@ def _memory(c: RulesConfig) -> tuple[Group, Group]:
     the whole run-up, however long it took, and the pod's later runs too (one series per pod, where
     one per run would not fit promtool's 10,000-sample query limit), until that run leaves the history.
     Only samples older than `memory_history_offset` are learned, so a run-up in progress does not
-    raise its own limit before it crosses it.
+    raise its own limit before it crosses it (one longer than that is learned while it climbs, the
+    same on every return).
     A workload above its hard limit for the whole of `memory_history_offset` has a new normal, not a
     leak (a leak is freed by its restart): its runs above it over that time (restarts included) are
     accepted, and stay accepted (a latch) while
