@@ -1,7 +1,8 @@
 """`gpupulse report`: the month-end GPU usage and cost report, from the cluster's Prometheus.
 
-Exit status: 0 report printed; 2 bad arguments; 3 Prometheus unreachable or answering errors;
-4 the period holds no GPU allocation data.
+Exit status: 0 report printed; 2 bad arguments (a step shorter than MIN_SCRAPES_PER_STEP scrape
+intervals among them); 3 Prometheus unreachable or answering errors; 4 the period holds no GPU
+allocation data.
 """
 
 from __future__ import annotations
@@ -13,14 +14,23 @@ import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from costreport.prom import PrometheusClient, PrometheusUnavailable
+from costreport.prom import PrometheusClient, PrometheusUnavailable, ScrapeInterval
 from costreport.render import FORMATS, render
 from costreport.usage import DEFAULT_IDLE_SM_ACTIVITY_RATIO, NoData, build_report
-from gpupulse.durations import parse_flag_duration
+from gpupulse.durations import format_duration, parse_flag_duration
 
 EXIT_USAGE = 2
 EXIT_PROMETHEUS = 3
 EXIT_NO_DATA = 4
+
+# Energy and tokens per step are the increase of a counter over the step, which needs two samples in
+# it; Prometheus 3 counts a sample on a window's left edge out, so a step of two intervals can hold one
+# and yield nothing. Three intervals still hold two samples when one scrape is missed.
+MIN_SCRAPES_PER_STEP = 3
+# the counter whose targets' scrape interval bounds the step (the exporters')
+STEP_COUNTER = "gpu_energy_joules_total"
+# Prometheus' default, assumed where the server cannot say (a query frontend) and no flag does
+DEFAULT_SCRAPE_INTERVAL_SECONDS = 60.0
 
 
 class _Usage(Exception):
@@ -120,6 +130,12 @@ def parser() -> argparse.ArgumentParser:
         default="5m",
         help="integration step (duration); shorter is finer and slower. Default: %(default)s",
     )
+    p.add_argument(
+        "--scrape-interval",
+        help="the exporters' scrape interval (duration); --step must be at least "
+        f"{MIN_SCRAPES_PER_STEP} of it. Default: read from Prometheus (its targets, else its global "
+        "scrape_interval), 1m where it cannot say",
+    )
     p.add_argument("--format", choices=FORMATS, default="text", help="Default: %(default)s")
     p.add_argument(
         "--top", type=int, default=10, help="largest idle allocations to list. Default: %(default)s"
@@ -151,6 +167,11 @@ def main(argv: Sequence[str] | None = None, now: float | None = None) -> int:
             raise _Usage("--top: 0 or more")
         if step_seconds != int(step_seconds):
             raise _Usage("--step: whole seconds")
+        flag_interval = (
+            ScrapeInterval(_seconds("--scrape-interval", args.scrape_interval), "--scrape-interval")
+            if args.scrape_interval is not None
+            else None
+        )
         token = None
         if args.token_file:
             try:
@@ -164,6 +185,26 @@ def main(argv: Sequence[str] | None = None, now: float | None = None) -> int:
         return EXIT_USAGE
     client = PrometheusClient(args.url, timeout_seconds=timeout_seconds, bearer_token=token)
     try:
+        interval = flag_interval or client.scrape_interval(STEP_COUNTER)
+        if interval is None:
+            interval = ScrapeInterval(DEFAULT_SCRAPE_INTERVAL_SECONDS, "Prometheus' default scrape interval")
+            print(
+                f"gpupulse report: {args.url} does not say its scrape interval (a query frontend?); "
+                f"assuming {format_duration(interval.seconds)}, set --scrape-interval if it is longer",
+                file=sys.stderr,
+            )
+        shortest = MIN_SCRAPES_PER_STEP * interval.seconds
+        if step_seconds < shortest:
+            p.print_usage(sys.stderr)
+            print(
+                f"gpupulse report: error: --step {format_duration(step_seconds)} is shorter than "
+                f"{MIN_SCRAPES_PER_STEP} scrape intervals of {format_duration(interval.seconds)} "
+                f"({interval.source}): a step that short holds too few samples of the energy and token "
+                f"counters, and their increase over it is lost; use --step {format_duration(shortest)} "
+                "or longer",
+                file=sys.stderr,
+            )
+            return EXIT_USAGE
         report = build_report(
             client, start, end, step_seconds, idle_threshold=args.idle_threshold, top=args.top
         )

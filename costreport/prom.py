@@ -1,5 +1,6 @@
 """A small Prometheus HTTP API client for the report: range queries, split to stay under the server's
-point limit, with every failure turned into one `PrometheusUnavailable` that says what went wrong."""
+point limit, and the scrape interval of the targets behind a metric, with every failure turned into one
+`PrometheusUnavailable` that says what went wrong."""
 
 from __future__ import annotations
 
@@ -11,6 +12,10 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import yaml
+
+from gpupulse.durations import DurationError, parse_duration
+
 # Prometheus refuses a range query of more than 11,000 points per series; stay well below it.
 MAX_POINTS_PER_QUERY = 10_000
 
@@ -18,6 +23,18 @@ MAX_POINTS_PER_QUERY = 10_000
 class PrometheusUnavailable(Exception):
     """Prometheus could not be reached, answered with an error, or answered something that is not
     its API's JSON."""
+
+
+class PrometheusAPIMissing(PrometheusUnavailable):
+    """The server has no such API path (HTTP 404): a query frontend (Thanos, Mimir) rather than a
+    Prometheus, which has its targets and configuration."""
+
+
+@dataclass(frozen=True)
+class ScrapeInterval:
+    seconds: float
+    # where it was read, for the message that quotes it
+    source: str
 
 
 @dataclass(frozen=True)
@@ -44,6 +61,8 @@ class PrometheusClient:
         except urllib.error.HTTPError as exc:
             # Prometheus answers 400/422/503 with a JSON error body: show its words, not just the code
             detail = _error_text(exc.read())
+            if exc.code == 404:
+                raise PrometheusAPIMissing(f"{self.base_url}{path} answered HTTP 404: {detail}") from None
             raise PrometheusUnavailable(f"{self.base_url} answered HTTP {exc.code}: {detail}") from None
         except (urllib.error.URLError, OSError, TimeoutError) as exc:
             reason = getattr(exc, "reason", exc)
@@ -83,6 +102,52 @@ class PrometheusClient:
                     if math.isfinite(value):
                         series.points.append((float(ts), value))
         return list(merged.values())
+
+    def scrape_interval(self, metric: str) -> ScrapeInterval | None:
+        """The longest scrape interval of the active targets whose job exports `metric` now (of every
+        active target when none does), else Prometheus' global `scrape_interval`; None where the server
+        has neither API (a query frontend)."""
+        try:
+            found = self._get("/api/v1/query", {"query": f"group by (job) ({metric})"})
+            result = found.get("result", []) if isinstance(found, dict) else []
+            jobs = {str(item.get("metric", {}).get("job", "")) for item in result if isinstance(item, dict)}
+            targets = self._get("/api/v1/targets", {"state": "active"})
+            active = targets.get("activeTargets", []) if isinstance(targets, dict) else []
+            intervals: dict[str, float] = {}
+            for target in active:
+                # a Prometheus older than 2.37 lists no scrapeInterval: such a target says nothing
+                seconds = _duration(target.get("scrapeInterval")) if isinstance(target, dict) else None
+                if seconds is not None:
+                    job = str(target.get("labels", {}).get("job", ""))
+                    intervals[job] = max(seconds, intervals.get(job, 0.0))
+            chosen = {job: s for job, s in intervals.items() if job in jobs} or intervals
+            if chosen:
+                job = max(chosen, key=lambda j: (chosen[j], j))
+                return ScrapeInterval(chosen[job], f"the scrape interval of job {job!r} on {self.base_url}")
+            config = self._get("/api/v1/status/config", {})
+        except PrometheusAPIMissing:
+            return None
+        text = config.get("yaml") if isinstance(config, dict) else None
+        try:
+            parsed = yaml.safe_load(text) if isinstance(text, str) else None
+        except yaml.YAMLError:
+            parsed = None
+        section = parsed.get("global") if isinstance(parsed, dict) else None
+        # Prometheus' own default where its configuration names none
+        seconds = _duration(section.get("scrape_interval", "1m") if isinstance(section, dict) else "1m")
+        if seconds is None:
+            raise PrometheusUnavailable(f"{self.base_url}/api/v1/status/config: no readable scrape_interval")
+        return ScrapeInterval(seconds, f"the global scrape_interval of {self.base_url}")
+
+
+def _duration(text: object) -> float | None:
+    if not isinstance(text, str):
+        return None
+    try:
+        seconds = parse_duration(text)
+    except DurationError:
+        return None
+    return seconds if seconds > 0 else None
 
 
 def _chunks(start: float, end: float, step_seconds: float) -> Iterator[tuple[float, float]]:

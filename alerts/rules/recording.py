@@ -17,7 +17,15 @@ SOFT_LIMIT = "namespace_workload:gpu_process_memory_soft_limit_bytes:quantile"
 HARD_LIMIT = "namespace_workload:gpu_process_memory_hard_limit_bytes:quantile"
 WORKLOAD_MEMORY = "namespace_workload:gpu_process_memory_used_bytes:max"
 ABOVE_HARD_LIMIT = "namespace_workload:gpu_process_memory_above_hard_limit:bool"
-HEALTHY_MEMORY = "namespace_workload:gpu_process_memory_healthy_bytes:max"
+# Per run (pod and pid): its start (unix seconds); its start while its pod is above the hard limit;
+# 1 for a run accepted as a new normal. Per pod: the start of its first run that went above its hard
+# limit and was not accepted (the pod's memory is not learned from then on).
+RUN_START = "namespace_workload_pod_pid:gpu_process_start_time_seconds:min"
+RUN_ABOVE_HARD_LIMIT = "namespace_workload_pod_pid:gpu_process_memory_above_hard_limit_start_time_seconds:min"
+RUN_NEW_NORMAL = "namespace_workload_pod_pid:gpu_process_memory_new_normal:present"
+POD_LEAKED_SINCE = "namespace_workload_pod:gpu_process_memory_leaked_start_time_seconds:min"
+# the soft and hard quantiles of the learned history (label quantile="soft" / "hard")
+LEARNED_QUANTILES = "namespace_workload:gpu_process_memory_learned_bytes:quantile"
 KV_HIT_RATIO_POD = "namespace_pod_model:inference_kv_cache_hit_ratio:rate"
 MODEL_GPU_SHARE = "uuid_namespace_pod_model:inference_engine_gpu:share"
 MODEL_GPUS = "namespace_model:inference_engine_gpu:sum"
@@ -176,69 +184,140 @@ def _memory(c: RulesConfig) -> tuple[Group, Group]:
     """Per-workload memory and the limits learned from its healthy time.
 
     A limit learned from the whole history learns the leak: a leak that returns after every restart
-    raises its own hard limit, each return is caught later, and a daily one stops firing. So a sample
-    is learned only once `memory_history_offset` has passed without the workload going above its
-    hard limit (HEALTHY_MEMORY is the workload's memory that long ago, unless an excursion followed):
-    the run-up to an excursion is never learned. A workload above its hard limit for the whole of
-    that time has a new normal, not a leak (a leak is freed by its restart), and is learned again.
-    While a workload has no healthy sample in the window (a leak that keeps returning), each limit
+    raises its own hard limit, each return is caught later, and a daily one stops firing. So the
+    limits learn only from runs (process lives: pod and pid) that later proved healthy. Recording
+    rules cannot take back what they have recorded, so the learned history is not recorded: each
+    evaluation recomputes it over `memory_history` (a subquery) and drops, in all of it, a pod's time
+    from the start of its first run that is *now* known to have gone above its hard limit (`@ end()`):
+    the whole run-up, however long it took, and the pod's later runs too (one series per pod, where
+    one per run would not fit promtool's 10,000-sample query limit), until that run leaves the history.
+    Only samples older than `memory_history_offset` are learned, so a run-up in progress does not
+    raise its own limit before it crosses it (one longer than that is learned while it climbs, the
+    same on every return).
+    A workload above its hard limit for the whole of `memory_history_offset` has a new normal, not a
+    leak (a leak is freed by its restart): its runs above it over that time (restarts included) are
+    accepted, and stay accepted (a latch) while
+    they could still be dropped, so the limit that followed them does not fall back once they are
+    below it. While a workload has nothing left to learn from (a leak that keeps returning), each limit
     keeps its last value instead of vanishing.
+    Every read of another group's output looks back over `memory_limit_hold` (several of that group's
+    intervals), never at the edge of one interval: Prometheus 3's left-open lookback drops a sample
+    written exactly one interval earlier.
     """
     w, t = c.windows, c.thresholds
+    delay, hold = w.memory_history_offset, w.memory_limit_hold
+    run = "node, namespace, workload, pod, pid"
+    run_on = "node, namespace, pod, pid"
+    held_hard = f"last_over_time({HARD_LIMIT}[{hold}])"
+    process = with_workload(_ATTRIBUTED_PROCESS_MEMORY)
     current = Group(
         "gpupulse.memory",
         (
             Record(
                 POD_MEMORY,
-                f"sum by (node, namespace, workload, pod) ({with_workload(_ATTRIBUTED_PROCESS_MEMORY)})",
+                f"sum by (node, namespace, workload, pod) ({process})",
             ),
             Record(WORKLOAD_MEMORY, f"max by (namespace, workload) ({POD_MEMORY})"),
             Record(
                 ABOVE_HARD_LIMIT,
-                f"{WORKLOAD_MEMORY} > bool on(namespace, workload) {HARD_LIMIT}",
+                f"{WORKLOAD_MEMORY} > bool on(namespace, workload) {held_hard}",
+            ),
+            Record(
+                # when each run (process life: pod and pid) was first seen, carried from evaluation to
+                # evaluation while the process is there
+                RUN_START,
+                f"""
+                (last_over_time({RUN_START}[{hold}]) and on({run_on}) {process})
+                or
+                (group by ({run}) ({process}) * 0 + time())
+                """,
+            ),
+            Record(
+                # the start of each run of a pod above its hard limit now; nothing otherwise
+                RUN_ABOVE_HARD_LIMIT,
+                f"""
+                {RUN_START}
+                and on(node, namespace, pod)
+                ({POD_MEMORY} > on(namespace, workload) group_left() {held_hard})
+                """,
             ),
         ),
     )
-    delay = w.memory_history_offset
-    history = f"{HEALTHY_MEMORY}[{w.memory_history}]"
     soft_q, hard_q = num(t.memory_soft_limit_quantile), num(t.memory_hard_limit_quantile)
     gap = num(1 + t.memory_limit_gap_ratio)
+    # The pods' memory `delay` ago, less every pod while it ran a run that started no earlier than
+    # the first of its runs known now to have leaked.
+    learned = f"""
+                  max by (namespace, workload) (
+                    {POD_MEMORY} offset {delay}
+                    unless on(node, namespace, pod)
+                    (
+                      {RUN_START} offset {delay}
+                      >= on(node, namespace, pod) group_left()
+                      {POD_LEAKED_SINCE} @ end()
+                    )
+                  )"""
+
+    def history(q: str, quantile: str) -> str:
+        return (
+            f"label_replace(quantile_over_time({q}, ({learned}\n                  )[{w.memory_history}:"
+            f'{w.memory_history_interval}]), "quantile", "{quantile}", "", "")'
+        )
 
     # A limit's last value, held while the workload still runs and there is nothing healthy to learn
     # from; looked up over a few of the group's intervals so one late evaluation does not drop it.
-    hold = w.memory_limit_hold
-
     def held(name: str) -> str:
         return f"(last_over_time({name}[{hold}]) and on(namespace, workload) {WORKLOAD_MEMORY})"
 
+    candidates = _leak_candidate(w.memory_history, delay)
     limits = Group(
         "gpupulse.memory-limits",
         (
             Record(
-                HEALTHY_MEMORY,
+                RUN_NEW_NORMAL,
                 f"""
-                {WORKLOAD_MEMORY} offset {delay}
-                unless on(namespace, workload)
                 (
-                  max_over_time({ABOVE_HARD_LIMIT}[{delay}]) > 0
-                  unless on(namespace, workload)
-                  min_over_time({ABOVE_HARD_LIMIT}[{delay}]) == 1
+                  group by ({run}) (min_over_time({RUN_ABOVE_HARD_LIMIT}[{delay}]))
+                  and on(namespace, workload)
+                  (min_over_time({ABOVE_HARD_LIMIT}[{delay}]) == 1)
+                )
+                or
+                (last_over_time({RUN_NEW_NORMAL}[{hold}]) and on({run_on}) {candidates})
+                """,
+            ),
+            Record(
+                POD_LEAKED_SINCE,
+                f"""
+                min by (node, namespace, workload, pod) (
+                  {candidates}
+                  unless on({run_on})
+                  {RUN_NEW_NORMAL}
                 )
                 """,
             ),
             Record(
+                # both learned quantiles in one rule: the history is recomputed once per quantile
+                LEARNED_QUANTILES,
+                f"""
+                {history(soft_q, "soft")}
+                or
+                {history(hard_q, "hard")}
+                """,
+            ),
+            Record(
                 SOFT_LIMIT,
-                f"quantile_over_time({soft_q}, {history})\nor on(namespace, workload)\n{held(SOFT_LIMIT)}",
+                f'max without (quantile) ({LEARNED_QUANTILES}{{quantile="soft"}})\n'
+                f"or on(namespace, workload)\n{held(SOFT_LIMIT)}",
             ),
             Record(
                 HARD_LIMIT,
                 # The seed wants P99.9 as the hard limit and the limits 20% apart; where P99.9 sits
                 # closer than that to P95 the gap wins, so the hard limit (which restarts) is never tight.
                 f"""
-                (
-                  quantile_over_time({hard_q}, {history}) > on(namespace, workload) ({SOFT_LIMIT} * {gap})
-                  or on(namespace, workload)
-                  ({SOFT_LIMIT} * {gap} and on(namespace, workload) count_over_time({history}))
+                max by (namespace, workload) (
+                  {LEARNED_QUANTILES}{{quantile="hard"}}
+                  or
+                  ({SOFT_LIMIT} * {gap} and on(namespace, workload) {LEARNED_QUANTILES}{{quantile="hard"}})
                 )
                 or on(namespace, workload)
                 {held(HARD_LIMIT)}
@@ -248,6 +327,12 @@ def _memory(c: RulesConfig) -> tuple[Group, Group]:
         interval=w.memory_history_interval,
     )
     return current, limits
+
+
+def _leak_candidate(history: str, delay: str) -> str:
+    """The start of each run above its hard limit at some time over the learned history or since."""
+    above = RUN_ABOVE_HARD_LIMIT
+    return f"(min_over_time({above}[{history}] offset {delay}) or min_over_time({above}[{delay}]))"
 
 
 def _latency(c: RulesConfig) -> Group:

@@ -58,7 +58,7 @@ def usage_file(c: RulesConfig) -> RuleFile:
         alert(
             c,
             "GPUProcessMemoryAboveSoftLimit",
-            expr=f"{POD_MEMORY}\n> on(namespace, workload) group_left()\n{SOFT_LIMIT}",
+            expr=_above(c, SOFT_LIMIT),
             severity="info",
             layer="scheduling",
             fault_class="memory_pressure",
@@ -73,7 +73,7 @@ def usage_file(c: RulesConfig) -> RuleFile:
         alert(
             c,
             "GPUProcessMemoryAboveHardLimit",
-            expr=f"{POD_MEMORY}\n> on(namespace, workload) group_left()\n{HARD_LIMIT}",
+            expr=_above(c, HARD_LIMIT),
             severity="warning",
             layer="serving",
             fault_class="memory_leak",
@@ -88,3 +88,12 @@ def usage_file(c: RulesConfig) -> RuleFile:
         ),
     )
     return RuleFile("usage", (Group("gpupulse.usage", rules),))
+
+
+def _above(c: RulesConfig, limit: str) -> str:
+    """A pod above its workload's learned limit; the limit (written every memory_history_interval by
+    another group) read over memory_limit_hold, never at the edge of one interval."""
+    return (
+        f"{POD_MEMORY}\n> on(namespace, workload) group_left()\n"
+        f"last_over_time({limit}[{c.windows.memory_limit_hold}])"
+    )

@@ -75,6 +75,8 @@ def test_january_reports_the_previous_december() -> None:
         (["--idle-threshold", "30"], "between 0 and 1"),
         (["--top", "-1"], "0 or more"),
         (["--prometheus.bearer-token-file", "/nonexistent/token"], "bearer-token-file"),
+        (["--scrape-interval", "often"], "--scrape-interval"),
+        (["--scrape-interval", "0s"], "longer than 0"),
     ],
 )
 def test_bad_arguments_exit_2_with_the_reason_before_any_query(
@@ -210,3 +212,53 @@ def test_the_per_pod_idle_threshold_defaults_to_the_idle_rules_threshold() -> No
     # the namespace idle figures come from the rules; the per-pod list repeats the threshold
     config = yaml.safe_load((Path(__file__).resolve().parents[2] / "alerts" / "config.yaml").read_text())
     assert DEFAULT_IDLE_SM_ACTIVITY_RATIO == config["thresholds"]["idle_sm_activity_ratio"]
+
+
+async def test_a_server_that_cannot_say_its_scrape_interval_is_assumed_to_scrape_every_minute(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # a query frontend: range queries, but no /api/v1/query, targets or configuration (HTTP 404)
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return _matrix([])
+
+    async with serving(handler) as url:
+        assert await _report(url, "--step=2m") == EXIT_USAGE
+        err = capsys.readouterr().err
+        assert "assuming 1m, set --scrape-interval" in err
+        assert "--step 2m is shorter than 3 scrape intervals of 1m (Prometheus' default" in err
+        assert "Traceback" not in err
+        # the default step is long enough for the assumed interval
+        assert await _report(url) == EXIT_NO_DATA
+
+
+async def test_targets_without_a_scrape_interval_fall_back_to_the_global_one(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # a Prometheus before 2.37 lists its targets without scrapeInterval
+    async def query(request: web.Request) -> web.StreamResponse:
+        result = [{"metric": {"job": "gpupulse"}, "value": [0, "1"]}]
+        return web.json_response({"status": "success", "data": {"resultType": "vector", "result": result}})
+
+    async def targets(request: web.Request) -> web.StreamResponse:
+        active = [{"labels": {"job": "gpupulse"}, "health": "up"}]
+        return web.json_response({"status": "success", "data": {"activeTargets": active}})
+
+    async def config(request: web.Request) -> web.StreamResponse:
+        text = yaml.safe_dump({"global": {"scrape_interval": "3m"}, "scrape_configs": []})
+        return web.json_response({"status": "success", "data": {"yaml": text}})
+
+    app = web.Application()
+    app.router.add_get("/api/v1/query", query)
+    app.router.add_get("/api/v1/targets", targets)
+    app.router.add_get("/api/v1/status/config", config)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        assert await _report(f"http://127.0.0.1:{port}") == EXIT_USAGE
+    finally:
+        await runner.cleanup()
+    err = capsys.readouterr().err
+    assert "--step 5m is shorter than 3 scrape intervals of 3m (the global scrape_interval" in err
