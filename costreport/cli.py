@@ -18,6 +18,7 @@ from costreport.prom import PrometheusClient, PrometheusUnavailable, ScrapeInter
 from costreport.render import FORMATS, render
 from costreport.usage import DEFAULT_IDLE_SM_ACTIVITY_RATIO, NoData, build_report
 from gpupulse.durations import format_duration, parse_flag_duration
+from gpupulse.version import package_version
 
 EXIT_USAGE = 2
 EXIT_PROMETHEUS = 3
@@ -105,6 +106,7 @@ def parser() -> argparse.ArgumentParser:
         description="GPU-hours, idle GPU-hours, energy and cost per namespace and per model over a period, "
         "from gpupulse's recording rules in Prometheus. Default period: the previous calendar month (UTC).",
     )
+    p.add_argument("--version", action="version", version=f"gpupulse {package_version()}")
     p.add_argument(
         "--prometheus.url",
         dest="url",

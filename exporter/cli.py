@@ -32,7 +32,7 @@ from exporter.config import (
     exporter_version,
     parse_listen_address,
 )
-from exporter.errors import NvmlInitError
+from exporter.errors import NvmlInitError, ScenarioError
 from exporter.nvml import Nvml, XidWatcher
 from exporter.sampler import Sampler, SnapshotHook
 from exporter.server import make_app, make_site
@@ -47,6 +47,8 @@ log = logging.getLogger("exporter")
 EXIT_NO_NVML = 2
 EXIT_NVML_UNKNOWN = 3
 EXIT_USAGE = 64
+# a flag names a file that cannot be used: argparse's exit code for a bad argument
+EXIT_BAD_INPUT = 2
 SWITCH_INTERVAL_SECONDS = 0.001
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -82,7 +84,9 @@ def build_parser(
     p = argparse.ArgumentParser(
         prog="gpupulse-exporter",
         description="GPU metrics for Prometheus from NVML, sampled in the background and served from memory.",
-        epilog="Every flag can also be set by environment: GPUPULSE_ + flag upper-cased, . and - as _.",
+        epilog="Every flag can also be set by environment: GPUPULSE_ + flag upper-cased, . and - as _. "
+        "Durations are Prometheus durations (500ms, 15s, 1m30s) or a bare number of seconds.",
+        formatter_class=DefaultsHelpFormatter,
     )
     p.add_argument("--version", action="store_true", help="print the version and exit")
     p.add_argument(
@@ -103,23 +107,24 @@ def build_parser(
         dest="sampling_interval",
         type=duration_flag,
         default=d.sampling_interval_seconds,
-        help="seconds between samples (default: %(default)s)",
+        help="time between samples, a duration (default: %(default)ss)",
     )
     p.add_argument(
         "--sampling.gpu-timeout",
         dest="sampling_gpu_timeout",
         type=duration_flag,
         default=d.gpu_call_timeout_seconds,
-        help="deadline in seconds for one GPU's NVML calls per collector; a slower GPU is marked "
-        "stale (default: %(default)s)",
+        help="deadline of one GPU's NVML calls per collector, a duration; a slower GPU is marked "
+        "stale (default: %(default)ss)",
     )
     p.add_argument(
         "--sampling.slow-interval",
         dest="sampling_slow_interval",
         type=duration_flag,
         default=d.slow_fields_interval_seconds,
-        help="seconds between reads of fields that change slowly: ECC and remap counters, NVLink link "
-        "states, power limit, PCIe link and replays; 0 reads them every sample (default: %(default)s)",
+        help="time between reads of fields that change slowly, a duration: ECC and remap counters, "
+        "NVLink link states, power limit, PCIe link and replays; 0 reads them every sample "
+        "(default: %(default)ss)",
     )
     p.add_argument(
         "--simulate",
@@ -135,8 +140,10 @@ def build_parser(
         default=1.0,
         help="scenario seconds per real second (default: %(default)s)",
     )
-    p.add_argument("--log.format", dest="log_format", choices=FORMATS, default="text")
-    p.add_argument("--log.level", dest="log_level", choices=LEVELS, default="info")
+    p.add_argument("--log.format", dest="log_format", choices=FORMATS, default="text", help="log line format")
+    p.add_argument(
+        "--log.level", dest="log_level", choices=LEVELS, default="info", help="lowest level logged"
+    )
     names = [*registry.BUILTINS, *(plugins or {}), *also_collectors]
     for name in names:
         p.add_argument(
@@ -151,6 +158,23 @@ def build_parser(
     if otlp is not None:
         otlp.add_arguments(p)
     return p
+
+
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Every flag's help ends with its default unless it names one already; lists as comma lists."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if "default" in text or default is None or default is argparse.SUPPRESS or isinstance(default, bool):
+            return text
+        if isinstance(default, list | tuple):
+            shown = ",".join(str(d) for d in default) or "none"
+        else:
+            shown = str(default)
+        if not shown:
+            return text
+        return f"{text} (default: {shown.replace('%', '%%')})"
 
 
 def apply_environment(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
@@ -365,6 +389,15 @@ class SamplingThread:
         await asyncio.to_thread(self._thread.join)
 
 
+def _bound(runner: web.AppRunner, settings: ExporterSettings) -> str:
+    """host:port the server is bound to (the real port when :0 was asked for)."""
+    for address in runner.addresses:
+        if isinstance(address, tuple) and len(address) >= 2:
+            host = str(address[0])
+            return f"[{host}]:{address[1]}" if ":" in host else f"{host}:{address[1]}"
+    return f"{settings.listen_host}:{settings.listen_port}"
+
+
 async def _serve(
     settings: ExporterSettings,
     args: argparse.Namespace,
@@ -394,7 +427,7 @@ async def _serve(
         # out of the garbage collector's scans, a full collection set off by a burst of parsing (a
         # hostile engine page) stays short instead of stalling scrapes behind the GIL.
         gc.freeze()
-        log.info("listening on %s:%d", settings.listen_host, settings.listen_port)
+        log.info("listening on %s", _bound(runner, settings))
         await stop.wait()
     finally:
         log.info("shutting down")
@@ -425,6 +458,11 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         settings = settings_from_args(args)
     except ValueError as exc:
         parser.error(str(exc))
+    engines_config = getattr(args, "engines_config", None)
+    if engines_config is not None and not os.access(engines_config, os.R_OK):
+        why = "no such file" if not os.path.exists(engines_config) else "not readable"
+        print(f"gpupulse-exporter: error: --engines.config {engines_config}: {why}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     setup_logging(settings.log_format, settings.log_level)
     try:
         web_config_from_flag(args.web_config_file)  # a bad file fails here, before any sampling starts
@@ -432,6 +470,10 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         parser.error(str(exc))
     try:
         return asyncio.run(serve(settings, args, plugins, otlp))
+    except ScenarioError as exc:
+        flat = " ".join(str(exc).split())  # a YAML error spans lines: keep it one
+        print(f"gpupulse-exporter: error: --simulate: {flat}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     except NvmlInitError as exc:
         if exc.unknown:
             log.error(

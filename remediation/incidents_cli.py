@@ -25,7 +25,13 @@ ENV_STORAGE = "GPUPULSE_REMEDIATION_STORAGE_PATH"
 def register(subparsers: Any) -> None:
     """Add the `incidents` command to the controller's CLI."""
     p = subparsers.add_parser("incidents", help="List incidents, or show one, with their diagnoses.")
-    p.add_argument("id", nargs="?", type=int, help="Show this incident: diagnosis, evidence and history.")
+    p.add_argument(
+        "what",
+        nargs="*",
+        metavar="list | [get] ID",
+        help="List incidents (the default, or `list`), or show one (`ID` or `get ID`): diagnosis, "
+        "evidence and history.",
+    )
     p.add_argument("--db", help="SQLite file (default: <--storage.path>/gpupulse.db).")
     p.add_argument("--storage.path", dest="storage_path", help=f"Controller storage dir (${ENV_STORAGE}).")
     p.add_argument("--state", help="Only incidents in this state ('active': every open one).")
@@ -43,6 +49,14 @@ def cmd_incidents(
     environ = os.environ if environ is None else environ
     out = out or sys.stdout
     err = err or sys.stderr
+    try:
+        # a Namespace built by a caller may name the incident as `id` directly
+        incident_id = getattr(ns, "id", None)
+        if incident_id is None:
+            incident_id = _which(list(getattr(ns, "what", None) or []))
+    except ValueError as exc:
+        print(f"gpupulse-remediation incidents: error: {exc}", file=err)
+        return 2
     db = ns.db or (
         str(Path(ns.storage_path or environ.get(ENV_STORAGE, "")) / DB_FILENAME)
         if (ns.storage_path or environ.get(ENV_STORAGE))
@@ -59,8 +73,8 @@ def cmd_incidents(
             conn.row_factory = sqlite3.Row
             ledger = Ledger(conn)
             has_diagnoses = _has_table(conn, "rem_diagnoses")
-            if ns.id is not None:
-                return _show(ledger, ns.id, has_diagnoses, ns.output, out, err)
+            if incident_id is not None:
+                return _show(ledger, incident_id, has_diagnoses, ns.output, out, err)
             rows = ledger.list_incidents(ns.state, max(1, ns.limit))
             latest = ledger.latest_diagnoses([r.id for r in rows]) if has_diagnoses else {}
     except sqlite3.Error as exc:
@@ -73,6 +87,17 @@ def cmd_incidents(
         return 0
     _table(rows, latest, out)
     return 0
+
+
+def _which(words: list[str]) -> int | None:
+    """The incident `incidents [list | ID | get ID]` names; None lists. ValueError for anything else."""
+    if words in ([], ["list"]):
+        return None
+    if words[:1] == ["get"]:
+        words = words[1:]
+    if len(words) == 1 and words[0].isdigit():
+        return int(words[0])
+    raise ValueError(f"expected `list`, an incident ID or `get ID`, got {' '.join(words) or 'get'!r}")
 
 
 def _has_table(conn: sqlite3.Connection, name: str) -> bool:

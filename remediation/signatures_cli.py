@@ -158,13 +158,24 @@ def _alerts_from(doc: Any) -> list[tuple[dict[str, str], dict[str, str]]]:
     else:
         items = [doc]
     out: list[tuple[dict[str, str], dict[str, str]]] = []
-    for item in items:
+    for n, item in enumerate(items, 1):
         if not isinstance(item, dict):
-            raise CLIError("each alert must be a mapping")
+            raise CLIError(f"alert {n}: each alert must be a mapping")
         if "labels" in item and isinstance(item["labels"], dict):
             labels, annotations = item["labels"], item.get("annotations") or {}
         else:
             labels, annotations = item, {}
+        if not isinstance(annotations, dict):
+            raise CLIError(f"alert {n}: annotations must be a mapping")
+        # every alert Prometheus sends has an alertname: without one this is not an alert at all
+        if not labels.get("alertname"):
+            raise CLIError(
+                f"alert {n} has no alertname label: give an Alertmanager webhook payload, one alert "
+                "{labels: {alertname: ..., ...}}, or a label map with alertname"
+            )
+        for key, value in (*labels.items(), *annotations.items()):
+            if isinstance(value, dict | list) or value is None:
+                raise CLIError(f"alert {n}: {key!r} must be a string, not {type(value).__name__}")
         out.append(
             ({str(k): str(v) for k, v in labels.items()}, {str(k): str(v) for k, v in annotations.items()})
         )

@@ -466,7 +466,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         dest="attribution_dra_drivers",
         type=csv_list,
         default=list(DEFAULT_DRIVERS),
-        help="DRA drivers whose devices are GPUs, comma-separated (default: %(default)s)",
+        help=f"DRA drivers whose devices are GPUs, comma-separated (default: {','.join(DEFAULT_DRIVERS)})",
     )
     group.add_argument(
         "--attribution.pod-watch",

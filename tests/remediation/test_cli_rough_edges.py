@@ -1,0 +1,104 @@
+"""What a new user types first, accepted or refused clearly: `--version` on every program (from the
+package metadata), `incidents list` / `incidents get ID`, and `signatures test` on something that is
+not an alert."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from costreport import cli as report_cli
+from exporter import cli as exporter_cli
+from remediation import cli as remediation_cli
+from remediation.cli import build_parser
+from tests.remediation.test_engine_support import LEAK, Rig, engine_settings
+
+
+@pytest.mark.parametrize(
+    ("main", "prog"),
+    [(remediation_cli.main, "gpupulse-remediation"), (report_cli.main, "gpupulse")],
+)
+def test_version_comes_from_the_package_metadata(
+    main: object, prog: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])  # type: ignore[operator]
+    assert done.value.code == 0
+    assert capsys.readouterr().out == f"{prog} {importlib.metadata.version('gpupulse')}\n"
+
+
+def test_the_exporter_version_is_the_same(capsys: pytest.CaptureFixture[str]) -> None:
+    assert exporter_cli.main(["--version"], environ={}) == 0
+    assert capsys.readouterr().out == f"gpupulse-exporter {importlib.metadata.version('gpupulse')}\n"
+
+
+def _run(*argv: str) -> tuple[int, str, str]:
+    ns = build_parser().parse_args(list(argv))
+    out, err = io.StringIO(), io.StringIO()
+    if ns.command == "incidents":
+        code = ns.func(ns, {}, out, err)
+    else:
+        code = ns.func(ns, out=out, err=err, environ={})
+    return int(code), out.getvalue(), err.getvalue()
+
+
+@pytest.fixture
+async def ledger(tmp_path: Path) -> Path:
+    """A controller database with one incident."""
+    rig = Rig(tmp_path, engine_settings())
+    rig.build()
+    await rig.fire(LEAK)
+    await rig.engine.aclose()
+    return rig.db_path
+
+
+async def test_incidents_list_and_get_are_accepted(ledger: Path) -> None:
+    code, table, err = _run("incidents", "list", "--db", str(ledger))
+    assert code == 0, err
+    assert table.splitlines()[0].split()[:2] == ["ID", "STATE"] and len(table.splitlines()) == 2
+    assert _run("incidents", "--db", str(ledger))[1] == table
+    code, shown, err = _run("incidents", "get", "1", "--db", str(ledger))
+    assert code == 0, err
+    assert shown.startswith("incident 1: GPUProcessMemoryAboveHardLimit")
+    assert _run("incidents", "1", "--db", str(ledger))[1] == shown
+
+
+@pytest.mark.parametrize("words", [["lst"], ["get"], ["get", "x"], ["1", "2"]])
+async def test_incidents_with_words_it_does_not_know_is_a_clear_error(ledger: Path, words: list[str]) -> None:
+    code, out, err = _run("incidents", *words, "--db", str(ledger))
+    assert code == 2 and out == ""
+    assert err.startswith(
+        "gpupulse-remediation incidents: error: expected `list`, an incident ID or `get ID`"
+    )
+
+
+@pytest.mark.parametrize(
+    ("doc", "says"),
+    [
+        ({"foo": 1}, "alert 1 has no alertname label"),
+        (
+            {"alerts": [{"labels": {"alertname": "A"}}, {"labels": {"severity": "critical"}}]},
+            "alert 2 has no",
+        ),
+        ({"alertname": "A", "node": {"name": "n1"}}, "alert 1: 'node' must be a string, not dict"),
+        ([1], "alert 1: each alert must be a mapping"),
+    ],
+)
+def test_signatures_test_refuses_what_is_not_an_alert(tmp_path: Path, doc: object, says: str) -> None:
+    path = tmp_path / "alert.json"
+    path.write_text(json.dumps(doc))
+    code, out, err = _run("signatures", "test", str(path))
+    assert code == 2 and out == ""
+    assert err.startswith("gpupulse-remediation signatures: error: ") and says in err
+
+
+def test_signatures_test_still_takes_a_bare_label_map(tmp_path: Path) -> None:
+    path = tmp_path / "alert.yaml"
+    path.write_text("alertname: GPUXidResetRequired\nxid: '95'\ntarget_kind: gpu\nnode: n1\nuuid: GPU-1\n")
+    code, out, err = _run("signatures", "test", str(path))
+    assert code == 0, err
+    assert "GPUXidResetRequired -> xid-reset-gpu" in out
