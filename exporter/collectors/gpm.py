@@ -4,14 +4,13 @@ traffic per GPU (GPM where it exists, else NVML's PCIe sample and NVLink counter
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import partial
 
 from prometheus_client.core import Metric
 
 from exporter.collectors.base import NodeState
 from exporter.collectors.gpus import GpuFleet, GpuSlot
 from exporter.collectors.series import SeriesFamily, table
-from exporter.nvml import InterconnectReading, poll_gpm, read_interconnect
+from exporter.nvml import Device, InterconnectReading, poll_gpm, read_interconnect
 from gpupulse.metrics import gpu as c
 from gpupulse.metrics.spec import MetricSpec
 
@@ -27,11 +26,6 @@ SPEC_BY_METRIC: dict[str, tuple[MetricSpec, str]] = {
 }
 
 
-def _uses_gpm(slot: GpuSlot) -> bool:
-    s = slot.device.static
-    return s.gpm_supported and not s.mig_enabled
-
-
 class GpmCollector:
     """One GPM sample per GPU per tick; ratios and rates over the interval since the previous tick.
 
@@ -45,19 +39,19 @@ class GpmCollector:
     def __init__(self, fleet: GpuFleet) -> None:
         self.fleet = fleet
 
+    def _read(self, dev: Device) -> dict[str, float] | InterconnectReading | None:
+        monotonic = self.fleet.clock.monotonic
+        s = dev.static
+        if s.gpm_supported and not s.mig_enabled:
+            return poll_gpm(dev, monotonic)
+        return read_interconnect(dev, monotonic)
+
     async def collect(self, state: NodeState) -> Sequence[Metric]:
         """Poll every GPU: GPM where supported (the first poll only sets the baseline), else NVML."""
         specs = c.GPM_METRICS + c.INTERCONNECT_METRICS
         fam = {spec.name: table(spec).family() for spec in specs}
-        poll = partial(poll_gpm, monotonic=self.fleet.clock.monotonic)
-        counters = partial(read_interconnect, monotonic=self.fleet.clock.monotonic)
         # all in the tick's batch: one deadline per GPU, shared with the other collectors
-        futures = [
-            (slot, self.fleet.submit(slot, poll if _uses_gpm(slot) else counters))
-            for slot in self.fleet.live()
-        ]
-        for slot, fut in futures:
-            result = await fut
+        for slot, result in await self.fleet.map(self._read, self.fleet.live()):
             if isinstance(result, dict):
                 for metric, value in result.items():
                     _add(fam, slot, metric, value)
