@@ -21,7 +21,7 @@ import queue
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, TypeVar
+from typing import Any, Final, NamedTuple, TypeVar
 
 import pynvml
 
@@ -156,18 +156,12 @@ class HealthReading:
     remap_failed: bool | None = None
 
 
-@dataclass(frozen=True)
-class ProcessReading:
+class ProcessReading(NamedTuple):
+    """One process NVML lists on a GPU (a tuple: ~64 per node per tick, made cheaply)."""
+
     pid: int
     used_memory_bytes: int | None
     mig_uuid: str = ""
-
-
-@dataclass(frozen=True)
-class ProcessSample:
-    pid: int
-    timestamp_us: int
-    sm_ratio: float
 
 
 @dataclass(frozen=True)
@@ -376,8 +370,9 @@ def read_health(dev: Device) -> HealthReading:
 
 def read_processes(
     dev: Device, now_us: int, window_us: int
-) -> tuple[list[ProcessReading], list[ProcessSample]]:
-    """Compute processes with their memory, plus process-utilization samples newer than the last seen."""
+) -> tuple[list[ProcessReading], dict[int, list[float]]]:
+    """Compute processes with their memory, plus the SM ratios (0..1) of each PID's process-utilization
+    samples newer than the last seen (a PID with no kernel time in the window has none)."""
     h = dev.handle
     procs: list[ProcessReading] = []
     handles = [(h, "")]
@@ -389,7 +384,7 @@ def read_processes(
         for p in listed:
             used = p.usedGpuMemory
             procs.append(ProcessReading(int(p.pid), None if used is None else int(used), mig_uuid))
-    samples: list[ProcessSample] = []
+    sm: dict[int, list[float]] = {}
     if not dev.static.mig_enabled and "putil" not in dev.absent:
         since = dev.last_process_sample_us or max(0, now_us - window_us)
         try:
@@ -401,15 +396,19 @@ def read_processes(
             raise
         except NvmlError:  # NOT_FOUND: no process had a sample since `since`
             raw = []
+        newest = 0
         for s in raw:
             ts = int(s.timeStamp)
             if ts > since:
-                samples.append(ProcessSample(int(s.pid), ts, float(s.smUtil) / 100.0))
-        if samples:
-            dev.last_process_sample_us = max(s.timestamp_us for s in samples)
-        else:
-            dev.last_process_sample_us = max(since, now_us - window_us)
-    return procs, samples
+                newest = max(newest, ts)
+                ratio = float(s.smUtil) / 100.0
+                found = sm.get(pid := int(s.pid))
+                if found is None:
+                    sm[pid] = [ratio]
+                else:
+                    found.append(ratio)
+        dev.last_process_sample_us = newest if newest else max(since, now_us - window_us)
+    return procs, sm
 
 
 def read_nvlink(dev: Device) -> list[NvLinkState]:
@@ -598,6 +597,13 @@ def read_mig(dev: Device) -> list[MigInstance]:
 
 
 # --- GPM ------------------------------------------------------------------------------------------
+class _GpmMetricCell(ctypes.Structure):
+    """pynvml's c_nvmlGpmMetric_t layout without its Python-level __getattribute__/__setattr__ (which
+    convert strings on every field access): the poll reads and resets these fields 24 times per GPU."""
+
+    _fields_ = pynvml.c_nvmlGpmMetric_t._fields_
+
+
 class GpmSampler:
     """One rolling pair of GPM samples: each poll takes one sample and reports over (previous, current)."""
 
@@ -615,10 +621,12 @@ class GpmSampler:
         self._mg = pynvml.c_nvmlGpmMetricsGet_t()  # about 19 KB: allocate once
         self._mg.version = pynvml.NVML_GPM_METRICS_GET_VERSION
         self._mg.numMetrics = len(self._ids)
-        # pynvml's structures convert every attribute access in Python; reach the metric array once
-        self._metrics = self._mg.metrics
-        for i, metric_id in enumerate(self._ids):
-            self._metrics[i].metricId = metric_id
+        # The metric array of _mg, seen through plain ctypes structures: one object per wanted metric,
+        # made once, each pointing into _mg's memory (kept alive by self._mg)
+        metrics = (_GpmMetricCell * len(self._ids)).from_address(ctypes.addressof(self._mg.metrics))
+        self._cells = [metrics[i] for i in range(len(self._ids))]
+        for cell, metric_id in zip(self._cells, self._ids, strict=True):
+            cell.metricId = metric_id
 
     def _take(self, sample: Any) -> None:
         if self._gi is None:
@@ -639,19 +647,16 @@ class GpmSampler:
         try:
             self._take(self._cur)
             self._mg.sample1, self._mg.sample2 = self._prev, self._cur
-            metrics = self._metrics
-            for i in range(len(self._ids)):
-                metrics[i].nvmlReturn = pynvml.NVML_ERROR_UNKNOWN  # don't trust stale outputs
+            for cell in self._cells:
+                cell.nvmlReturn = pynvml.NVML_ERROR_UNKNOWN  # don't trust stale outputs
             call(pynvml.nvmlGpmMetricsGet, self._mg)
         finally:
             self._prev, self._cur = self._cur, self._prev  # rotate even on failure
             self._prev_t = now
         out: dict[str, float] = {}
-        metrics = self._metrics
-        for i, (name, _, ratio) in enumerate(self._wanted):
-            m = metrics[i]
-            if m.nvmlReturn == pynvml.NVML_SUCCESS:
-                value = m.value
+        for cell, (name, _, ratio) in zip(self._cells, self._wanted, strict=True):
+            if cell.nvmlReturn == pynvml.NVML_SUCCESS:
+                value = cell.value
                 if math.isfinite(value):
                     out[name] = min(max(value / 100.0, 0.0), 1.0) if ratio else max(value * _MIB, 0.0)
         return out

@@ -9,7 +9,7 @@ from prometheus_client.core import Metric
 
 from exporter.collectors.base import NodeState
 from exporter.collectors.gpus import GpuFleet, GpuSlot
-from exporter.collectors.series import SeriesFamily, table
+from exporter.collectors.series import Series, table
 from exporter.nvml import Device, InterconnectReading, poll_gpm, read_interconnect
 from gpupulse.metrics import gpu as c
 from gpupulse.metrics.spec import MetricSpec
@@ -24,6 +24,8 @@ SPEC_BY_METRIC: dict[str, tuple[MetricSpec, str]] = {
     "nvlink_tx": (c.GPU_NVLINK_THROUGHPUT, "tx"),
     "nvlink_rx": (c.GPU_NVLINK_THROUGHPUT, "rx"),
 }
+_SPECS = c.GPM_METRICS + c.INTERCONNECT_METRICS
+_POSITION = {spec.name: i for i, spec in enumerate(_SPECS)}
 
 
 class GpmCollector:
@@ -38,6 +40,7 @@ class GpmCollector:
 
     def __init__(self, fleet: GpuFleet) -> None:
         self.fleet = fleet
+        self._series: dict[str, dict[str, tuple[int, Series]]] = {}  # by GPU UUID
 
     def _read(self, dev: Device) -> dict[str, float] | InterconnectReading | None:
         monotonic = self.fleet.clock.monotonic
@@ -46,28 +49,38 @@ class GpmCollector:
             return poll_gpm(dev, monotonic)
         return read_interconnect(dev, monotonic)
 
+    def _series_of(self, slot: GpuSlot) -> dict[str, tuple[int, Series]]:
+        # metric -> (family position, series): a GPU's labels are made once, not per tick
+        found = self._series.get(slot.uuid)
+        if found is None:
+            found = self._series[slot.uuid] = {}
+            for metric, (spec, direction) in SPEC_BY_METRIC.items():
+                labels = (slot.uuid, slot.index, direction) if direction else (slot.uuid, slot.index)
+                found[metric] = (_POSITION[spec.name], table(spec).series(*labels))
+        return found
+
     async def collect(self, state: NodeState) -> Sequence[Metric]:
         """Poll every GPU: GPM where supported (the first poll only sets the baseline), else NVML."""
-        specs = c.GPM_METRICS + c.INTERCONNECT_METRICS
-        fam = {spec.name: table(spec).family() for spec in specs}
+        fams = [table(spec).family() for spec in _SPECS]
+        rows = [f.rows for f in fams]
+        values = [f.values for f in fams]
         # all in the tick's batch: one deadline per GPU, shared with the other collectors
         for slot, result in await self.fleet.map(self._read, self.fleet.live()):
             if isinstance(result, dict):
+                series = self._series_of(slot)
                 for metric, value in result.items():
-                    _add(fam, slot, metric, value)
+                    position, one = series[metric]
+                    rows[position].append(one)
+                    values[position].append(value)
             elif isinstance(result, InterconnectReading):
+                series = self._series_of(slot)
                 for metric in ("pcie_tx", "pcie_rx", "nvlink_tx", "nvlink_rx"):
                     value = getattr(result, metric)
                     if value is not None:
-                        _add(fam, slot, metric, value)
-        return [f for f in fam.values() if f.rows]
+                        position, one = series[metric]
+                        rows[position].append(one)
+                        values[position].append(value)
+        return [f for f in fams if f.rows]
 
     async def close(self) -> None:
         """Nothing to release: the GPU fleet is closed by the exporter."""
-
-
-def _add(fam: dict[str, SeriesFamily], slot: GpuSlot, metric: str, value: float) -> None:
-    spec, direction = SPEC_BY_METRIC[metric]
-    f = fam[spec.name]
-    labels = (slot.uuid, slot.index, direction) if direction else (slot.uuid, slot.index)
-    f.add(f.table.series(*labels), value)
