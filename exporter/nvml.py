@@ -227,6 +227,8 @@ class Device:
     nvlink_states: dict[tuple[int, bool], NvLinkState] = field(default_factory=dict)  # (link, up) -> state
     # "pcie" / "nvlink" -> (field timestamp in µs, tx, rx): the previous traffic counter reading
     counters: dict[str, tuple[int, float | None, float | None]] = field(default_factory=dict)
+    # the process listings' C buffers, kept between ticks (see _ProcessBuffer)
+    buffers: dict[str, Any] = field(default_factory=dict)
 
     def optional(self, key: str, fn: Callable[..., T], *args: Any) -> T | None:
         """Call fn; None when the feature is absent (remembered) or failed this round. Lost GPUs raise."""
@@ -368,6 +370,81 @@ def read_health(dev: Device) -> HealthReading:
     )
 
 
+class _ProcessInfo(ctypes.Structure):
+    """pynvml's c_nvmlProcessInfo_v3_t layout, read without its Python-level attribute hooks."""
+
+    _fields_ = pynvml.c_nvmlProcessInfo_v3_t._fields_
+
+
+class _UtilizationSample(ctypes.Structure):
+    """pynvml's c_nvmlProcessUtilizationSample_t layout, likewise."""
+
+    _fields_ = pynvml.c_nvmlProcessUtilizationSample_t._fields_
+
+
+_NOT_AVAILABLE: Final = pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
+_INITIAL_ENTRIES: Final = 32
+
+
+class _ProcessBuffer:
+    """One process listing (nvmlDevice{Compute,Graphics}RunningProcesses_v3) into a C array kept between
+    ticks. pynvml's wrapper asks for the size, then calls again to fill a fresh array and turns every
+    entry into a Python object; this makes one call while the array is big enough (and grows it when the
+    driver answers INSUFFICIENT_SIZE, as the wrapper does: twice the count plus 5)."""
+
+    def __init__(self, symbol: str) -> None:
+        self.__name__ = symbol  # for error messages (Device.optional)
+        self._array: Any = (_ProcessInfo * _INITIAL_ENTRIES)()
+
+    def __call__(self, handle: Any) -> list[tuple[int, int | None]]:
+        fn = pynvml._nvmlGetFunctionPointer(self.__name__)
+        for _ in range(4):  # processes may appear between the calls
+            count = ctypes.c_uint(len(self._array))
+            ret = fn(handle, ctypes.byref(count), self._array)
+            if ret == pynvml.NVML_SUCCESS:
+                return [
+                    (int(p.pid), None if p.usedGpuMemory == _NOT_AVAILABLE else int(p.usedGpuMemory))
+                    for p in self._array[: count.value]
+                ]
+            if ret != pynvml.NVML_ERROR_INSUFFICIENT_SIZE:
+                raise pynvml.NVMLError(ret)
+            self._array = (_ProcessInfo * (count.value * 2 + 5))()
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
+
+
+class _UtilizationBuffer:
+    """nvmlDeviceGetProcessUtilization into a C array kept between ticks: one call where pynvml's
+    wrapper makes two (size, then samples)."""
+
+    __name__ = "nvmlDeviceGetProcessUtilization"
+
+    def __init__(self) -> None:
+        self._array: Any = (_UtilizationSample * _INITIAL_ENTRIES)()
+
+    def __call__(self, handle: Any, since_us: int) -> list[Any]:
+        fn = pynvml._nvmlGetFunctionPointer(self.__name__)
+        for _ in range(4):
+            count = ctypes.c_uint(len(self._array))
+            ret = fn(handle, self._array, ctypes.byref(count), ctypes.c_ulonglong(since_us))
+            if ret == pynvml.NVML_SUCCESS:
+                return list(self._array[: count.value])
+            if ret != pynvml.NVML_ERROR_INSUFFICIENT_SIZE:
+                raise pynvml.NVMLError(ret)  # NOT_FOUND: no sample since `since_us`
+            self._array = (_UtilizationSample * (count.value * 2 + 5))()
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
+
+
+def _buffers(dev: Device) -> tuple[_ProcessBuffer, _ProcessBuffer, _UtilizationBuffer]:
+    found = dev.buffers.get("processes")
+    if found is None:
+        found = dev.buffers["processes"] = (
+            _ProcessBuffer("nvmlDeviceGetComputeRunningProcesses_v3"),
+            _ProcessBuffer("nvmlDeviceGetGraphicsRunningProcesses_v3"),
+            _UtilizationBuffer(),
+        )
+    return found
+
+
 def read_processes(
     dev: Device, now_us: int, window_us: int
 ) -> tuple[list[ProcessReading], dict[int, list[float]]]:
@@ -378,17 +455,17 @@ def read_processes(
     handles = [(h, "")]
     if dev.static.mig_enabled:
         handles = [(mh, uuid) for mh, uuid in _mig_handles(dev)]
+    compute, graphics, utilization = _buffers(dev)
     for handle, mig_uuid in handles:
-        listed = list(dev.optional("procs", pynvml.nvmlDeviceGetComputeRunningProcesses, handle) or [])
-        listed += dev.optional("gprocs", pynvml.nvmlDeviceGetGraphicsRunningProcesses, handle) or []
-        for p in listed:
-            used = p.usedGpuMemory
-            procs.append(ProcessReading(int(p.pid), None if used is None else int(used), mig_uuid))
+        listed = dev.optional("procs", compute, handle) or []
+        listed += dev.optional("gprocs", graphics, handle) or []
+        for pid, used in listed:
+            procs.append(ProcessReading(pid, used, mig_uuid))
     sm: dict[int, list[float]] = {}
     if not dev.static.mig_enabled and "putil" not in dev.absent:
         since = dev.last_process_sample_us or max(0, now_us - window_us)
         try:
-            raw = call(pynvml.nvmlDeviceGetProcessUtilization, h, since)
+            raw = call(utilization, h, since)
         except NotSupportedError:
             dev.absent.add("putil")
             raw = []
