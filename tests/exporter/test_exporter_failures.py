@@ -7,6 +7,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import yaml
 from aiohttp.test_utils import TestClient, TestServer
 
 from exporter.server import make_app
@@ -286,3 +287,27 @@ async def test_sampling_loop_stops_by_itself_when_fatal() -> None:
         stop = asyncio.Event()
         await asyncio.wait_for(h.sampler.run(stop), 10)  # returns without being stopped
         assert not stop.is_set() and h.sampler.fatal is not None
+
+
+async def test_more_processes_than_the_listing_buffer_holds_are_all_listed(tmp_path: Path) -> None:
+    # The process listings keep their C arrays between ticks (32 entries at first); a GPU with more
+    # processes makes the driver answer INSUFFICIENT_SIZE, and the array grows. Processes start late
+    # too: 20 at first, 100 from t = 5, so a tick with a too-small kept array happens after the first.
+    procs = [
+        {"pid": 5000 + n, "gpu": 0, "name": "worker", "memory_bytes": f"{n + 1}MiB", "sm_utilization": 0.01}
+        | ({"start": 5} if n >= 20 else {})
+        for n in range(100)
+    ]
+    scenario = tmp_path / "crowded.yaml"
+    scenario.write_text(
+        yaml.safe_dump({"name": "crowded", "gpus": [{"model": "H100-SXM5-80GB"}], "processes": procs})
+    )
+    async with simulated_exporter(scenario, start_seconds=1.0, collectors=["processes"]) as h:
+        await h.tick(0)
+        assert len(series(h.text(), "gpu_process_memory_used_bytes")) == 20
+        await h.tick(5.0)
+        mem = series(h.text(), "gpu_process_memory_used_bytes")
+        assert len(mem) == 100
+        assert sorted(mem.values()) == [(n + 1) * 2**20 for n in range(100)]
+        assert {p.pid for p in h.sampler.state.processes} == {5000 + n for n in range(100)}
+        assert len(series(h.text(), "gpu_process_sm_utilization_ratio")) == 100
