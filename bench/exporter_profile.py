@@ -4,8 +4,8 @@
 
 Runs the same cycle as `bench/exporter.py --one gpupulse` (every NVML collector on the simulated
 `large` scenario, 64 processes, a manual clock moving 1 s per cycle) under cProfile in the sampler
-thread and in every GPU worker thread (each thread gets its own profiler; the stats are summed),
-and prints the functions by own time, then by cumulative time. `--render` also renders the
+thread and in every GPU worker thread (each thread gets its own profiler, timed by the thread's CPU
+time; the stats are summed), and prints the functions by own time, then by cumulative time. `--render` also renders the
 exposition each cycle, as a scrape of every tick would. cProfile's own overhead inflates the small
 functions, so read the shares, not the absolute times; the cycle's real CPU is what
 `bench/exporter.py` measures. Also prints each thread kind's CPU per cycle (time.thread_time)
@@ -44,7 +44,7 @@ _lock = threading.Lock()
 
 def _bootstrap(frame: Any, event: str, arg: Any) -> None:
     # the first profile event of a new thread: give it its own profiler (which replaces this hook)
-    prof = cProfile.Profile()
+    prof = cProfile.Profile(time.thread_time)  # CPU time of this thread, not wall time
     with _lock:
         _profiles.append(prof)
     prof.enable()
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpus", type=int, default=16)
     parser.add_argument("--cycles", type=int, default=200)
     parser.add_argument("--top", type=int, default=30)
-    parser.add_argument("--render", action="store_true", help="render the exposition every cycle")
+    parser.add_argument("--render", action="store_true", help="render and gzip every snapshot (scraped)")
     parser.add_argument("--no-profile", action="store_true", help="only the per-thread CPU table")
     args = parser.parse_args(argv)
     if not args.no_profile:
@@ -74,11 +74,11 @@ def main(argv: list[str] | None = None) -> int:
             target.advance()
             snap = loop.run_until_complete(sampler.sample_once())
             if args.render:
-                _ = snap.body
+                snap.gzipped()
 
         for _ in range(5):
             cycle()
-        main_prof = cProfile.Profile()
+        main_prof = cProfile.Profile(time.thread_time)
         t0, w0 = time.process_time(), time.thread_time()
         if not args.no_profile:
             main_prof.enable()
