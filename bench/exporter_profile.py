@@ -5,11 +5,11 @@
 Runs the same cycle as `bench/exporter.py --one gpupulse` (every NVML collector on the simulated
 `large` scenario, 64 processes, a manual clock moving 1 s per cycle) under cProfile in the sampler
 thread and in every GPU worker thread (each thread gets its own profiler, timed by the thread's CPU
-time; the stats are summed), and prints the functions by own time, then by cumulative time. `--render` also renders the
-exposition each cycle, as a scrape of every tick would. cProfile's own overhead inflates the small
-functions, so read the shares, not the absolute times; the cycle's real CPU is what
-`bench/exporter.py` measures. Also prints each thread kind's CPU per cycle (time.thread_time)
-measured without the profiler.
+time; the stats are summed), and prints the functions by own time, then by cumulative time.
+`--render` also renders and gzips every snapshot, as a scrape of every tick would. cProfile's own
+overhead inflates the small functions, so read the shares, not the absolute times; the cycle's real
+CPU is what `bench/exporter.py` measures (and `--no-profile` here: each thread kind's CPU per cycle,
+time.thread_time, without the profiler).
 """
 
 from __future__ import annotations
