@@ -70,6 +70,8 @@ def _rss_mib() -> float:
 
 
 def _part_of(filename: str) -> str:
+    if filename.startswith("<frozen importlib"):
+        return "code of imported modules (<frozen importlib>)"
     for part, fragments in PARTS:
         if any(f in filename for f in fragments):
             return part
