@@ -29,15 +29,19 @@ class GpuSlot:
     stale: bool = False
     uuid: str = field(init=False)
     index: str = field(init=False)  # the `gpu` label
+    _ref: GpuRef | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.uuid = self.device.static.uuid
         self.index = str(self.device.static.index)
 
     def ref(self) -> GpuRef:
-        """The GPU as NodeState names it."""
-        s = self.device.static
-        return GpuRef(uuid=s.uuid, index=str(s.index), name=s.name, pci_bus_id=s.pci_bus_id)
+        """The GPU as NodeState names it (made once: its facts are static)."""
+        found = self._ref
+        if found is None:
+            s = self.device.static
+            found = self._ref = GpuRef(uuid=s.uuid, index=str(s.index), name=s.name, pci_bus_id=s.pci_bus_id)
+        return found
 
 
 class Outcome:
