@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import gzip
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
+from prometheus_client.core import Metric
 
+from exporter.collectors.base import NodeState
 from exporter.config import ExporterSettings
 from exporter.sampler import Sampler
 from exporter.server import make_app
@@ -242,3 +244,35 @@ def test_render_matches_prometheus_client_byte_for_byte() -> None:
     registry.register(Collect())  # type: ignore[arg-type]
     for _ in range(2):  # the second round goes through the series-prefix cache
         assert render(families) == generate_latest(registry)
+
+
+class _Unwritable(Metric):
+    """A plug-in family whose samples cannot be read (a bug in a collector), found only at render time."""
+
+    def __init__(self) -> None:
+        super().__init__("plugin_thing", "A plug-in gauge.", "gauge")
+
+    @property  # type: ignore[override]
+    def samples(self) -> list[object]:
+        raise RuntimeError("broken samples")
+
+    @samples.setter
+    def samples(self, value: list[object]) -> None:
+        pass
+
+
+class _UnwritableCollector(FakeCollector):
+    async def collect(self, state: NodeState) -> Sequence[Metric]:
+        return [_Unwritable()]
+
+
+async def test_a_snapshot_that_cannot_be_rendered_answers_a_clear_500(clock: StepClock) -> None:
+    sampler = Sampler([_UnwritableCollector("broken")], SETTINGS, clock)
+    await sampler.sample_once()
+    async with TestClient(TestServer(make_app(sampler))) as client:
+        for headers in ({"Accept-Encoding": "gzip"}, {"Accept-Encoding": "identity"}):
+            resp = await client.get("/metrics", headers=headers)
+            assert resp.status == 500
+            assert "rendering the last sample failed" in await resp.text()
+            assert "broken samples" in await resp.text()
+        assert (await client.get("/healthz")).status == 200  # the server itself is fine
