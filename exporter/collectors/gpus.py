@@ -56,10 +56,11 @@ class Outcome:
 class _Cell:
     """Where one queued read's answer lands: the reading, or an Outcome string."""
 
-    __slots__ = ("value",)
+    __slots__ = ("round", "value")
 
-    def __init__(self, value: Any = None) -> None:
+    def __init__(self, value: Any = None, round_done: asyncio.Future[None] | None = None) -> None:
         self.value = value
+        self.round = round_done  # set when the round that answers this cell has handed out its answers
 
 
 _UNANSWERED: Any = object()  # a cell's value until its round hands out the answer
@@ -133,23 +134,30 @@ class GpuFleet:
             for queued, cell in batch[1]:
                 if queued is _probe:
                     return cell
-        cell = _Cell(_UNANSWERED)
+        cell = _Cell(_UNANSWERED, self._round_done)
         batch[1].append((fn, cell))
         return cell
 
     async def _answers(self, cells: list[_Cell]) -> list[Any]:
-        done = self._round_done
-        if done is not None:
-            await asyncio.shield(done)  # one waiter's cancellation must not end the round for others
+        waited: set[int] = set()
+        for cell in cells:  # all of one round, normally
+            done = cell.round
+            if done is not None and id(done) not in waited:
+                waited.add(id(done))
+                await asyncio.shield(done)  # one waiter's cancellation must not end the round for others
         return [cell.value for cell in cells]
 
     def submit(self, slot: GpuSlot, fn: Callable[[Device], T]) -> asyncio.Future[T | str]:
-        """Queue fn(device) for the GPU's next batch; the future holds the result or an Outcome string."""
-        return asyncio.ensure_future(self.run(slot, fn))
+        """Queue fn(device) for the GPU's next batch now; the future holds the result or an Outcome
+        string."""
+        return asyncio.ensure_future(self._answer(self._queue(slot, fn)))
+
+    async def _answer(self, cell: _Cell) -> Any:
+        return (await self._answers([cell]))[0]
 
     async def run(self, slot: GpuSlot, fn: Callable[[Device], T]) -> T | str:
         """fn(device) on the GPU's thread, or an Outcome string when it is lost, stale or failed."""
-        value: T | str = (await self._answers([self._queue(slot, fn)]))[0]
+        value: T | str = await self._answer(self._queue(slot, fn))
         return value
 
     async def map(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import yaml
 from aiohttp.test_utils import TestClient, TestServer
 
+from exporter.nvml import Device
 from exporter.server import make_app
 from tests.exporter.harness import SETTINGS, simulated_exporter
 
@@ -311,3 +313,23 @@ async def test_more_processes_than_the_listing_buffer_holds_are_all_listed(tmp_p
         assert sorted(mem.values()) == [(n + 1) * 2**20 for n in range(100)]
         assert {p.pid for p in h.sampler.state.processes} == {5000 + n for n in range(100)}
         assert len(series(h.text(), "gpu_process_sm_utilization_ratio")) == 100
+
+
+async def test_reads_queued_in_one_turn_share_a_batch_and_each_gets_its_own_answer() -> None:
+    async with simulated_exporter(FAILURES, start_seconds=1.0) as h:
+        first, second = h.fleet.slots[0], h.fleet.slots[2]
+        threads: list[str] = []
+
+        def index(dev: Device) -> int:
+            threads.append(threading.current_thread().name)
+            return dev.static.index
+
+        # submit queues at once: these four go to the GPUs' threads as one batch per GPU
+        a = h.fleet.submit(first, index)
+        b = h.fleet.submit(first, lambda dev: "b")
+        c = h.fleet.submit(second, index)
+        mapped = await h.fleet.map(index, [first, second])
+        assert (await a, await b, await c) == (0, "b", 2)
+        assert [r for _, r in mapped] == [0, 2]
+        assert sorted(threads) == ["nvml-gpu0", "nvml-gpu0", "nvml-gpu2", "nvml-gpu2"]
+        assert await h.fleet.run(first, lambda dev: dev.static.uuid) == first.uuid  # and a later one alone
