@@ -6,7 +6,10 @@ Everything runs on the same simulated NVML (the shipped `large` scenario cut to 
 64 processes):
 
 * CPU per cycle (process CPU time / cycle, in this process, manual scenario clock, 1 s per cycle):
-  - gpupulse: one Sampler.sample_once() with every NVML collector, including rendering the exposition;
+  - gpupulse: one Sampler.sample_once() with every NVML collector. The exposition is rendered when a
+    scrape first asks for a snapshot (Prometheus scrapes every 15-30 s, the loop ticks every 1 s), so
+    the cycle does not include it: the render and gzip of one snapshot are measured apart, as what a
+    scraped snapshot costs once;
   - raw: a straight pynvml loop making the same NVML calls (the floor; no families, no rendering);
   - nvitop-exporter: its PrometheusExporter.update_device() over the same GPUs (its own collection),
     plus one generate_latest() of its registry so both sides include one render per cycle.
@@ -187,6 +190,8 @@ class RawLoop:
 class CycleResult:
     cpu_ms: float
     nvml_calls: float
+    render_ms: float | None = None  # gpupulse: rendering one snapshot's text, once it is scraped
+    gzip_ms: float | None = None  # gpupulse: and compressing it (for a scrape asking for gzip)
 
 
 class Target:
@@ -252,6 +257,16 @@ def measure_gpupulse(path: Path | None, cycles: int) -> CycleResult:
         loop = asyncio.new_event_loop()
         try:
             result = _per_cycle(target, cycles, lambda: loop.run_until_complete(sampler.sample_once()))
+            render = compress = 0.0
+            for _ in range(cycles):  # the same cycles again, each snapshot scraped (rendered, gzipped)
+                target.advance()
+                snap = loop.run_until_complete(sampler.sample_once())
+                t0 = time.process_time()
+                _ = snap.body
+                t1 = time.process_time()
+                snap.gzipped()
+                render, compress = render + t1 - t0, compress + time.process_time() - t1
+            result.render_ms, result.gzip_ms = 1000 * render / cycles, 1000 * compress / cycles
         finally:
             loop.close()
         fleet.close()
@@ -629,6 +644,33 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 # --- report ----------------------------------------------------------------------------------------
+def _serving_pairs(args: argparse.Namespace) -> str:
+    n = 0 if args.real else max(GPU_COUNTS)
+    lines = [
+        f"Serving, {args.serving_pairs} alternating pairs at {n or 'real'} GPUs ({SCRAPERS} concurrent "
+        f"scrapers x {args.scrapes} scrapes, gzip): exporter, then a bare aiohttp server with its bytes",
+        "",
+        "| pair | exporter p50 ms | exporter p99 ms | bare p50 ms | bare p99 ms | p99 exporter / bare |",
+        "|---|---|---|---|---|---|",
+    ]
+    ratios = []
+    with tempfile.TemporaryDirectory() as tmp:
+        path = scenario_file(n, Path(tmp)) if n else None
+        plugins = PLUGINS_OFF if args.core_only else ()
+        for i in range(args.serving_pairs):
+            ours = measure_serving(path, args.scrapes, 0.0, plugins, args.scrape_pause)
+            bare = measure_bare_server(ours.body, args.scrapes, args.scrape_pause)
+            ratios.append(ours.p99_ms / bare.p99_ms)
+            lines.append(
+                f"| {i + 1} | {ours.p50_ms:.2f} | {ours.p99_ms:.2f} | {bare.p50_ms:.2f} | {bare.p99_ms:.2f} "
+                f"| {ratios[-1]:.2f}x |"
+            )
+            print(lines[-1], file=sys.stderr, flush=True)
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    lines += ["", f"Median p99 ratio {statistics.median(ratios):.2f}x; load average at the end {load}."]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run every measurement and print markdown tables."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0] if __doc__ else None)
@@ -655,6 +697,13 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="serve with the plug-in collectors (attribution, engines, pagecache) off: not imported",
     )
+    parser.add_argument(
+        "--serving-pairs",
+        type=int,
+        default=0,
+        help="only this many alternating pairs (exporter, bare server) of the serving measurement at the "
+        "largest GPU count: p99 and its ratio per pair, so the machine's drifting load hits both alike",
+    )
     parser.add_argument("--bare-server", nargs=2, metavar=("BODY_FILE", "PORT"), help=argparse.SUPPRESS)
     parser.add_argument("--one", nargs=3, metavar=("KIND", "GPUS", "CYCLES"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -663,6 +712,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.one:
         _one(args.one[0], int(args.one[1]), int(args.one[2]))
+        return 0
+    if args.serving_pairs:
+        print(_serving_pairs(args))
         return 0
     lines: list[str] = []
     counts = (0,) if args.real else GPU_COUNTS
@@ -673,8 +725,8 @@ def main(argv: list[str] | None = None) -> int:
             + (", real NVML):" if args.real else ", 64 processes):"),
             "",
             "| GPUs | gpupulse | raw pynvml loop | nvitop-exporter | gpupulse / raw | nvitop / gpupulse "
-            "| NVML calls/cycle (gpupulse, raw, nvitop) |",
-            "|---|---|---|---|---|---|---|",
+            "| NVML calls/cycle (gpupulse, raw, nvitop) | render, gzip per scraped snapshot |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for n in () if args.serving_only else counts:
             ours = measure_isolated("gpupulse", n, args.cycles)
@@ -686,9 +738,14 @@ def main(argv: list[str] | None = None) -> int:
             nv_calls = f"{nv.nvml_calls:.0f}" if nv else "n/a"
             label = n or "real"
             ratio = ours.cpu_ms / raw.cpu_ms
+            render = (
+                f"{ours.render_ms:.2f}, {ours.gzip_ms:.2f}"
+                if ours.render_ms is not None and ours.gzip_ms is not None
+                else "n/a"
+            )
             lines.append(
                 f"| {label} | {ours.cpu_ms:.2f} | {raw.cpu_ms:.2f} | {nv_ms} | {ratio:.2f}x "
-                f"| {nv_ratio} | {ours.nvml_calls:.0f}, {raw.nvml_calls:.0f}, {nv_calls} |"
+                f"| {nv_ratio} | {ours.nvml_calls:.0f}, {raw.nvml_calls:.0f}, {nv_calls} | {render} |"
             )
             print(lines[-1], file=sys.stderr, flush=True)
         if not args.serving_only and not args.real:

@@ -327,6 +327,9 @@ async def serve(
                 loop.remove_signal_handler(sig)
 
 
+SWITCH_INTERVAL_SECONDS = 0.0005
+
+
 class SamplingThread:
     """The sampler on its own thread and event loop, so a tick never holds up the serving loop.
 
@@ -374,6 +377,10 @@ class SamplingThread:
 
     async def start(self) -> Exporter:
         """Start the thread and wait until NVML is up and the collectors exist; re-raises start errors."""
+        # A thread running Python keeps the GIL up to the switch interval (5 ms by default) while
+        # another waits for it: a scrape arriving during a tick waited that long. With a shorter
+        # interval the serving loop gets the GIL back within it.
+        sys.setswitchinterval(SWITCH_INTERVAL_SECONDS)
         self._thread.start()
         await asyncio.to_thread(self._started.wait)
         if self.error is not None:

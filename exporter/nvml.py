@@ -21,7 +21,7 @@ import queue
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, TypeVar
+from typing import Any, Final, NamedTuple, TypeVar
 
 import pynvml
 
@@ -156,18 +156,12 @@ class HealthReading:
     remap_failed: bool | None = None
 
 
-@dataclass(frozen=True)
-class ProcessReading:
+class ProcessReading(NamedTuple):
+    """One process NVML lists on a GPU (a tuple: ~64 per node per tick, made cheaply)."""
+
     pid: int
     used_memory_bytes: int | None
     mig_uuid: str = ""
-
-
-@dataclass(frozen=True)
-class ProcessSample:
-    pid: int
-    timestamp_us: int
-    sm_ratio: float
 
 
 @dataclass(frozen=True)
@@ -233,6 +227,8 @@ class Device:
     nvlink_states: dict[tuple[int, bool], NvLinkState] = field(default_factory=dict)  # (link, up) -> state
     # "pcie" / "nvlink" -> (field timestamp in µs, tx, rx): the previous traffic counter reading
     counters: dict[str, tuple[int, float | None, float | None]] = field(default_factory=dict)
+    # the process listings' C buffers, kept between ticks (see _ProcessBuffer)
+    buffers: dict[str, Any] = field(default_factory=dict)
 
     def optional(self, key: str, fn: Callable[..., T], *args: Any) -> T | None:
         """Call fn; None when the feature is absent (remembered) or failed this round. Lost GPUs raise."""
@@ -374,26 +370,102 @@ def read_health(dev: Device) -> HealthReading:
     )
 
 
+class _ProcessInfo(ctypes.Structure):
+    """pynvml's c_nvmlProcessInfo_v3_t layout, read without its Python-level attribute hooks."""
+
+    _fields_ = pynvml.c_nvmlProcessInfo_v3_t._fields_
+
+
+class _UtilizationSample(ctypes.Structure):
+    """pynvml's c_nvmlProcessUtilizationSample_t layout, likewise."""
+
+    _fields_ = pynvml.c_nvmlProcessUtilizationSample_t._fields_
+
+
+_NOT_AVAILABLE: Final = pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
+_INITIAL_ENTRIES: Final = 32
+
+
+class _ProcessBuffer:
+    """One process listing (nvmlDevice{Compute,Graphics}RunningProcesses_v3) into a C array kept between
+    ticks. pynvml's wrapper asks for the size, then calls again to fill a fresh array and turns every
+    entry into a Python object; this makes one call while the array is big enough (and grows it when the
+    driver answers INSUFFICIENT_SIZE, as the wrapper does: twice the count plus 5)."""
+
+    def __init__(self, symbol: str) -> None:
+        self.__name__ = symbol  # for error messages (Device.optional)
+        self._array: Any = (_ProcessInfo * _INITIAL_ENTRIES)()
+
+    def __call__(self, handle: Any) -> list[tuple[int, int | None]]:
+        fn = pynvml._nvmlGetFunctionPointer(self.__name__)
+        for _ in range(4):  # processes may appear between the calls
+            count = ctypes.c_uint(len(self._array))
+            ret = fn(handle, ctypes.byref(count), self._array)
+            if ret == pynvml.NVML_SUCCESS:
+                return [
+                    (int(p.pid), None if p.usedGpuMemory == _NOT_AVAILABLE else int(p.usedGpuMemory))
+                    for p in self._array[: count.value]
+                ]
+            if ret != pynvml.NVML_ERROR_INSUFFICIENT_SIZE:
+                raise pynvml.NVMLError(ret)
+            self._array = (_ProcessInfo * (count.value * 2 + 5))()
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
+
+
+class _UtilizationBuffer:
+    """nvmlDeviceGetProcessUtilization into a C array kept between ticks: one call where pynvml's
+    wrapper makes two (size, then samples)."""
+
+    __name__ = "nvmlDeviceGetProcessUtilization"
+
+    def __init__(self) -> None:
+        self._array: Any = (_UtilizationSample * _INITIAL_ENTRIES)()
+
+    def __call__(self, handle: Any, since_us: int) -> list[Any]:
+        fn = pynvml._nvmlGetFunctionPointer(self.__name__)
+        for _ in range(4):
+            count = ctypes.c_uint(len(self._array))
+            ret = fn(handle, self._array, ctypes.byref(count), ctypes.c_ulonglong(since_us))
+            if ret == pynvml.NVML_SUCCESS:
+                return list(self._array[: count.value])
+            if ret != pynvml.NVML_ERROR_INSUFFICIENT_SIZE:
+                raise pynvml.NVMLError(ret)  # NOT_FOUND: no sample since `since_us`
+            self._array = (_UtilizationSample * (count.value * 2 + 5))()
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
+
+
+def _buffers(dev: Device) -> tuple[_ProcessBuffer, _ProcessBuffer, _UtilizationBuffer]:
+    found = dev.buffers.get("processes")
+    if found is None:
+        found = dev.buffers["processes"] = (
+            _ProcessBuffer("nvmlDeviceGetComputeRunningProcesses_v3"),
+            _ProcessBuffer("nvmlDeviceGetGraphicsRunningProcesses_v3"),
+            _UtilizationBuffer(),
+        )
+    return found
+
+
 def read_processes(
     dev: Device, now_us: int, window_us: int
-) -> tuple[list[ProcessReading], list[ProcessSample]]:
-    """Compute processes with their memory, plus process-utilization samples newer than the last seen."""
+) -> tuple[list[ProcessReading], dict[int, list[float]]]:
+    """Compute processes with their memory, plus the SM ratios (0..1) of each PID's process-utilization
+    samples newer than the last seen (a PID with no kernel time in the window has none)."""
     h = dev.handle
     procs: list[ProcessReading] = []
     handles = [(h, "")]
     if dev.static.mig_enabled:
         handles = [(mh, uuid) for mh, uuid in _mig_handles(dev)]
+    compute, graphics, utilization = _buffers(dev)
     for handle, mig_uuid in handles:
-        listed = list(dev.optional("procs", pynvml.nvmlDeviceGetComputeRunningProcesses, handle) or [])
-        listed += dev.optional("gprocs", pynvml.nvmlDeviceGetGraphicsRunningProcesses, handle) or []
-        for p in listed:
-            used = p.usedGpuMemory
-            procs.append(ProcessReading(int(p.pid), None if used is None else int(used), mig_uuid))
-    samples: list[ProcessSample] = []
+        listed = dev.optional("procs", compute, handle) or []
+        listed += dev.optional("gprocs", graphics, handle) or []
+        for pid, used in listed:
+            procs.append(ProcessReading(pid, used, mig_uuid))
+    sm: dict[int, list[float]] = {}
     if not dev.static.mig_enabled and "putil" not in dev.absent:
         since = dev.last_process_sample_us or max(0, now_us - window_us)
         try:
-            raw = call(pynvml.nvmlDeviceGetProcessUtilization, h, since)
+            raw = call(utilization, h, since)
         except NotSupportedError:
             dev.absent.add("putil")
             raw = []
@@ -401,15 +473,19 @@ def read_processes(
             raise
         except NvmlError:  # NOT_FOUND: no process had a sample since `since`
             raw = []
+        newest = 0
         for s in raw:
             ts = int(s.timeStamp)
             if ts > since:
-                samples.append(ProcessSample(int(s.pid), ts, float(s.smUtil) / 100.0))
-        if samples:
-            dev.last_process_sample_us = max(s.timestamp_us for s in samples)
-        else:
-            dev.last_process_sample_us = max(since, now_us - window_us)
-    return procs, samples
+                newest = max(newest, ts)
+                ratio = float(s.smUtil) / 100.0
+                found = sm.get(pid := int(s.pid))
+                if found is None:
+                    sm[pid] = [ratio]
+                else:
+                    found.append(ratio)
+        dev.last_process_sample_us = newest if newest else max(since, now_us - window_us)
+    return procs, sm
 
 
 def read_nvlink(dev: Device) -> list[NvLinkState]:
@@ -598,6 +674,13 @@ def read_mig(dev: Device) -> list[MigInstance]:
 
 
 # --- GPM ------------------------------------------------------------------------------------------
+class _GpmMetricCell(ctypes.Structure):
+    """pynvml's c_nvmlGpmMetric_t layout without its Python-level __getattribute__/__setattr__ (which
+    convert strings on every field access): the poll reads and resets these fields 24 times per GPU."""
+
+    _fields_ = pynvml.c_nvmlGpmMetric_t._fields_
+
+
 class GpmSampler:
     """One rolling pair of GPM samples: each poll takes one sample and reports over (previous, current)."""
 
@@ -615,10 +698,12 @@ class GpmSampler:
         self._mg = pynvml.c_nvmlGpmMetricsGet_t()  # about 19 KB: allocate once
         self._mg.version = pynvml.NVML_GPM_METRICS_GET_VERSION
         self._mg.numMetrics = len(self._ids)
-        # pynvml's structures convert every attribute access in Python; reach the metric array once
-        self._metrics = self._mg.metrics
-        for i, metric_id in enumerate(self._ids):
-            self._metrics[i].metricId = metric_id
+        # The metric array of _mg, seen through plain ctypes structures: one object per wanted metric,
+        # made once, each pointing into _mg's memory (kept alive by self._mg)
+        metrics = (_GpmMetricCell * len(self._ids)).from_address(ctypes.addressof(self._mg.metrics))
+        self._cells = [metrics[i] for i in range(len(self._ids))]
+        for cell, metric_id in zip(self._cells, self._ids, strict=True):
+            cell.metricId = metric_id
 
     def _take(self, sample: Any) -> None:
         if self._gi is None:
@@ -639,19 +724,16 @@ class GpmSampler:
         try:
             self._take(self._cur)
             self._mg.sample1, self._mg.sample2 = self._prev, self._cur
-            metrics = self._metrics
-            for i in range(len(self._ids)):
-                metrics[i].nvmlReturn = pynvml.NVML_ERROR_UNKNOWN  # don't trust stale outputs
+            for cell in self._cells:
+                cell.nvmlReturn = pynvml.NVML_ERROR_UNKNOWN  # don't trust stale outputs
             call(pynvml.nvmlGpmMetricsGet, self._mg)
         finally:
             self._prev, self._cur = self._cur, self._prev  # rotate even on failure
             self._prev_t = now
         out: dict[str, float] = {}
-        metrics = self._metrics
-        for i, (name, _, ratio) in enumerate(self._wanted):
-            m = metrics[i]
-            if m.nvmlReturn == pynvml.NVML_SUCCESS:
-                value = m.value
+        for cell, (name, _, ratio) in zip(self._cells, self._wanted, strict=True):
+            if cell.nvmlReturn == pynvml.NVML_SUCCESS:
+                value = cell.value
                 if math.isfinite(value):
                     out[name] = min(max(value / 100.0, 0.0), 1.0) if ratio else max(value * _MIB, 0.0)
         return out

@@ -113,9 +113,9 @@ class Sampler:
         return None if cached is None else (cached[1], cached[2])
 
     async def sample_once(self, precompress: bool = False) -> Snapshot:
-        """Run one tick and publish its snapshot. With `precompress`, the gzip body is made on a
-        thread before publishing (zlib runs without the GIL), so no scrape compresses on the loop
-        while the previous snapshot keeps being served."""
+        """Run one tick and publish its snapshot. With `precompress`, the text and its gzip are made
+        on a thread before publishing (zlib runs without the GIL) while the previous snapshot keeps
+        being served; without, the snapshot is rendered when first asked for."""
         now = self.clock.monotonic()
         slow = [c for c in self.collectors if c.interval_seconds is not None]
         fast = [c for c in self.collectors if c.interval_seconds is None]
@@ -202,7 +202,9 @@ class Sampler:
         next_tick = time.monotonic()
         while not stop.is_set():
             try:
-                await self.sample_once(precompress=True)
+                # render ahead only while someone scrapes: an unscraped snapshot is never rendered
+                prev = self.snapshot
+                await self.sample_once(precompress=prev is not None and prev.requested)
             except Exception:
                 log.exception("sampling tick failed")
             if self.fatal is not None:

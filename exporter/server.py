@@ -1,4 +1,4 @@
-"""HTTP serving: /metrics returns the latest snapshot's pre-rendered bytes; nothing here calls NVML."""
+"""HTTP serving: /metrics returns the latest snapshot's rendered bytes; nothing here calls NVML."""
 
 from __future__ import annotations
 
@@ -29,8 +29,17 @@ async def metrics(request: web.Request) -> web.Response:
     snap = request.app[SAMPLER_KEY].snapshot
     if snap is None:
         return web.Response(status=503, text="no sample yet\n")
+    snap.mark_requested()
     headers = {"Content-Type": CONTENT_TYPE}
-    if "gzip" in request.headers.get("Accept-Encoding", ""):
+    gzipped = "gzip" in request.headers.get("Accept-Encoding", "")
+    if not snap.ready(gzipped):
+        # the first scrape of a snapshot nobody asked for yet renders it, on a thread, not the loop
+        try:
+            await asyncio.to_thread(snap.gzipped if gzipped else lambda: snap.body)
+        except Exception as exc:  # a family that cannot be written as text; the next tick may be fine
+            log.error("rendering the snapshot of %.0f failed: %r", snap.taken_at_unix, exc)
+            return web.Response(status=500, text=f"rendering the last sample failed: {exc!r}\n")
+    if gzipped:
         headers["Content-Encoding"] = "gzip"
         return web.Response(body=snap.gzipped(), headers=headers)
     return web.Response(body=snap.body, headers=headers)

@@ -1,4 +1,5 @@
-"""An immutable sample of every collector, rendered to the text exposition once and reused by scrapes."""
+"""An immutable sample of every collector, rendered to the text exposition at most once, when first
+asked for, and reused by every scrape of it."""
 
 from __future__ import annotations
 
@@ -107,16 +108,24 @@ def _render_other(family: Metric) -> str:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """What one sampling tick produced; never mutated after it is published."""
+    """What one sampling tick produced; never mutated after it is published.
+
+    The text (and its gzip) is made on first use and kept: Prometheus scrapes every 15-30 s while the
+    loop ticks every second, so most snapshots are never rendered. The sampling loop renders a
+    snapshot before publishing it when the previous one was scraped (a scraper keeping up with the
+    ticks finds the text ready); otherwise the first scrape renders it, on a thread.
+    """
 
     families: tuple[Metric, ...]
-    body: bytes
     taken_at_unix: float
     taken_at_monotonic: float
     good: bool  # did this tick produce fresh GPU data (see Sampler)
     gpus: tuple[tuple[GpuRef, str], ...] = ()  # (GPU, "up" | "stale" | "lost") for the landing page
     rounds: Mapping[str, CollectorRound] = field(default_factory=dict)
+    # [text], [gzip text]: set once, under the lock; [True] once a scrape asked for this snapshot
+    _body: list[bytes] = field(default_factory=list, repr=False, compare=False)
     _gzip: list[bytes] = field(default_factory=list, repr=False, compare=False)
+    _requested: list[bool] = field(default_factory=list, repr=False, compare=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @classmethod
@@ -130,10 +139,9 @@ class Snapshot:
         gpus: Sequence[tuple[GpuRef, str]] = (),
         rounds: Mapping[str, CollectorRound] | None = None,
     ) -> Snapshot:
-        """Render the families once and freeze them with the tick's facts."""
+        """Freeze the families with the tick's facts (rendered on first use)."""
         return cls(
             families=tuple(families),
-            body=render(families),
             taken_at_unix=taken_at_unix,
             taken_at_monotonic=taken_at_monotonic,
             good=good,
@@ -142,13 +150,45 @@ class Snapshot:
         )
 
     @property
+    def body(self) -> bytes:
+        """The text exposition, rendered on first use and kept."""
+        if self._body:
+            return self._body[0]
+        with self._lock:
+            if not self._body:
+                self._body.append(render(self.families))
+            return self._body[0]
+
+    @property
+    def rendered(self) -> bool:
+        """True once the text exists."""
+        return bool(self._body)
+
+    @property
     def compressed(self) -> bool:
         """True once the gzip body exists (scrapes asking for gzip then only copy bytes)."""
         return bool(self._gzip)
 
     def gzipped(self) -> bytes:
         """The body gzip-compressed, computed on first use and kept."""
+        if self._gzip:
+            return self._gzip[0]
+        body = self.body
         with self._lock:
             if not self._gzip:
-                self._gzip.append(gzip.compress(self.body, compresslevel=6, mtime=0))
+                self._gzip.append(gzip.compress(body, compresslevel=6, mtime=0))
             return self._gzip[0]
+
+    def ready(self, gzipped: bool) -> bool:
+        """True when a scrape (gzip or not) only copies bytes."""
+        return bool(self._gzip if gzipped else self._body)
+
+    def mark_requested(self) -> None:
+        """A scrape asked for this snapshot (the sampling loop then renders the next one ahead)."""
+        if not self._requested:
+            self._requested.append(True)
+
+    @property
+    def requested(self) -> bool:
+        """True once a scrape asked for this snapshot."""
+        return bool(self._requested)

@@ -50,7 +50,7 @@ class _GpuSeries:
     slow: tuple[tuple[str, int, Series], ...]  # the same for SlowDeviceReading
     statics: tuple[tuple[int, Series, float], ...]  # static facts: (family position, series, value)
     memory: tuple[Series, Series, Series, Series]  # total, used, free, reserved
-    clock_events: tuple[tuple[int, Series], ...]  # (reason bit, series)
+    clock_events: tuple[Series, ...]  # one per CLOCK_EVENT_REASONS entry, in its order
 
 
 def _series_of(slot: GpuSlot, driver_version: str) -> _GpuSeries:
@@ -80,7 +80,7 @@ def _series_of(slot: GpuSlot, driver_version: str) -> _GpuSeries:
             table(_MEMORY[3]).series(*gpu),
         ),
         clock_events=tuple(
-            (bit, table(c.GPU_CLOCK_EVENT).series(*gpu, reason)) for reason, bit in CLOCK_EVENT_REASONS
+            table(c.GPU_CLOCK_EVENT).series(*gpu, reason) for reason, _ in CLOCK_EVENT_REASONS
         ),
     )
 
@@ -104,44 +104,56 @@ class DeviceCollector:
         self.fleet.note_device_round([r for _, r in outcomes])
         results = {slot.uuid: r for slot, r in outcomes}
         fams = [table(spec).family() for spec in c.DEVICE_METRICS]
-        info, up = fams[_INDEX[c.GPU_INFO.name]], fams[_INDEX[c.GPU_UP.name]]
-        total, used, free, reserved = (fams[_INDEX[spec.name]] for spec in _MEMORY)
-        clock_event = fams[_INDEX[c.GPU_CLOCK_EVENT.name]]
+        # the rows and values lists of every family, appended to directly: ~35 rows per GPU per tick
+        rows = [f.rows for f in fams]
+        values = [f.values for f in fams]
+        info, up = _INDEX[c.GPU_INFO.name], _INDEX[c.GPU_UP.name]
+        total, used, free, reserved = (_INDEX[spec.name] for spec in _MEMORY)
+        clock_event = _INDEX[c.GPU_CLOCK_EVENT.name]
         answered = False
         for slot in self.fleet.slots:
             gs = self._series.get(slot.uuid)
             if gs is None:
                 gs = self._series[slot.uuid] = _series_of(slot, self.fleet.driver_version)
-            info.add(gs.info, 1.0)
+            rows[info].append(gs.info)
+            values[info].append(1.0)
             reading = results.get(slot.uuid, Outcome.LOST)
+            rows[up].append(gs.up)
             if not isinstance(reading, DeviceReading):
-                up.add(gs.up, 0.0)
+                values[up].append(0.0)
                 continue
             answered = True
-            up.add(gs.up, 1.0)
+            values[up].append(1.0)
             for attr, position, series in gs.values:
                 value = getattr(reading, attr)
                 if value is not None:
-                    fams[position].add(series, float(value))
+                    rows[position].append(series)
+                    values[position].append(float(value))
             slow_reading = slow.get(slot.uuid)
             if isinstance(slow_reading, SlowDeviceReading):
                 for attr, position, series in gs.slow:
                     value = getattr(slow_reading, attr)
                     if value is not None:
-                        fams[position].add(series, float(value))
-            for position, series, value in gs.statics:
-                fams[position].add(series, value)
+                        rows[position].append(series)
+                        values[position].append(float(value))
+            for position, series, static in gs.statics:
+                rows[position].append(series)
+                values[position].append(static)
             mem = reading.memory
             if mem is not None:
-                total.add(gs.memory[0], float(mem.total_bytes))
-                used.add(gs.memory[1], float(mem.used_bytes))
-                free.add(gs.memory[2], float(mem.free_bytes))
+                rows[total].append(gs.memory[0])
+                values[total].append(float(mem.total_bytes))
+                rows[used].append(gs.memory[1])
+                values[used].append(float(mem.used_bytes))
+                rows[free].append(gs.memory[2])
+                values[free].append(float(mem.free_bytes))
                 if mem.reserved_bytes is not None:
-                    reserved.add(gs.memory[3], float(mem.reserved_bytes))
+                    rows[reserved].append(gs.memory[3])
+                    values[reserved].append(float(mem.reserved_bytes))
             reasons = reading.clock_event_reasons
             if reasons is not None:
-                for bit, series in gs.clock_events:
-                    clock_event.add(series, 1.0 if reasons & bit else 0.0)
+                rows[clock_event].extend(gs.clock_events)
+                values[clock_event].extend([1.0 if reasons & bit else 0.0 for _, bit in CLOCK_EVENT_REASONS])
         self.fleet.answered = answered or not self.fleet.slots
         live = {slot.uuid for slot in self.fleet.live()}
         migs = tuple(g for g in state.gpus if g.mig_uuid and g.uuid in live)

@@ -4,14 +4,13 @@ traffic per GPU (GPM where it exists, else NVML's PCIe sample and NVLink counter
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import partial
 
 from prometheus_client.core import Metric
 
 from exporter.collectors.base import NodeState
 from exporter.collectors.gpus import GpuFleet, GpuSlot
-from exporter.collectors.series import SeriesFamily, table
-from exporter.nvml import InterconnectReading, poll_gpm, read_interconnect
+from exporter.collectors.series import Series, table
+from exporter.nvml import Device, InterconnectReading, poll_gpm, read_interconnect
 from gpupulse.metrics import gpu as c
 from gpupulse.metrics.spec import MetricSpec
 
@@ -25,11 +24,8 @@ SPEC_BY_METRIC: dict[str, tuple[MetricSpec, str]] = {
     "nvlink_tx": (c.GPU_NVLINK_THROUGHPUT, "tx"),
     "nvlink_rx": (c.GPU_NVLINK_THROUGHPUT, "rx"),
 }
-
-
-def _uses_gpm(slot: GpuSlot) -> bool:
-    s = slot.device.static
-    return s.gpm_supported and not s.mig_enabled
+_SPECS = c.GPM_METRICS + c.INTERCONNECT_METRICS
+_POSITION = {spec.name: i for i, spec in enumerate(_SPECS)}
 
 
 class GpmCollector:
@@ -44,36 +40,47 @@ class GpmCollector:
 
     def __init__(self, fleet: GpuFleet) -> None:
         self.fleet = fleet
+        self._series: dict[str, dict[str, tuple[int, Series]]] = {}  # by GPU UUID
+
+    def _read(self, dev: Device) -> dict[str, float] | InterconnectReading | None:
+        monotonic = self.fleet.clock.monotonic
+        s = dev.static
+        if s.gpm_supported and not s.mig_enabled:
+            return poll_gpm(dev, monotonic)
+        return read_interconnect(dev, monotonic)
+
+    def _series_of(self, slot: GpuSlot) -> dict[str, tuple[int, Series]]:
+        # metric -> (family position, series): a GPU's labels are made once, not per tick
+        found = self._series.get(slot.uuid)
+        if found is None:
+            found = self._series[slot.uuid] = {}
+            for metric, (spec, direction) in SPEC_BY_METRIC.items():
+                labels = (slot.uuid, slot.index, direction) if direction else (slot.uuid, slot.index)
+                found[metric] = (_POSITION[spec.name], table(spec).series(*labels))
+        return found
 
     async def collect(self, state: NodeState) -> Sequence[Metric]:
         """Poll every GPU: GPM where supported (the first poll only sets the baseline), else NVML."""
-        specs = c.GPM_METRICS + c.INTERCONNECT_METRICS
-        fam = {spec.name: table(spec).family() for spec in specs}
-        poll = partial(poll_gpm, monotonic=self.fleet.clock.monotonic)
-        counters = partial(read_interconnect, monotonic=self.fleet.clock.monotonic)
+        fams = [table(spec).family() for spec in _SPECS]
+        rows = [f.rows for f in fams]
+        values = [f.values for f in fams]
         # all in the tick's batch: one deadline per GPU, shared with the other collectors
-        futures = [
-            (slot, self.fleet.submit(slot, poll if _uses_gpm(slot) else counters))
-            for slot in self.fleet.live()
-        ]
-        for slot, fut in futures:
-            result = await fut
+        for slot, result in await self.fleet.map(self._read, self.fleet.live()):
             if isinstance(result, dict):
+                series = self._series_of(slot)
                 for metric, value in result.items():
-                    _add(fam, slot, metric, value)
+                    position, one = series[metric]
+                    rows[position].append(one)
+                    values[position].append(value)
             elif isinstance(result, InterconnectReading):
+                series = self._series_of(slot)
                 for metric in ("pcie_tx", "pcie_rx", "nvlink_tx", "nvlink_rx"):
                     value = getattr(result, metric)
                     if value is not None:
-                        _add(fam, slot, metric, value)
-        return [f for f in fam.values() if f.rows]
+                        position, one = series[metric]
+                        rows[position].append(one)
+                        values[position].append(value)
+        return [f for f in fams if f.rows]
 
     async def close(self) -> None:
         """Nothing to release: the GPU fleet is closed by the exporter."""
-
-
-def _add(fam: dict[str, SeriesFamily], slot: GpuSlot, metric: str, value: float) -> None:
-    spec, direction = SPEC_BY_METRIC[metric]
-    f = fam[spec.name]
-    labels = (slot.uuid, slot.index, direction) if direction else (slot.uuid, slot.index)
-    f.add(f.table.series(*labels), value)

@@ -29,15 +29,19 @@ class GpuSlot:
     stale: bool = False
     uuid: str = field(init=False)
     index: str = field(init=False)  # the `gpu` label
+    _ref: GpuRef | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.uuid = self.device.static.uuid
         self.index = str(self.device.static.index)
 
     def ref(self) -> GpuRef:
-        """The GPU as NodeState names it."""
-        s = self.device.static
-        return GpuRef(uuid=s.uuid, index=str(s.index), name=s.name, pci_bus_id=s.pci_bus_id)
+        """The GPU as NodeState names it (made once: its facts are static)."""
+        found = self._ref
+        if found is None:
+            s = self.device.static
+            found = self._ref = GpuRef(uuid=s.uuid, index=str(s.index), name=s.name, pci_bus_id=s.pci_bus_id)
+        return found
 
 
 class Outcome:
@@ -49,7 +53,20 @@ class Outcome:
     UNKNOWN = "unknown"  # NVML_ERROR_UNKNOWN: in a container, usually a lost device cgroup
 
 
-_Job = tuple[Callable[[Device], Any], "asyncio.Future[Any]"]
+class _Cell:
+    """Where one queued read's answer lands: the reading, or an Outcome string."""
+
+    __slots__ = ("round", "value")
+
+    def __init__(self, value: Any = None, round_done: asyncio.Future[None] | None = None) -> None:
+        self.value = value
+        self.round = round_done  # set when the round that answers this cell has handed out its answers
+
+
+_UNANSWERED: Any = object()  # a cell's value until its round hands out the answer
+
+
+_Job = tuple[Callable[[Device], Any], _Cell]
 
 
 def _run_jobs(device: Device, jobs: list[_Job]) -> list[tuple[bool, Any]]:
@@ -82,6 +99,8 @@ class GpuFleet:
         self.unknown_rounds_fatal = unknown_rounds_fatal
         self.fatal: str | None = None  # set when the exporter should exit (see note_device_round)
         self._pending: dict[str, tuple[GpuSlot, list[_Job]]] = {}
+        # set when the round of the pending batches has handed out every answer
+        self._round_done: asyncio.Future[None] | None = None
         self._batches: set[asyncio.Task[None]] = set()
 
     @property
@@ -92,50 +111,91 @@ class GpuFleet:
         """GPUs not lost."""
         return [s for s in self.slots if not s.lost]
 
-    def submit(self, slot: GpuSlot, fn: Callable[[Device], T]) -> asyncio.Future[T | str]:
-        """Queue fn(device) for the GPU's next batch; the future holds the result or an Outcome string.
+    def _queue(self, slot: GpuSlot, fn: Callable[[Device], Any]) -> _Cell:
+        """fn queued for the GPU's next batch (or answered at once when the GPU is lost or stuck).
 
         Requests made in the same event-loop turn (all collectors of one tick) go to each GPU's thread
         as one batch: one thread handoff per GPU per tick instead of one per collector, and one
         deadline for the GPU's whole round.
         """
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[T | str] = loop.create_future()
         if slot.lost:
-            fut.set_result(Outcome.LOST)
-        elif slot.worker.stuck:
+            return _Cell(Outcome.LOST)
+        if slot.worker.stuck:
             slot.stale = True
-            fut.set_result(Outcome.STALE)
-        else:
-            if not self._pending:
-                loop.call_soon(self._flush)
-            self._pending.setdefault(slot.index, (slot, []))[1].append((fn, fut))
-        return fut
+            return _Cell(Outcome.STALE)
+        if self._round_done is None:
+            loop = asyncio.get_running_loop()
+            self._round_done = loop.create_future()
+            loop.call_soon(self._flush)
+        batch = self._pending.get(slot.index)
+        if batch is None:
+            batch = self._pending[slot.index] = (slot, [])
+        elif fn is _probe:  # several slow tiers probe the same GPU in one tick: one probe answers all
+            for queued, cell in batch[1]:
+                if queued is _probe:
+                    return cell
+        cell = _Cell(_UNANSWERED, self._round_done)
+        batch[1].append((fn, cell))
+        return cell
+
+    async def _answers(self, cells: list[_Cell]) -> list[Any]:
+        waited: set[int] = set()
+        for cell in cells:  # all of one round, normally
+            done = cell.round
+            if done is not None and id(done) not in waited:
+                waited.add(id(done))
+                await asyncio.shield(done)  # one waiter's cancellation must not end the round for others
+        return [cell.value for cell in cells]
+
+    def submit(self, slot: GpuSlot, fn: Callable[[Device], T]) -> asyncio.Future[T | str]:
+        """Queue fn(device) for the GPU's next batch now; the future holds the result or an Outcome
+        string."""
+        return asyncio.ensure_future(self._answer(self._queue(slot, fn)))
+
+    async def _answer(self, cell: _Cell) -> Any:
+        return (await self._answers([cell]))[0]
 
     async def run(self, slot: GpuSlot, fn: Callable[[Device], T]) -> T | str:
         """fn(device) on the GPU's thread, or an Outcome string when it is lost, stale or failed."""
-        return await self.submit(slot, fn)
+        value: T | str = await self._answer(self._queue(slot, fn))
+        return value
 
     async def map(
         self, fn: Callable[[Device], T], slots: Sequence[GpuSlot] | None = None
     ) -> list[tuple[GpuSlot, T | str]]:
-        """fn on every live GPU (or on `slots`) at once; results in GPU order."""
+        """fn on every live GPU (or on `slots`) at once; results in GPU order.
+
+        One wait for the whole tick's round, however many GPUs: no future per GPU per read.
+        """
         chosen = list(self.slots if slots is None else slots)
-        futures = [self.submit(slot, fn) for slot in chosen]
-        return [(slot, await fut) for slot, fut in zip(chosen, futures, strict=True)]
+        cells = [self._queue(slot, fn) for slot in chosen]
+        return list(zip(chosen, await self._answers(cells), strict=True))
 
     def _flush(self) -> None:
         pending, self._pending = self._pending, {}
-        task = asyncio.ensure_future(self._run_round(list(pending.values())))
+        done, self._round_done = self._round_done, None
+        assert done is not None
+        task = asyncio.ensure_future(self._run_round(list(pending.values()), done))
         self._batches.add(task)
         task.add_done_callback(self._batches.discard)
 
-    async def _run_round(self, batches: list[tuple[GpuSlot, list[_Job]]]) -> None:
+    async def _run_round(self, batches: list[tuple[GpuSlot, list[_Job]]], done: asyncio.Future[None]) -> None:
         """Every GPU's batch on its own thread at once, under one deadline.
 
         The workers hand their results back through one wake-up of the loop, sent by the last to
         finish, rather than one future and one wake-up per GPU.
         """
+        try:
+            await self._run_batches(batches)
+        finally:
+            for _, jobs in batches:  # a round cut short (cancelled at shutdown) answers what it lacks
+                for _, cell in jobs:
+                    if cell.value is _UNANSWERED:
+                        cell.value = Outcome.FAILED
+            if not done.done():
+                done.set_result(None)
+
+    async def _run_batches(self, batches: list[tuple[GpuSlot, list[_Job]]]) -> None:
         loop = asyncio.get_running_loop()
         all_done: asyncio.Future[None] = loop.create_future()
         results: dict[str, tuple[bool, Any]] = {}
@@ -175,9 +235,8 @@ class GpuFleet:
                 slot.stale = False
                 ok, value = got
                 outs = value if ok else [(False, value)] * len(jobs)
-            for (_, fut), (ok, value) in zip(jobs, outs, strict=True):
-                if not fut.done():
-                    fut.set_result(value if ok else self._failure(slot, value))
+            for (_, cell), (ok, value) in zip(jobs, outs, strict=True):
+                cell.value = value if ok else self._failure(slot, value)
 
     def _failure(self, slot: GpuSlot, exc: Exception) -> str:
         if isinstance(exc, GpuLostError):

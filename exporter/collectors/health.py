@@ -8,7 +8,7 @@ from prometheus_client.core import Metric
 
 from exporter.collectors.base import NodeState
 from exporter.collectors.gpus import GpuFleet, Tiered
-from exporter.collectors.series import table
+from exporter.collectors.series import Series, table
 from exporter.collectors.xid import XidCounter
 from exporter.nvml import HealthReading, read_health
 from gpupulse.metrics import gpu as c
@@ -27,6 +27,8 @@ class HealthCollector:
         self.fleet, self.xids = fleet, xids
         # ECC and remap counters change rarely: read on the slow tier, XIDs come from the event thread
         self._reads = Tiered(fleet, read_health, slow_interval_seconds)
+        # per GPU: ECC corrected, uncorrected, remapped correctable, uncorrectable, pending, failed
+        self._series: dict[str, tuple[Series, Series, Series, Series, Series, Series]] = {}
 
     async def collect(self, state: NodeState) -> Sequence[Metric]:
         """Sample health counters and add the XID counts."""
@@ -34,18 +36,28 @@ class HealthCollector:
         for slot, r in await self._reads.map():
             if not isinstance(r, HealthReading):
                 continue
-            u, i = slot.uuid, slot.index
+            gs = self._series.get(slot.uuid)
+            if gs is None:
+                u, i = slot.uuid, slot.index
+                gs = self._series[slot.uuid] = (
+                    ecc.table.series(u, i, "corrected"),
+                    ecc.table.series(u, i, "uncorrected"),
+                    rows.table.series(u, i, "correctable"),
+                    rows.table.series(u, i, "uncorrectable"),
+                    pending.table.series(u, i),
+                    failed.table.series(u, i),
+                )
             if r.ecc_corrected is not None:
-                ecc.add(ecc.table.series(u, i, "corrected"), float(r.ecc_corrected))
+                ecc.add(gs[0], float(r.ecc_corrected))
             if r.ecc_uncorrected is not None:
-                ecc.add(ecc.table.series(u, i, "uncorrected"), float(r.ecc_uncorrected))
+                ecc.add(gs[1], float(r.ecc_uncorrected))
             if r.remapped_correctable is not None and r.remapped_uncorrectable is not None:
-                rows.add(rows.table.series(u, i, "correctable"), float(r.remapped_correctable))
-                rows.add(rows.table.series(u, i, "uncorrectable"), float(r.remapped_uncorrectable))
+                rows.add(gs[2], float(r.remapped_correctable))
+                rows.add(gs[3], float(r.remapped_uncorrectable))
             if r.remap_pending is not None:
-                pending.add(pending.table.series(u, i), float(r.remap_pending))
+                pending.add(gs[4], float(r.remap_pending))
             if r.remap_failed is not None:
-                failed.add(failed.table.series(u, i), float(r.remap_failed))
+                failed.add(gs[5], float(r.remap_failed))
         index_by_uuid = {slot.uuid: slot.index for slot in self.fleet.slots}
         known = [
             (int(index_by_uuid[u]), code, u, n)

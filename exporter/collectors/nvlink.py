@@ -28,6 +28,9 @@ class NvLinkCollector:
         # Both are static between changes, so a tick reuses them: the link series per GPU (keyed by
         # the link numbers read), and the peer-info rows per set of live GPUs.
         self._link_series: dict[str, tuple[tuple[int, ...], list[Series]]] = {}
+        # per GPU: the link list last turned into values (the slow tier hands back the same list
+        # between reads), and those values
+        self._link_values: dict[str, tuple[list[NvLinkState], list[float]]] = {}
         self._peer_rows: tuple[tuple[str, ...], list[Series]] | None = None
 
     def _series_for(self, slot: GpuSlot, links: list[NvLinkState]) -> list[Series]:
@@ -65,8 +68,13 @@ class NvLinkCollector:
                 complete = False
                 continue
             links[slot.device.static.index] = r
-            up.rows.extend(self._series_for(slot, r))
-            up.values.extend([1.0 if link.up else 0.0 for link in r])
+            done = self._link_values.get(slot.uuid)
+            if done is None or done[0] is not r:
+                done = self._link_values[slot.uuid] = (r, [1.0 if link.up else 0.0 for link in r])
+                up.rows.extend(self._series_for(slot, r))
+            else:
+                up.rows.extend(self._link_series[slot.uuid][1])
+            up.values.extend(done[1])
         if self._pairs is None and complete:
             self._pairs = nvlink_pairs([s.device for s in self.fleet.slots], links)
             self._peer_rows = None

@@ -24,6 +24,9 @@ from gpupulse.metrics.spec import MetricSpec
 
 _go_float = cast(Callable[[float], str], floatToGoString)  # Go-style floats, as Prometheus prints
 _TABLE_MAX_SERIES = 50_000  # series churn (processes come and go): a table starts over past this
+# Every this many families made from a table (ticks, for most), it forgets the series its latest
+# family did not use: pods and processes that came and went leave nothing behind.
+_SWEEP_FAMILIES = 256
 
 
 def format_value(value: float) -> str:
@@ -52,10 +55,11 @@ def help_header(name: str, documentation: str, type_: str) -> str:
 class Series:
     """One series: sample name, labels, its text prefix, and the last (value, line) it rendered."""
 
-    __slots__ = ("labels", "last", "name", "prefix")
+    __slots__ = ("key", "labels", "last", "name", "prefix")
 
-    def __init__(self, name: str, labels: dict[str, str]) -> None:
+    def __init__(self, name: str, labels: dict[str, str], key: tuple[str, ...] = ()) -> None:
         self.name, self.labels = name, labels
+        self.key = key  # its label values, as its table finds it
         if labels:
             text = ",".join(f'{k}="{escape_label_value(v)}"' for k, v in sorted(labels.items()))
             self.prefix = f"{name}{{{text}}} "
@@ -89,6 +93,8 @@ class SeriesTable:
         self._series: dict[tuple[str, ...], Series] = {}
         # (rows, values, text) of the last family rendered; a tuple swapped whole, like Series.last
         self.last_text: tuple[list[Series], list[float], str] | None = None
+        self._made = 0  # families made since the last sweep
+        self._latest: SeriesFamily | None = None
 
     def series(self, *values: str) -> Series:
         """The series with these label values, in the spec's label order."""
@@ -97,12 +103,24 @@ class SeriesTable:
             if len(self._series) >= _TABLE_MAX_SERIES:
                 self._series.clear()
             labels = dict(zip(self.spec.labels, values, strict=True))
-            found = self._series[values] = Series(self.spec.name, labels)
+            found = self._series[values] = Series(self.spec.name, labels, values)
         return found
+
+    def __len__(self) -> int:
+        return len(self._series)
 
     def family(self) -> SeriesFamily:
         """An empty family for one tick."""
-        return SeriesFamily(self)
+        self._made += 1
+        if self._made >= _SWEEP_FAMILIES:
+            self._made = 0
+            latest = self._latest
+            if latest is not None and len(self._series) > len(latest.rows):
+                # A series still used but not in the latest family (another family of the table, a
+                # collector's own cache) stays valid; a lookup of its labels only makes it anew.
+                self._series = {s.key: s for s in latest.rows}
+        fam = self._latest = SeriesFamily(self)
+        return fam
 
 
 class SeriesFamily(Metric):

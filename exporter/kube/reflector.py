@@ -18,15 +18,26 @@ import logging
 import random
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
-from kubernetes_asyncio import client as k8s
-from kubernetes_asyncio import watch as k8s_watch
-from kubernetes_asyncio.client.exceptions import ApiException
 
 from exporter.errors import Expired, KubeError
 from exporter.kube.client import ApiSettings, api_client
+
+if TYPE_CHECKING:
+    from kubernetes_asyncio import client as k8s
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+
+def _api_exception() -> type[ApiException]:
+    """kubernetes_asyncio's error type, imported on first use (see exporter.kube.client). An `except`
+    names it only when an exception is on its way, and a reflector's requests begin by making its
+    client, which imports the library anyway."""
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    return ApiException
+
 
 Key = tuple[str, str]  # (namespace or "", name)
 WatchCall = tuple[Callable[..., Any], tuple[Any, ...]]  # the list function and its positional args
@@ -140,7 +151,7 @@ class Reflector(abc.ABC):
                 self.log.info("%s: %s; listing again", self.resource, exc)
                 self.stats.relists_after_expired += 1
                 self._resource_version, consistent = None, True
-            except (KubeError, ApiException, aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            except (KubeError, _api_exception(), aiohttp.ClientError, TimeoutError, ValueError) as exc:
                 self.stats.failures += 1
                 if str(exc) != self.error:  # once per change: a cluster without the API would log forever
                     self.log.warning(
@@ -172,6 +183,8 @@ class Reflector(abc.ABC):
         self._notify()
         timeout = int(s.watch_timeout_seconds * (1 + random.random()))
         func, args = self._watch_call()
+        from kubernetes_asyncio import watch as k8s_watch
+
         stream = k8s_watch.Watch(return_type="object")
         try:
             events = stream.stream(
@@ -189,12 +202,12 @@ class Reflector(abc.ABC):
                     event = await anext(events)
                 except StopAsyncIteration:
                     return  # the server ended the watch (timeoutSeconds): resume from the last RV
-                except (ApiException, aiohttp.ClientError, TimeoutError, asyncio.CancelledError):
+                except (_api_exception(), aiohttp.ClientError, TimeoutError, asyncio.CancelledError):
                     raise
                 except Exception as exc:  # kubernetes_asyncio raises a bare Exception on a malformed event
                     raise KubeError(f"WATCH {self.resource}: {exc}") from exc
                 self._apply(event)
-        except ApiException as exc:
+        except _api_exception() as exc:
             if exc.status == 410:
                 raise Expired(f"WATCH {self.resource}: {exc.reason}") from exc
             raise
@@ -230,9 +243,13 @@ class Reflector(abc.ABC):
         self._notify()
 
     def _core_api(self) -> Any:  # Any: the generated APIs are untyped
+        from kubernetes_asyncio import client as k8s
+
         return k8s.CoreV1Api(self._api_client())
 
     def _custom_api(self) -> Any:
+        from kubernetes_asyncio import client as k8s
+
         return k8s.CustomObjectsApi(self._api_client())
 
     async def _list_call(
@@ -248,7 +265,7 @@ class Reflector(abc.ABC):
                 _preload_content=False,
                 _request_timeout=self._settings.timeout_seconds,
             )
-        except ApiException as exc:
+        except _api_exception() as exc:
             if exc.status == 404:
                 return None
             raise

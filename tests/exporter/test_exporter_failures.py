@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
 
+import yaml
 from aiohttp.test_utils import TestClient, TestServer
 
+from exporter.nvml import Device
 from exporter.server import make_app
 from tests.exporter.harness import SETTINGS, simulated_exporter
 
@@ -286,3 +289,47 @@ async def test_sampling_loop_stops_by_itself_when_fatal() -> None:
         stop = asyncio.Event()
         await asyncio.wait_for(h.sampler.run(stop), 10)  # returns without being stopped
         assert not stop.is_set() and h.sampler.fatal is not None
+
+
+async def test_more_processes_than_the_listing_buffer_holds_are_all_listed(tmp_path: Path) -> None:
+    # The process listings keep their C arrays between ticks (32 entries at first); a GPU with more
+    # processes makes the driver answer INSUFFICIENT_SIZE, and the array grows. Processes start late
+    # too: 20 at first, 100 from t = 5, so a tick with a too-small kept array happens after the first.
+    procs = [
+        {"pid": 5000 + n, "gpu": 0, "name": "worker", "memory_bytes": f"{n + 1}MiB", "sm_utilization": 0.01}
+        | ({"start": 5} if n >= 20 else {})
+        for n in range(100)
+    ]
+    scenario = tmp_path / "crowded.yaml"
+    scenario.write_text(
+        yaml.safe_dump({"name": "crowded", "gpus": [{"model": "H100-SXM5-80GB"}], "processes": procs})
+    )
+    async with simulated_exporter(scenario, start_seconds=1.0, collectors=["processes"]) as h:
+        await h.tick(0)
+        assert len(series(h.text(), "gpu_process_memory_used_bytes")) == 20
+        await h.tick(5.0)
+        mem = series(h.text(), "gpu_process_memory_used_bytes")
+        assert len(mem) == 100
+        assert sorted(mem.values()) == [(n + 1) * 2**20 for n in range(100)]
+        assert {p.pid for p in h.sampler.state.processes} == {5000 + n for n in range(100)}
+        assert len(series(h.text(), "gpu_process_sm_utilization_ratio")) == 100
+
+
+async def test_reads_queued_in_one_turn_share_a_batch_and_each_gets_its_own_answer() -> None:
+    async with simulated_exporter(FAILURES, start_seconds=1.0) as h:
+        first, second = h.fleet.slots[0], h.fleet.slots[2]
+        threads: list[str] = []
+
+        def index(dev: Device) -> int:
+            threads.append(threading.current_thread().name)
+            return dev.static.index
+
+        # submit queues at once: these four go to the GPUs' threads as one batch per GPU
+        a = h.fleet.submit(first, index)
+        b = h.fleet.submit(first, lambda dev: "b")
+        c = h.fleet.submit(second, index)
+        mapped = await h.fleet.map(index, [first, second])
+        assert (await a, await b, await c) == (0, "b", 2)
+        assert [r for _, r in mapped] == [0, 2]
+        assert sorted(threads) == ["nvml-gpu0", "nvml-gpu0", "nvml-gpu2", "nvml-gpu2"]
+        assert await h.fleet.run(first, lambda dev: dev.static.uuid) == first.uuid  # and a later one alone

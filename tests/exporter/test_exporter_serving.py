@@ -5,14 +5,18 @@ from __future__ import annotations
 import asyncio
 import gzip
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
+from prometheus_client.core import Metric
 
+from exporter.collectors.base import NodeState
 from exporter.config import ExporterSettings
 from exporter.sampler import Sampler
 from exporter.server import make_app
+from exporter.snapshot import Snapshot
 from tests.exporter.clocks import StepClock
 from tests.fakes.exporter_core import FakeCollector
 
@@ -74,20 +78,43 @@ async def test_gzip_when_the_client_accepts_it(client: TestClient[object, object
     assert b"fake_value" in gzip.decompress(await resp.read())
 
 
-async def test_the_sampling_loop_publishes_snapshots_already_compressed(sampler: Sampler) -> None:
-    published: list[bool] = []
-
-    async def hook(snap: object) -> None:
-        published.append(snap.compressed)  # type: ignore[attr-defined]
-        stop.set()
-
+async def test_the_sampling_loop_renders_ahead_only_while_someone_scrapes(
+    collector: FakeCollector, clock: StepClock
+) -> None:
+    # The loop's interval is real time; the one scrape below takes milliseconds of its 0.5 s.
+    sampler = Sampler([collector], replace(SETTINGS, sampling_interval_seconds=0.5), clock)
+    published: list[tuple[bool, bool]] = []
     stop = asyncio.Event()
-    sampler.hooks.append(hook)
-    await asyncio.wait_for(sampler.run(stop), 10)
-    await sampler.close()
-    assert published == [True]  # no scrape of this snapshot compresses on the event loop
+    async with TestClient(TestServer(make_app(sampler))) as client:
+
+        async def hook(snap: Snapshot) -> None:
+            published.append((snap.rendered, snap.compressed))
+            if len(published) == 1:  # a scraper asks for the first snapshot only
+                resp = await client.get("/metrics", headers={"Accept-Encoding": "gzip"})
+                assert resp.status == 200 and snap.requested
+            if len(published) == 3:
+                stop.set()
+
+        sampler.hooks.append(hook)
+        await asyncio.wait_for(sampler.run(stop), 10)
+        await sampler.close()
+    # nobody had asked yet: not rendered; the previous one was scraped: published already compressed,
+    # so no scrape of it compresses on the event loop; the previous one was not scraped: not rendered
+    assert published == [(False, False), (True, True), (False, False)]
     snap = sampler.snapshot
     assert snap is not None and gzip.decompress(snap.gzipped()) == snap.body
+
+
+async def test_the_first_scrape_of_an_unrendered_snapshot_gets_its_text(
+    client: TestClient[object, object], sampler: Sampler
+) -> None:
+    snap = await sampler.sample_once()
+    assert not snap.rendered and not snap.requested
+    resp = await client.get("/metrics", headers={"Accept-Encoding": "gzip"}, auto_decompress=False)
+    assert gzip.decompress(await resp.read()) == snap.body
+    assert snap.requested and snap.compressed
+    plain = await (await client.get("/metrics")).read()
+    assert plain == snap.body and b'fake_value{k="v"} 1.0' in plain
 
 
 async def test_a_snapshot_from_sample_once_compresses_on_first_use(sampler: Sampler) -> None:
@@ -217,3 +244,35 @@ def test_render_matches_prometheus_client_byte_for_byte() -> None:
     registry.register(Collect())  # type: ignore[arg-type]
     for _ in range(2):  # the second round goes through the series-prefix cache
         assert render(families) == generate_latest(registry)
+
+
+class _Unwritable(Metric):
+    """A plug-in family whose samples cannot be read (a bug in a collector), found only at render time."""
+
+    def __init__(self) -> None:
+        super().__init__("plugin_thing", "A plug-in gauge.", "gauge")
+
+    @property  # type: ignore[override]
+    def samples(self) -> list[object]:
+        raise RuntimeError("broken samples")
+
+    @samples.setter
+    def samples(self, value: list[object]) -> None:
+        pass
+
+
+class _UnwritableCollector(FakeCollector):
+    async def collect(self, state: NodeState) -> Sequence[Metric]:
+        return [_Unwritable()]
+
+
+async def test_a_snapshot_that_cannot_be_rendered_answers_a_clear_500(clock: StepClock) -> None:
+    sampler = Sampler([_UnwritableCollector("broken")], SETTINGS, clock)
+    await sampler.sample_once()
+    async with TestClient(TestServer(make_app(sampler))) as client:
+        for headers in ({"Accept-Encoding": "gzip"}, {"Accept-Encoding": "identity"}):
+            resp = await client.get("/metrics", headers=headers)
+            assert resp.status == 500
+            assert "rendering the last sample failed" in await resp.text()
+            assert "broken samples" in await resp.text()
+        assert (await client.get("/healthz")).status == 200  # the server itself is fine

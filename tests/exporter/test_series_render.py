@@ -9,7 +9,7 @@ from prometheus_client import generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from exporter.collectors.series import SeriesTable
+from exporter.collectors.series import _SWEEP_FAMILIES, SeriesTable
 from exporter.snapshot import render
 from gpupulse.metrics.spec import MetricSpec
 
@@ -133,3 +133,19 @@ def snapshot_hist() -> Metric:
     hist = HistogramMetricFamily("plugin_latency_seconds", "A plug-in histogram.", labels=["model"])
     hist.add_metric(["m"], [("0.1", 1.0), ("+Inf", 2.0)], 0.3)
     return hist
+
+
+def test_series_of_gone_processes_are_forgotten_while_live_ones_keep_their_text() -> None:
+    # Processes (and the pods they run in) come and go: every tick below lists two new ones beside
+    # one that stays. The table must not keep every label set it ever saw.
+    table = SeriesTable(GAUGE)
+    staying = table.series("GPU-0", "pid-1")
+    for tick in range(3 * _SWEEP_FAMILIES):
+        family = table.family()
+        family.add(table.series("GPU-0", "pid-1"), 1.0)
+        for n in (2 * tick, 2 * tick + 1):
+            family.add(table.series("GPU-0", f"gone-{n}"), 0.5)
+        text = render([family]).decode()
+        assert f'note="gone-{2 * tick + 1}"' in text and 'note="pid-1"' in text
+    assert len(table) <= 2 * _SWEEP_FAMILIES + 3  # at most one sweep period of churn, not 1,536
+    assert table.series("GPU-0", "pid-1") is staying  # still listed: the same series, its text kept

@@ -1,0 +1,117 @@
+"""Where one sampling cycle's CPU goes (not a test): a deterministic profile over every thread.
+
+    .venv/bin/python -m bench.exporter_profile [--gpus 16] [--cycles 200] [--top 30] [--render]
+
+Runs the same cycle as `bench/exporter.py --one gpupulse` (every NVML collector on the simulated
+`large` scenario, 64 processes, a manual clock moving 1 s per cycle) under cProfile in the sampler
+thread and in every GPU worker thread (each thread gets its own profiler, timed by the thread's CPU
+time; the stats are summed), and prints the functions by own time, then by cumulative time.
+`--render` also renders and gzips every snapshot, as a scrape of every tick would. cProfile's own
+overhead inflates the small functions, so read the shares, not the absolute times; the cycle's real
+CPU is what `bench/exporter.py` measures (and `--no-profile` here: each thread kind's CPU per cycle,
+time.thread_time, without the profiler).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import io
+import pstats
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.exporter import Target, scenario_file  # noqa: E402
+from exporter.collectors.gpus import GpuFleet  # noqa: E402
+from exporter.collectors.xid import XidCounter  # noqa: E402
+from exporter.config import ExporterSettings  # noqa: E402
+from exporter.nvml import Nvml  # noqa: E402
+from exporter.registry import BUILTINS, BuiltinContext  # noqa: E402
+from exporter.sampler import Sampler  # noqa: E402
+
+_profiles: list[cProfile.Profile] = []
+_thread_cpu: dict[str, float] = {}
+_lock = threading.Lock()
+
+
+def _bootstrap(frame: Any, event: str, arg: Any) -> None:
+    # the first profile event of a new thread: give it its own profiler (which replaces this hook)
+    prof = cProfile.Profile(time.thread_time)  # CPU time of this thread, not wall time
+    with _lock:
+        _profiles.append(prof)
+    prof.enable()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0] if __doc__ else None)
+    parser.add_argument("--gpus", type=int, default=16)
+    parser.add_argument("--cycles", type=int, default=200)
+    parser.add_argument("--top", type=int, default=30)
+    parser.add_argument("--render", action="store_true", help="render and gzip every snapshot (scraped)")
+    parser.add_argument("--no-profile", action="store_true", help="only the per-thread CPU table")
+    args = parser.parse_args(argv)
+    if not args.no_profile:
+        threading.setprofile(_bootstrap)  # before the fleet starts its worker threads
+    with tempfile.TemporaryDirectory() as tmp, Target(scenario_file(args.gpus, Path(tmp))) as target:
+        nvml = Nvml()
+        nvml.init()
+        nvml.discover()
+        settings = ExporterSettings()
+        fleet = GpuFleet(nvml, target.clock, settings.gpu_call_timeout_seconds)
+        ctx = BuiltinContext(fleet, XidCounter(), settings)
+        sampler = Sampler([f(ctx) for f in BUILTINS.values()], settings, target.clock, gpu_status=fleet)
+        loop = asyncio.new_event_loop()
+
+        def cycle() -> None:
+            target.advance()
+            snap = loop.run_until_complete(sampler.sample_once())
+            if args.render:
+                snap.gzipped()
+
+        for _ in range(5):
+            cycle()
+        main_prof = cProfile.Profile(time.thread_time)
+        t0, w0 = time.process_time(), time.thread_time()
+        if not args.no_profile:
+            main_prof.enable()
+        for _ in range(args.cycles):
+            cycle()
+        if not args.no_profile:
+            main_prof.disable()
+        process_ms = 1000 * (time.process_time() - t0) / args.cycles
+        main_ms = 1000 * (time.thread_time() - w0) / args.cycles
+        loop.close()
+        fleet.close()
+        nvml.shutdown()
+    threading.setprofile(None)
+    print(f"{args.gpus} GPUs, {args.cycles} cycles{' (profiled)' if not args.no_profile else ''}:")
+    print(f"  process CPU per cycle {process_ms:.2f} ms, of which the sampler thread {main_ms:.2f} ms,")
+    print(f"  GPU worker threads {process_ms - main_ms:.2f} ms")
+    if args.no_profile:
+        return 0
+    stats = pstats.Stats(main_prof, stream=io.StringIO())
+    for prof in _profiles:
+        try:
+            prof.disable()
+        except Exception:  # a profiler of a thread that already ended
+            pass
+        stats.add(prof)
+    for order in ("tottime", "cumulative"):
+        out = io.StringIO()
+        stats.stream = out  # type: ignore[attr-defined]
+        stats.sort_stats(order).print_stats(args.top)
+        text = out.getvalue()
+        print(text[text.find("   ncalls") :].replace(str(ROOT) + "/", ""))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
