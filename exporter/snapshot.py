@@ -3,6 +3,8 @@ asked for, and reused by every scrape of it."""
 
 from __future__ import annotations
 
+import logging
+
 import gzip
 import re
 import threading
@@ -18,6 +20,8 @@ from exporter.collectors.self import CollectorRound
 from exporter.collectors.series import SeriesFamily, escape_label_value, format_value, help_header
 
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
+
+log = logging.getLogger(__name__)
 
 
 class _Families(Collector):
@@ -81,21 +85,30 @@ def render(families: Sequence[Metric]) -> bytes:
     """
     out: list[str] = []
     for family in families:
-        # The collectors' own families render from their rows, unless a consumer replaced the samples
-        if type(family) is SeriesFamily:
-            if not family.materialized:
-                family.render_into(out)
-            else:
-                out.append(_render_other(family))
-            continue
-        # Any other family is built fresh by its collector's round and never changed after it, and a
-        # collector on its own interval serves the same objects for several ticks: render it once.
-        text = getattr(family, _RENDERED, None)
-        if text is None:
-            text = _render_other(family)
-            setattr(family, _RENDERED, text)
-        out.append(text)
+        mark = len(out)
+        try:
+            _render_family(family, out)
+        except Exception:  # one family that cannot be written as text must not empty the whole scrape
+            del out[mark:]
+            log.exception("family %s could not be rendered and is left out of this scrape", family.name)
     return "".join(out).encode()
+
+
+def _render_family(family: Metric, out: list[str]) -> None:
+    # The collectors' own families render from their rows, unless a consumer replaced the samples
+    if type(family) is SeriesFamily:
+        if not family.materialized:
+            family.render_into(out)
+        else:
+            out.append(_render_other(family))
+        return
+    # Any other family is built fresh by its collector's round and never changed after it, and a
+    # collector on its own interval serves the same objects for several ticks: render it once.
+    text = getattr(family, _RENDERED, None)
+    if text is None:
+        text = _render_other(family)
+        setattr(family, _RENDERED, text)
+    out.append(text)
 
 
 def _render_other(family: Metric) -> str:

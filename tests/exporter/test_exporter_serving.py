@@ -266,13 +266,17 @@ class _UnwritableCollector(FakeCollector):
         return [_Unwritable()]
 
 
-async def test_a_snapshot_that_cannot_be_rendered_answers_a_clear_500(clock: StepClock) -> None:
+async def test_a_family_that_cannot_be_rendered_is_left_out_and_the_rest_is_served(
+    clock: StepClock, caplog: pytest.LogCaptureFixture
+) -> None:
     sampler = Sampler([_UnwritableCollector("broken")], SETTINGS, clock)
     await sampler.sample_once()
     async with TestClient(TestServer(make_app(sampler))) as client:
         for headers in ({"Accept-Encoding": "gzip"}, {"Accept-Encoding": "identity"}):
             resp = await client.get("/metrics", headers=headers)
-            assert resp.status == 500
-            assert "rendering the last sample failed" in await resp.text()
-            assert "broken samples" in await resp.text()
-        assert (await client.get("/healthz")).status == 200  # the server itself is fine
+            assert resp.status == 200
+            text = await resp.text()
+            assert "plugin_thing" not in text  # not half a family either
+            assert 'gpupulse_collector_success{collector="broken"}' in text  # the rest of the scrape
+        assert (await client.get("/healthz")).status == 200
+    assert "plugin_thing could not be rendered" in caplog.text and "broken samples" in caplog.text
