@@ -3,9 +3,8 @@ asked for, and reused by every scrape of it."""
 
 from __future__ import annotations
 
-import logging
-
 import gzip
+import logging
 import re
 import threading
 from collections.abc import Iterable, Mapping, Sequence
