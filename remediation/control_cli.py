@@ -91,7 +91,7 @@ class Client:
         return f"the controller at {self.url} answered {status}: {text}"
 
 
-def _add_connection_flags(p: argparse.ArgumentParser) -> None:
+def add_connection_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--url",
         help=f"The controller's base URL (default ${ENV_URL}, else {DEFAULT_URL}, serve's default port).",
@@ -127,27 +127,27 @@ def register(subparsers: Any) -> None:
     pause = subparsers.add_parser(
         "pause", help="Stop the running controller from acting (its incidents page) until resume."
     )
-    _add_connection_flags(pause)
+    add_connection_flags(pause)
     _add_operator_flag(pause)
     pause.add_argument("--reason", default="", help="Why, recorded with your name in the ledger.")
     pause.set_defaults(func=cmd_control, control="pause")
 
     resume = subparsers.add_parser("resume", help="Let a paused controller act again.")
-    _add_connection_flags(resume)
+    add_connection_flags(resume)
     _add_operator_flag(resume)
     resume.set_defaults(func=cmd_control, control="resume")
 
     status = subparsers.add_parser(
         "status", help="Show whether the controller is paused, its breaker, actions in flight and budgets."
     )
-    _add_connection_flags(status)
+    add_connection_flags(status)
     status.add_argument("--output", "-o", choices=("text", "json"), default="text")
     status.set_defaults(func=cmd_status)
 
     breaker = subparsers.add_parser("breaker", help="The safety breaker that a budget opens.")
     sub = breaker.add_subparsers(dest="breaker_command", required=True)
     reset = sub.add_parser("reset", help="Close the breaker (the controller acts again).")
-    _add_connection_flags(reset)
+    add_connection_flags(reset)
     _add_operator_flag(reset)
     reset.set_defaults(func=cmd_control, control="breaker_reset")
 

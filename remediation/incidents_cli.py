@@ -1,5 +1,11 @@
-"""`gpupulse-remediation incidents`: the incidents of a controller's ledger with their diagnoses, read
-from its SQLite file opened read-only (a running controller is not disturbed)."""
+"""`gpupulse-remediation incidents [list | get ID]`: the controller's incidents with their diagnoses,
+kubectl-style (`-o table|wide|json|yaml`).
+
+By default they are read from the running controller's operator API (`GET /api/v1/incidents`), with
+the same URL and token flags as `status`: one answer whatever the ledger behind it, a local SQLite
+file or, in cluster mode, the GpuIncident objects the leader keeps. `--db FILE` or `--storage.path
+DIR` read a ledger file instead, opened read-only (a stopped controller, or a copy of its volume).
+"""
 
 from __future__ import annotations
 
@@ -8,23 +14,112 @@ import json
 import os
 import sqlite3
 import sys
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from contextlib import closing
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
+import yaml
+
+from remediation.control_cli import add_connection_flags, client_from_flags
+from remediation.diagnosis.types import Diagnosis
+from remediation.errors import CLIError, ConfigError
 from remediation.ladder import incident_identity
 from remediation.ledger import Ledger
-from remediation.records import DiagnosisRecord, Incident
+from remediation.model import Target
+from remediation.operations import diagnosis_brief
 from remediation.settings import DB_FILENAME
 
+PROG = "gpupulse-remediation incidents"
 ENV_STORAGE = "GPUPULSE_REMEDIATION_STORAGE_PATH"
+OUTPUTS = ("table", "wide", "json", "yaml")
+
+
+class IncidentSource(Protocol):
+    """Where incidents are read from; both answer in the operator API's shape."""
+
+    def list(self, state: str | None, limit: int) -> list[dict[str, Any]]: ...
+
+    def get(self, incident_id: int) -> dict[str, Any] | None: ...
+
+
+class ApiSource:
+    """The running controller's operator API."""
+
+    def __init__(self, ns: argparse.Namespace, environ: Mapping[str, str]) -> None:
+        self._client = client_from_flags(ns, environ)
+
+    def list(self, state: str | None, limit: int) -> list[dict[str, Any]]:
+        query = urllib.parse.urlencode({"limit": limit, **({"state": state} if state else {})})
+        doc = self._client.call("GET", f"/api/v1/incidents?{query}")
+        return [dict(i) for i in doc.get("incidents") or []]
+
+    def get(self, incident_id: int) -> dict[str, Any] | None:
+        try:
+            return self._client.call("GET", f"/api/v1/incidents/{incident_id}")
+        except CLIError as exc:
+            if "answered 404" in str(exc):
+                return None
+            raise
+
+
+class LedgerFileSource:
+    """A ledger file, opened read-only; the same dictionaries the API builds (remediation/operations.py)."""
+
+    def __init__(self, db: Path) -> None:
+        if not db.exists():
+            raise ConfigError(f"database {db} does not exist")
+        self._db = db
+
+    def _read(self, fn: Any) -> Any:
+        try:
+            with closing(sqlite3.connect(f"file:{self._db}?mode=ro", uri=True)) as conn:
+                conn.row_factory = sqlite3.Row
+                has_diagnoses = conn.execute(
+                    "SELECT 1 FROM sqlite_master WHERE type='table' AND name='rem_diagnoses'"
+                ).fetchone()
+                return fn(Ledger(conn), has_diagnoses is not None)
+        except sqlite3.Error as exc:
+            raise CLIError(f"cannot read {self._db}: {exc}") from None
+
+    def list(self, state: str | None, limit: int) -> list[dict[str, Any]]:
+        def read(ledger: Ledger, has_diagnoses: bool) -> list[dict[str, Any]]:
+            rows = ledger.list_incidents(state, limit)
+            latest = ledger.latest_diagnoses([r.id for r in rows]) if has_diagnoses else {}
+            out = []
+            for r in rows:
+                rec = latest.get(r.id)
+                out.append({**r.to_dict(), "diagnosis": diagnosis_brief(rec.to_dict()) if rec else None})
+            return out
+
+        return list(self._read(read))
+
+    def get(self, incident_id: int) -> dict[str, Any] | None:
+        def read(ledger: Ledger, has_diagnoses: bool) -> dict[str, Any] | None:
+            inc = ledger.incident(incident_id)
+            if inc is None:
+                return None
+            diagnoses = ledger.diagnoses(incident_id) if has_diagnoses else []
+            return {
+                **inc.to_dict(),
+                "history": ledger.history(incident_id),
+                "diagnosis": diagnoses[-1].to_dict() if diagnoses else None,
+                "diagnoses": [diagnosis_brief(d.to_dict()) for d in diagnoses],
+            }
+
+        found: dict[str, Any] | None = self._read(read)
+        return found
 
 
 def register(subparsers: Any) -> None:
     """Add the `incidents` command to the controller's CLI."""
-    p = subparsers.add_parser("incidents", help="List incidents, or show one, with their diagnoses.")
+    p = subparsers.add_parser(
+        "incidents",
+        help="List incidents, or show one, with their diagnoses (from the running controller's API, "
+        "or a ledger file with --db).",
+    )
     p.add_argument(
         "what",
         nargs="*",
@@ -32,12 +127,26 @@ def register(subparsers: Any) -> None:
         help="List incidents (the default, or `list`), or show one (`ID` or `get ID`): diagnosis, "
         "evidence and history.",
     )
-    p.add_argument("--db", help="SQLite file (default: <--storage.path>/gpupulse.db).")
-    p.add_argument("--storage.path", dest="storage_path", help=f"Controller storage dir (${ENV_STORAGE}).")
+    add_connection_flags(p)
+    p.add_argument("--db", help="Read this ledger file instead of the API (read-only).")
+    p.add_argument(
+        "--storage.path",
+        dest="storage_path",
+        help=f"Read <DIR>/{DB_FILENAME} instead of the API (${ENV_STORAGE}).",
+    )
     p.add_argument("--state", help="Only incidents in this state ('active': every open one).")
-    p.add_argument("--limit", type=int, default=50)
-    p.add_argument("--output", choices=("table", "json"), default="table")
+    p.add_argument("--limit", type=int, default=50, help="At most this many, newest first (default 50).")
+    p.add_argument("--output", "-o", choices=OUTPUTS, default="table", help="Output format (default table).")
     p.set_defaults(func=cmd_incidents)
+
+
+def source_from_flags(ns: argparse.Namespace, environ: Mapping[str, str]) -> IncidentSource:
+    """A ledger file when --db or --storage.path (or its variable) names one, else the API."""
+    storage = getattr(ns, "storage_path", None) or environ.get(ENV_STORAGE)
+    db = getattr(ns, "db", None) or (str(Path(storage) / DB_FILENAME) if storage else "")
+    if db:
+        return LedgerFileSource(Path(db))
+    return ApiSource(ns, environ)
 
 
 def cmd_incidents(
@@ -49,43 +158,31 @@ def cmd_incidents(
     environ = os.environ if environ is None else environ
     out = out or sys.stdout
     err = err or sys.stderr
+    output = getattr(ns, "output", "table")
     try:
         # a Namespace built by a caller may name the incident as `id` directly
         incident_id = getattr(ns, "id", None)
         if incident_id is None:
             incident_id = _which(list(getattr(ns, "what", None) or []))
-    except ValueError as exc:
-        print(f"gpupulse-remediation incidents: error: {exc}", file=err)
-        return 2
-    db = ns.db or (
-        str(Path(ns.storage_path or environ.get(ENV_STORAGE, "")) / DB_FILENAME)
-        if (ns.storage_path or environ.get(ENV_STORAGE))
-        else ""
-    )
-    if not db:
-        print("gpupulse-remediation incidents: error: give --db or --storage.path", file=err)
-        return 2
-    if not Path(db).exists():
-        print(f"gpupulse-remediation incidents: error: database {db} does not exist", file=err)
+        if not 1 <= ns.limit <= 10_000:
+            raise ValueError("--limit must be within 1..10000")
+        source = source_from_flags(ns, environ)
+    except (ValueError, ConfigError) as exc:
+        print(f"{PROG}: error: {exc}", file=err)
         return 2
     try:
-        with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
-            conn.row_factory = sqlite3.Row
-            ledger = Ledger(conn)
-            has_diagnoses = _has_table(conn, "rem_diagnoses")
-            if incident_id is not None:
-                return _show(ledger, incident_id, has_diagnoses, ns.output, out, err)
-            rows = ledger.list_incidents(ns.state, max(1, ns.limit))
-            latest = ledger.latest_diagnoses([r.id for r in rows]) if has_diagnoses else {}
-    except sqlite3.Error as exc:
-        print(f"gpupulse-remediation incidents: error: cannot read {db}: {exc}", file=err)
+        if incident_id is not None:
+            found = source.get(incident_id)
+            if found is None:
+                print(f"{PROG}: error: incident {incident_id} not found", file=err)
+                return 1
+            _write(found, output, out, lambda: _show(found, out))
+        else:
+            rows = source.list(ns.state, ns.limit)
+            _write(rows, output, out, lambda: _table(rows, wide=output == "wide", out=out))
+    except CLIError as exc:
+        print(f"{PROG}: error: {exc}", file=err)
         return 1
-    if ns.output == "json":
-        items = [{**r.to_dict(), "diagnosis": _brief(latest.get(r.id))} for r in rows]
-        json.dump(items, out, indent=2, sort_keys=True)
-        out.write("\n")
-        return 0
-    _table(rows, latest, out)
     return 0
 
 
@@ -100,77 +197,76 @@ def _which(words: list[str]) -> int | None:
     raise ValueError(f"expected `list`, an incident ID or `get ID`, got {' '.join(words) or 'get'!r}")
 
 
-def _has_table(conn: sqlite3.Connection, name: str) -> bool:
-    return (
-        conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name=?", (name,)).fetchone()
-        is not None
-    )
+def _write(doc: Any, output: str, out: TextIO, text: Any) -> None:
+    if output == "json":
+        json.dump(doc, out, indent=2, sort_keys=True)
+        out.write("\n")
+    elif output == "yaml":
+        yaml.safe_dump(doc, out, sort_keys=True, default_flow_style=False)
+    else:
+        text()
 
 
-def _when(ts: float | None) -> str:
-    if ts is None:
+def _when(ts: Any) -> str:
+    if not isinstance(ts, int | float):
         return "-"
     return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
-def _brief(rec: DiagnosisRecord | None) -> dict[str, Any] | None:
-    if rec is None:
-        return None
-    d = rec.diagnosis
-    return {"at": rec.at, "trigger": rec.trigger, "headline": d.headline, "confident": d.confident}
+_TARGET_FIELDS = set(Target.__dataclass_fields__)
 
 
-def _table(rows: Sequence[Incident], latest: Mapping[int, DiagnosisRecord], out: TextIO) -> None:
-    header = ("ID", "STATE", "SIGNATURE", "TARGET", "OPENED", "DIAGNOSIS")
-    lines = [header]
+def _target(doc: Mapping[str, Any]) -> str:
+    given = (doc.get("target") or {}).items()
+    fields = {k: str(v) for k, v in given if k in _TARGET_FIELDS and v is not None}
+    return incident_identity(Target(**fields))  # type: ignore[arg-type]
+
+
+def _headline(doc: Mapping[str, Any]) -> str:
+    brief = doc.get("diagnosis") or {}
+    return str(brief.get("headline") or "-")
+
+
+def _table(rows: Sequence[Mapping[str, Any]], wide: bool, out: TextIO) -> None:
+    header = ["ID", "STATE", "SIGNATURE", "TARGET", "OPENED"]
+    if wide:
+        header += ["RUNG", "ATTEMPT", "ALERT", "RESOLUTION", "REASON"]
+    header.append("DIAGNOSIS")
+    lines = [tuple(header)]
     for r in rows:
-        rec = latest.get(r.id)
-        lines.append(
-            (
-                str(r.id),
-                r.state,
-                r.signature,
-                incident_identity(r.target),
-                _when(r.opened_at),
-                rec.diagnosis.headline if rec else "-",
-            )
-        )
+        cells = [str(r.get(k)) for k in ("id", "state", "signature")]
+        cells += [_target(r), _when(r.get("opened_at"))]
+        if wide:
+            cells += [
+                str(r.get("rung") or "-"),
+                str(r.get("attempt") or "-"),
+                str(r.get("alertname") or "-"),
+                str(r.get("resolution") or "-"),
+                str(r.get("reason") or "-"),
+            ]
+        cells.append(_headline(r))
+        lines.append(tuple(cells))
     widths = [max(len(line[i]) for line in lines) for i in range(len(header) - 1)]
     for line in lines:
-        cells = [c.ljust(w) for c, w in zip(line[:-1], widths, strict=True)]
-        out.write("  ".join([*cells, line[-1]]).rstrip() + "\n")
+        padded = [c.ljust(w) for c, w in zip(line[:-1], widths, strict=True)]
+        out.write("  ".join([*padded, line[-1]]).rstrip() + "\n")
 
 
-def _show(
-    ledger: Ledger, incident_id: int, has_diagnoses: bool, output: str, out: TextIO, err: TextIO
-) -> int:
-    inc = ledger.incident(incident_id)
-    if inc is None:
-        print(f"gpupulse-remediation incidents: error: incident {incident_id} not found", file=err)
-        return 1
-    diagnoses = ledger.diagnoses(incident_id) if has_diagnoses else []
-    history = ledger.history(incident_id)
-    if output == "json":
-        doc = {
-            **inc.to_dict(),
-            "history": history,
-            "diagnosis": diagnoses[-1].to_dict() if diagnoses else None,
-            "diagnoses": [_brief(d) for d in diagnoses],
-        }
-        json.dump(doc, out, indent=2, sort_keys=True)
-        out.write("\n")
-        return 0
+def _show(doc: Mapping[str, Any], out: TextIO) -> None:
     w = out.write
-    w(f"incident {inc.id}: {inc.alertname} on {incident_identity(inc.target)}\n")
-    w(f"  signature {inc.signature} ({inc.fault_class}), state {inc.state}, opened {_when(inc.opened_at)}\n")
-    if inc.reason:
-        w(f"  reason: {inc.reason}\n")
-    if not diagnoses:
+    w(f"incident {doc.get('id')}: {doc.get('alertname')} on {_target(doc)}\n")
+    w(
+        f"  signature {doc.get('signature')} ({doc.get('fault_class')}), state {doc.get('state')}, "
+        f"opened {_when(doc.get('opened_at'))}\n"
+    )
+    if doc.get("reason"):
+        w(f"  reason: {doc['reason']}\n")
+    raw = doc.get("diagnosis")
+    if not raw:
         w("diagnosis: none recorded\n")
     else:
-        rec = diagnoses[-1]
-        d = rec.diagnosis
-        w(f"diagnosis ({rec.trigger}, {_when(rec.at)}): {d.headline}\n")
+        d = Diagnosis.from_dict(raw)
+        w(f"diagnosis ({raw.get('trigger', '?')}, {_when(raw.get('at'))}): {d.headline}\n")
         w(f"  {d.reason}\n")
         if d.symptom_onset is not None:
             window = f"{_when(d.window_start)} .. {_when(d.window_end)}"
@@ -186,7 +282,6 @@ def _show(
         if d.missing:
             w(f"  missing   {'; '.join(d.missing)}\n")
     w("history:\n")
-    for h in history:
+    for h in doc.get("history") or []:
         label = h.get("rung") or h.get("kind", "")
         w(f"  {_when(h.get('at'))}  {label} {h.get('status', '')}: {h.get('summary', '')}\n")
-    return 0

@@ -48,7 +48,7 @@ class Operations:
         for r in rows:
             d = r.to_dict()
             rec = latest.get(r.id)
-            d["diagnosis"] = _diagnosis_brief(rec.to_dict()) if rec is not None else None
+            d["diagnosis"] = diagnosis_brief(rec.to_dict()) if rec is not None else None
             out.append(d)
         return out
 
@@ -62,7 +62,7 @@ class Operations:
         out["history"] = self._ro.history(incident_id)
         diagnoses = self._ro.diagnoses(incident_id)
         out["diagnosis"] = diagnoses[-1].to_dict() if diagnoses else None
-        out["diagnoses"] = [_diagnosis_brief(d.to_dict()) for d in diagnoses]
+        out["diagnoses"] = [diagnosis_brief(d.to_dict()) for d in diagnoses]
         return out
 
     def list_signatures(self) -> Sequence[Mapping[str, Any]]:
@@ -141,6 +141,6 @@ _BRIEF = (
 )
 
 
-def _diagnosis_brief(d: Mapping[str, Any]) -> dict[str, Any]:
+def diagnosis_brief(d: Mapping[str, Any]) -> dict[str, Any]:
     """A diagnosis without its evidence: what a list shows."""
     return {k: d.get(k) for k in _BRIEF}

@@ -354,10 +354,13 @@ async def test_the_dashboards_annotate_confident_diagnoses(prom: PromHandle) -> 
     )
     config = load_config()
     for board in (serving.dashboard(config), node.dashboard(config), remediation.dashboard()):
-        (mark,) = board.render()["annotations"]["list"]
+        marks = {m["name"]: m for m in board.render()["annotations"]["list"]}
+        assert set(marks) == {"Diagnoses", "Remediation actions"}
+        mark = marks["Diagnoses"]
         assert mark["expr"] == annotations.DIAGNOSES.expr and mark["datasource"]["uid"] == "${datasource}"
-    # the expression is PromQL the real server accepts
+    # the expressions are PromQL the real server accepts
     assert await prom.query(annotations.DIAGNOSES.expr) == []
+    assert await prom.query(annotations.ACTIONS.expr) == []
 
 
 async def test_past_the_queue_limit_an_incident_gets_no_diagnosis_busy(tmp_path: Path) -> None:
