@@ -238,3 +238,35 @@ def test_the_exporter_refuses_to_start_on_a_bad_file_with_one_line(
     assert "Traceback" not in done.stderr
     assert str(config) in done.stderr or "cannot load" in done.stderr
     assert len([line for line in done.stderr.splitlines() if "error:" in line]) == 1
+
+
+async def test_a_real_prometheus_scrapes_it_over_tls_with_basic_auth(
+    pki: dict[str, Path], tmp_path: Path
+) -> None:
+    """The boundary: Prometheus 3's scrape client (tls_config, basic_auth) against our TLS listener,
+    and the same Prometheus without the password is refused (up 0, 401 in lastError)."""
+    from demo.neighbours import neighbour_binary
+    from tests.fakes.prometheus_process import running_prometheus
+
+    config = tmp_path / "web.yml"
+    _write(config, _config(pki))
+    async with _serving(config) as url:
+        await _get(f"{url}/readyz", _client_context(pki))
+        target = url.removeprefix("https://")
+        tls = {"ca_file": str(pki["ca"])}
+        scrape = {
+            "global": {"scrape_interval": "1s"},
+            "scrape_configs": [
+                {"job_name": "good", "scheme": "https", "tls_config": tls,
+                 "basic_auth": {"username": "prometheus", "password": PASSWORD},
+                 "static_configs": [{"targets": [target]}]},
+                {"job_name": "nopass", "scheme": "https", "tls_config": tls,
+                 "static_configs": [{"targets": [target]}]},
+            ],
+        }  # fmt: skip
+        async with running_prometheus(yaml.safe_dump(scrape), binary=neighbour_binary("prometheus")) as prom:
+            await prom.wait_for('gpu_up{job="good"}', timeout_seconds=60)
+            await prom.wait_for('up{job="nopass"} == 0', timeout_seconds=60)
+            targets = await prom.api("targets")
+            [refused] = [t for t in targets["activeTargets"] if t["labels"]["job"] == "nopass"]
+            assert "401" in refused["lastError"]

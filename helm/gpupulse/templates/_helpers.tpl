@@ -205,3 +205,14 @@ controller.scope.namespaces, or in the ClusterRole with ["*"] (docs/rbac.md). */
 {{- range $k, $v := . }}{{ $pairs = append $pairs (printf "%s=%s" $k (toString $v)) }}{{ end -}}
 {{- join "," $pairs -}}
 {{- end }}
+
+{{/*
+An exporter probe as the values give it; its httpGet speaks HTTPS when the web config turns on TLS.
+*/}}
+{{- define "gpupulse.exporter.probe" -}}
+{{- $probe := deepCopy .probe -}}
+{{- if and .https $probe.httpGet -}}
+{{- $_ := set $probe.httpGet "scheme" "HTTPS" -}}
+{{- end -}}
+{{- toYaml $probe -}}
+{{- end -}}
