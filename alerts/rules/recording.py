@@ -139,6 +139,7 @@ def _activity(c: RulesConfig) -> Group:
                 labels={"currency": c.cost.currency},
             ),
         ),
+        scope="fleet",
     )
 
 
@@ -169,6 +170,7 @@ def _fragmentation(c: RulesConfig) -> Group:
                 f"sum(floor(node:gpu_free:count / {gang}))",
             ),
         ),
+        scope="fleet",
     )
 
 
@@ -198,6 +200,7 @@ def _memory(c: RulesConfig) -> tuple[Group, Group]:
                 f"{WORKLOAD_MEMORY} > bool on(namespace, workload) {HARD_LIMIT}",
             ),
         ),
+        scope="fleet",
     )
     delay = w.memory_history_offset
     history = f"{HEALTHY_MEMORY}[{w.memory_history}]"
@@ -246,6 +249,7 @@ def _memory(c: RulesConfig) -> tuple[Group, Group]:
             ),
         ),
         interval=w.memory_history_interval,
+        scope="fleet",
     )
     return current, limits
 
@@ -266,7 +270,7 @@ def _latency(c: RulesConfig) -> Group:
                         histogram_quantile_of(q, histogram, by, c.windows.rate),
                     )
                 )
-    return Group("gpupulse.latency", tuple(rules))
+    return Group("gpupulse.latency", tuple(rules), scope="fleet")
 
 
 def _kv_cache(c: RulesConfig) -> Group:
@@ -295,7 +299,7 @@ def _kv_cache(c: RulesConfig) -> Group:
                 """,
             )
         )
-    return Group("gpupulse.kv-cache", tuple(rules))
+    return Group("gpupulse.kv-cache", tuple(rules), scope="fleet")
 
 
 def _tokens(c: RulesConfig) -> Group:
@@ -356,6 +360,7 @@ def _tokens(c: RulesConfig) -> Group:
                 labels={"currency": c.cost.currency},
             ),
         ),
+        scope="fleet",
     )
 
 

@@ -87,4 +87,4 @@ def usage_file(c: RulesConfig) -> RuleFile:
             ),
         ),
     )
-    return RuleFile("usage", (Group("gpupulse.usage", rules),))
+    return RuleFile("usage", (Group("gpupulse.usage", rules, scope="fleet"),))
