@@ -127,6 +127,13 @@ def fleet_reasons(expr: str, recorded: Mapping[str, Scope]) -> list[str]:
     """
     reasons: list[str] = []
     tokens = list(_tokens(expr))
+    depth = 0
+    for tok in tokens:
+        depth += {"(": 1, ")": -1}.get(tok.kind, 0)
+        if depth < 0:
+            break
+    if depth:
+        raise PlacementError(f"unbalanced parentheses in {expr!r}")
     for k, tok in enumerate(tokens):
         if tok.kind != "ident":
             continue
