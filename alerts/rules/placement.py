@@ -8,6 +8,10 @@ matches on one, and every recorded series it reads is itself recorded on the sha
 its pods on many nodes, `absent()`) sees only part of the fleet on a shard and belongs to the global
 layer. Groups declare their scope (alerts/rules/model.py); this module derives each rule's and fails
 the build where a declaration and the PromQL disagree.
+
+The analysis reads the text, not a parse tree: it takes a pinning label in a `by` list to be on the
+series aggregated (our rules group by labels their series carry), and counts every raw series as one
+node's, which holds where the shards split targets by node (docs/scale.md).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ NODE_LOCAL_LABELS = frozenset({"node", "uuid", "pod", "instance"})
 _WHOLE_SET_FUNCTIONS = frozenset({"absent", "absent_over_time", "scalar"})
 
 _IDENT = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*")
-_SPACE = re.compile(r"\s*")
+_NUMBER = re.compile(r"[0-9.][0-9A-Za-z_.]*")
 
 
 class PlacementError(ConfigError):
@@ -35,9 +39,8 @@ class PlacementError(ConfigError):
 
 @dataclass(frozen=True)
 class _Token:
-    kind: str  # "ident", "(", ")", "other"
+    kind: str  # "ident", "(" or ")"
     text: str
-    start: int
 
 
 def _skip(expr: str, i: int, close: str) -> int:
@@ -79,13 +82,13 @@ def _tokens(expr: str) -> Iterator[_Token]:
             end = expr.find("\n", i)
             i = len(expr) if end < 0 else end
         elif ch in "()":
-            yield _Token(ch, ch, i)
+            yield _Token(ch, ch)
             i += 1
         elif ch.isdigit() or ch == ".":
-            m = re.compile(r"[0-9.][0-9A-Za-z_.+-]*").match(expr, i)
+            m = _NUMBER.match(expr, i)
             i = m.end() if m else i + 1
         elif m := _IDENT.match(expr, i):
-            yield _Token("ident", m.group(0), i)
+            yield _Token("ident", m.group(0))
             i = m.end()
         else:
             i += 1

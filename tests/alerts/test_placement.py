@@ -50,6 +50,8 @@ def _alert(name: str, expr: str) -> Alert:
         "gpu_up unless ignoring(node) other",
         "absent(gpu_up)",
         "sum by (cluster, namespace, model, le) (rate(inference_request_latency_seconds_bucket[5m]))",
+        "2-sum by (cluster) (gpu_up)",  # a number glued to an aggregation
+        "1e-05*count(gpu_up)",
     ],
 )
 def test_a_rule_that_drops_node_over_several_nodes_needs_the_fleet(expr: str) -> None:
