@@ -16,6 +16,7 @@ import yaml
 
 from alerts.config import DEFAULT_CONFIG_PATH, load_config
 from alerts.rules import rule_files
+from alerts.rules.placement import placements
 from alerts.tunables import template_config
 
 
@@ -40,8 +41,11 @@ def render_rule_templates(config_path: Path = DEFAULT_CONFIG_PATH) -> dict[str, 
         "# chart's values at install time (alerts/tunables.py).\n"
     )
     out = {}
-    for f in rule_files(config):
-        body = f.render().split("\n", 2)[2]  # past the two-line header of alerts/*.rules.yaml
+    files = rule_files(config)
+    # the chart's copy also says where each rule runs under sharded scrapes (prometheusRule.sharding)
+    placement = placements(files)
+    for f in files:
+        body = f.render(placement).split("\n", 2)[2]  # past the two-line header of alerts/*.rules.yaml
         out[f.filename] = header + body
     return out
 

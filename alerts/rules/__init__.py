@@ -8,6 +8,7 @@ from alerts.config import ConfigError, RulesConfig
 from alerts.rules.hardware import hardware_file
 from alerts.rules.model import Alert, Group, Record, RuleFile
 from alerts.rules.observability import observability_file
+from alerts.rules.placement import placements
 from alerts.rules.promql import with_cluster_label
 from alerts.rules.recording import recording_file
 from alerts.rules.serving import serving_file
@@ -31,7 +32,9 @@ def rule_files(c: RulesConfig) -> tuple[RuleFile, ...]:
     unknown = set(c.for_durations) - set(names)
     if unknown:
         raise ConfigError(f"alerts/config.yaml `for:` names alerts that do not exist: {sorted(unknown)}")
-    return tuple(_keep_cluster(f, c.cluster_label) for f in files)
+    out = tuple(_keep_cluster(f, c.cluster_label) for f in files)
+    placements(out)  # a group whose declared scope its PromQL contradicts fails the build here
+    return out
 
 
 def _keep_cluster(f: RuleFile, label: str) -> RuleFile:

@@ -207,4 +207,4 @@ def hardware_file(c: RulesConfig) -> RuleFile:
             ),
         ),
     )
-    return RuleFile("hardware", (Group("gpupulse.hardware", rules),))
+    return RuleFile("hardware", (Group("gpupulse.hardware", rules, scope="node"),))

@@ -68,4 +68,7 @@ def observability_file(c: RulesConfig) -> RuleFile:
             ),
         ),
     )
-    return RuleFile("observability", (Group("gpupulse.observability", rules),))
+    # GPUExporterDown's absent(up) asks whether the Prometheus evaluating it scrapes any exporter: on a
+    # shard, whether the shard does, which is the shard's own question
+    group = Group("gpupulse.observability", rules, scope="node", per_prometheus=("GPUExporterDown",))
+    return RuleFile("observability", (group,))

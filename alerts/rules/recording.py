@@ -147,6 +147,7 @@ def _activity(c: RulesConfig) -> Group:
                 labels={"currency": c.cost.currency},
             ),
         ),
+        scope="fleet",
     )
 
 
@@ -177,6 +178,7 @@ def _fragmentation(c: RulesConfig) -> Group:
                 f"sum(floor(node:gpu_free:count / {gang}))",
             ),
         ),
+        scope="fleet",
     )
 
 
@@ -242,6 +244,7 @@ def _memory(c: RulesConfig) -> tuple[Group, Group]:
                 """,
             ),
         ),
+        scope="fleet",
     )
     soft_q, hard_q = num(t.memory_soft_limit_quantile), num(t.memory_hard_limit_quantile)
     gap = num(1 + t.memory_limit_gap_ratio)
@@ -325,6 +328,7 @@ def _memory(c: RulesConfig) -> tuple[Group, Group]:
             ),
         ),
         interval=w.memory_history_interval,
+        scope="fleet",
     )
     return current, limits
 
@@ -351,7 +355,7 @@ def _latency(c: RulesConfig) -> Group:
                         histogram_quantile_of(q, histogram, by, c.windows.rate),
                     )
                 )
-    return Group("gpupulse.latency", tuple(rules))
+    return Group("gpupulse.latency", tuple(rules), scope="fleet")
 
 
 def _kv_cache(c: RulesConfig) -> Group:
@@ -380,7 +384,7 @@ def _kv_cache(c: RulesConfig) -> Group:
                 """,
             )
         )
-    return Group("gpupulse.kv-cache", tuple(rules))
+    return Group("gpupulse.kv-cache", tuple(rules), scope="fleet")
 
 
 def _tokens(c: RulesConfig) -> Group:
@@ -441,6 +445,7 @@ def _tokens(c: RulesConfig) -> Group:
                 labels={"currency": c.cost.currency},
             ),
         ),
+        scope="fleet",
     )
 
 

@@ -138,4 +138,4 @@ def serving_file(c: RulesConfig) -> RuleFile:
             ),
         ),
     )
-    return RuleFile("serving", (Group("gpupulse.serving", rules),))
+    return RuleFile("serving", (Group("gpupulse.serving", rules, scope="node"),))

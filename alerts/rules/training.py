@@ -199,4 +199,4 @@ def training_file(c: RulesConfig) -> RuleFile:
     )
     # one group, records first: rules of a group run in order, so an alert sees this evaluation's
     # records rather than the previous one's (one interval sooner)
-    return RuleFile("training", (Group("gpupulse.training", _records(c) + rules),))
+    return RuleFile("training", (Group("gpupulse.training", _records(c) + rules, scope="fleet"),))

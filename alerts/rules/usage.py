@@ -87,7 +87,7 @@ def usage_file(c: RulesConfig) -> RuleFile:
             ),
         ),
     )
-    return RuleFile("usage", (Group("gpupulse.usage", rules),))
+    return RuleFile("usage", (Group("gpupulse.usage", rules, scope="fleet"),))
 
 
 def _above(c: RulesConfig, limit: str) -> str:

@@ -256,8 +256,10 @@ def _expected_rule_groups(values: JSON, namespace: str) -> list[JSON]:
     for _, text in sorted(render_rule_templates().items()):
         for group in yaml.safe_load(text)["groups"]:
             group = _walk(group, lambda s: substitute(s, tokens))
+            group.pop("scope")  # where the group runs under prometheusRule.sharding, not a Prometheus field
             rules = []
             for rule in group["rules"]:
+                rule.pop("scope")
                 if "alert" in rule:
                     if pr["disabled"].get(rule["alert"]):
                         continue

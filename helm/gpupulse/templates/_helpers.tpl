@@ -216,3 +216,62 @@ An exporter probe as the values give it; its httpGet speaks HTTPS when the web c
 {{- end -}}
 {{- toYaml $probe -}}
 {{- end -}}
+{{/* The rule groups of files/rules with this release's tunables, as the items of a YAML list at
+indentation 4: every rule (scope ""), or only those that run on the shards ("node") or in the global
+layer ("fleet") under prometheusRule.sharding; a group left without rules is left out. */}}
+{{- define "gpupulse.rules.groups" -}}
+{{- $ := .root }}
+{{- $scope := .scope }}
+{{- $pr := $.Values.prometheusRule }}
+{{- /* Every __gpupulse_<section>__<name>__ token of files/rules is replaced by its value here. */}}
+{{- /* No release tag exists to pin to: the default is the runbooks of the main branch of .Chart.Home. */}}
+{{- $runbook := $pr.runbookUrl | default (printf "%s/blob/main/docs/runbooks/" $.Chart.Home) }}
+{{- $tokens := dict
+  "thresholds" $pr.thresholds
+  "windows" $pr.windows
+  "for" $pr.for
+  "cost" $pr.cost
+  "selectors" (dict "exporter" (include "gpupulse.exporter.selector" $))
+  "runbook" (dict "url_base" $runbook) }}
+{{- $nodeKinds := list "node" "gpu" "exporter" }}
+{{- range $path, $_ := $.Files.Glob "files/rules/*.rules.yaml" }}
+{{- range $group := ($.Files.Get $path | fromYaml).groups }}
+{{- $rules := list }}
+{{- range $rule := $group.rules }}
+{{- if or (not $scope) (eq $scope (required (printf "files/rules: rule %s of %s says nowhere where it runs" ($rule.record | default $rule.alert) $group.name) $rule.scope)) }}
+{{- $out := dict "expr" (include "gpupulse.rules.tune" (dict "text" $rule.expr "tokens" $tokens)) }}
+{{- $labels := dict }}
+{{- range $k, $v := ($rule.labels | default dict) }}
+{{- $_ := set $labels $k (include "gpupulse.rules.tune" (dict "text" $v "tokens" $tokens)) }}
+{{- end }}
+{{- if $rule.record }}
+{{- $_ := set $out "record" $rule.record }}
+{{- with $labels }}{{ $_ := set $out "labels" . }}{{ end }}
+{{- $rules = append $rules $out }}
+{{- else if not (index ($pr.disabled | default dict) $rule.alert) }}
+{{- $_ := set $out "alert" $rule.alert }}
+{{- $_ := set $out "for" (include "gpupulse.rules.tune" (dict "text" $rule.for "tokens" $tokens)) }}
+{{- if and $pr.namespaceNodeAlerts (has $labels.target_kind $nodeKinds) }}
+{{- $_ := set $labels "namespace" (include "gpupulse.namespace" $) }}
+{{- end }}
+{{- $_ := set $out "labels" (merge $labels ($pr.additionalRuleLabels | default dict)) }}
+{{- $annotations := dict }}
+{{- range $k, $v := $rule.annotations }}
+{{- $_ := set $annotations $k (include "gpupulse.rules.tune" (dict "text" $v "tokens" $tokens)) }}
+{{- end }}
+{{- $_ := set $out "annotations" (merge $annotations ($pr.additionalRuleAnnotations | default dict)) }}
+{{- $rules = append $rules $out }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- if $rules }}
+    - name: {{ $group.name }}
+      {{- with $group.interval }}
+      interval: {{ include "gpupulse.rules.tune" (dict "text" . "tokens" $tokens) }}
+      {{- end }}
+      rules:
+        {{- toYaml $rules | nindent 8 }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
