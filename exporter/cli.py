@@ -32,12 +32,12 @@ from exporter.config import (
     exporter_version,
     parse_listen_address,
 )
-from exporter.errors import NvmlInitError, ScenarioError
+from exporter.errors import NvmlInitError, ScenarioError, WebConfigError
 from exporter.nvml import Nvml, XidWatcher
 from exporter.sampler import Sampler, SnapshotHook
 from exporter.server import make_app, make_site
 from exporter.snapshot import Snapshot
-from exporter.webconfig import WebConfigError, web_config_from_flag
+from exporter.webconfig import web_config_from_flag
 from gpupulse.clock import SystemClock
 from gpupulse.durations import duration_flag
 from gpupulse.logs import FORMATS, LEVELS, setup_logging

@@ -13,6 +13,7 @@
     │   └── PartialCollectorError  ... but the families it carries are still true and are served
     ├── ConfigError                the engines config file is unreadable or malformed
     ├── OtlpConfigError            a malformed --otlp.* flag (also a ValueError, as argparse wants)
+    ├── WebConfigError             --web.config.file cannot be used (also a ValueError)
     ├── ScrapeError                one engine endpoint's scrape failed (`reason`: the counter label)
     ├── ExpositionError            an engine's payload is not a Prometheus text exposition
     ├── KubeError                  the pod list or watch could not be fetched or decoded
@@ -30,7 +31,7 @@
 
 Temporary outcomes (DeadlineExceededError, GpuStaleError, ScrapeError, KubeError, PodResourcesError,
 CollectorError) are retried on the next round; permanent ones (NotSupportedError, ConfigError,
-OtlpConfigError, ScenarioError) are reported once and not retried.
+OtlpConfigError, WebConfigError, ScenarioError) are reported once and not retried.
 """
 
 from __future__ import annotations
@@ -112,6 +113,10 @@ class PartialCollectorError(CollectorError):
 # ---- configuration -------------------------------------------------------------------------------
 class ConfigError(ExporterError):
     """The engines config file is unreadable or malformed."""
+
+
+class WebConfigError(ExporterError, ValueError):
+    """The --web.config.file file cannot be used; the message names the file and the key."""
 
 
 class OtlpConfigError(ExporterError, ValueError):

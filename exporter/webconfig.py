@@ -41,6 +41,8 @@ import bcrypt
 import yaml
 from aiohttp import web
 
+from exporter.errors import WebConfigError
+
 log = logging.getLogger(__name__)
 
 CLIENT_AUTH = {
@@ -71,10 +73,6 @@ UNAUTHENTICATED_PATHS = ("/healthz", "/readyz")
 _DUMMY_HASH = bcrypt.hashpw(b"gpupulse-no-such-user", bcrypt.gensalt(rounds=10))
 AUTH_CACHE_MAX = 1024
 BCRYPT_PREFIXES = ("$2a$", "$2b$", "$2y$")
-
-
-class WebConfigError(ValueError):
-    """The web configuration file cannot be used; the message names the file and the key."""
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,8 @@ import pytest
 import yaml
 
 from exporter import cli
-from exporter.webconfig import WebConfigError, parse_web_config
+from exporter.errors import WebConfigError
+from exporter.webconfig import parse_web_config
 from tests.fakes.prometheus_process import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
