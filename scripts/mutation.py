@@ -34,6 +34,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 EQUIVALENT_FILE = ROOT / "scripts" / "mutation-equivalent.txt"
@@ -171,6 +172,38 @@ def skip_annotation_mutants(session: Path, spans: Sequence[Span]) -> None:
             db.set_multiple_results(jobs, result)
 
 
+def _spec_key(mutations: Sequence[Any]) -> tuple[tuple[str, str, int, tuple[int, ...], tuple[int, ...]], ...]:
+    return tuple(
+        (str(m.module_path), str(m.operator_name), int(m.occurrence), tuple(m.start_pos), tuple(m.end_pos))
+        for m in mutations
+    )
+
+
+def reuse_killed(session: Path, earlier: Path) -> int:
+    """Mark as killed the session's mutants that an earlier session killed: sound only when the module
+    is unchanged since and the earlier tests are a subset of these (a test that failed then fails
+    now). Returns how many were carried over; the rest run as usual."""
+    from cosmic_ray.work_db import WorkDB, use_db
+    from cosmic_ray.work_item import TestOutcome, WorkerOutcome, WorkResult
+
+    with use_db(str(earlier), WorkDB.Mode.open) as old:
+        killed = {
+            _spec_key(item.mutations)
+            for item, result in old.completed_work_items
+            if result.test_outcome == TestOutcome.KILLED
+        }
+    with use_db(str(session), WorkDB.Mode.open) as db:
+        jobs = [item.job_id for item in db.pending_work_items if _spec_key(item.mutations) in killed]
+        if jobs:
+            result = WorkResult(
+                output=f"killed in {earlier}",
+                worker_outcome=WorkerOutcome.NORMAL,
+                test_outcome=TestOutcome.KILLED,
+            )
+            db.set_multiple_results(jobs, result)
+    return len(jobs)
+
+
 def checkout_files() -> list[str]:
     out = subprocess.run(
         ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
@@ -217,7 +250,9 @@ def load_equivalents(path: Path = EQUIVALENT_FILE) -> dict[tuple[str, str, str],
     return known
 
 
-def run_cosmic_ray(rel: str, tests: Sequence[str], jobs: int, keep: bool) -> list[Mutant]:
+def run_cosmic_ray(
+    rel: str, tests: Sequence[str], jobs: int, keep: bool, earlier: Path | None = None
+) -> list[Mutant]:
     work = Path(tempfile.mkdtemp(prefix="gpupulse-mutation-"))
     files = checkout_files()
     copies = [work / f"copy{i}" for i in range(jobs)]
@@ -265,6 +300,11 @@ def run_cosmic_ray(rel: str, tests: Sequence[str], jobs: int, keep: bool) -> lis
         _wait_for_ports(ports)
         subprocess.run([cosmic_ray, "init", str(config), str(session)], cwd=copies[0], check=True)
         skip_annotation_mutants(session, annotation_spans(ROOT / rel))
+        if earlier is not None:
+            print(
+                f"mutation: {reuse_killed(session, earlier)} mutant(s) killed in {earlier} carried over",
+                flush=True,
+            )
         subprocess.run([cosmic_ray, "exec", str(config), str(session)], cwd=copies[0], check=True)
         dump = subprocess.run(
             [cosmic_ray, "dump", str(session)], cwd=copies[0], check=True, capture_output=True, text=True
@@ -351,7 +391,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--scan-marker", default="not gpu and not image", help="pytest -m expression for the tracing run"
     )
     parser.add_argument("--keep", action="store_true", help="keep the work folder (session, copies)")
+    parser.add_argument(
+        "--reuse-killed",
+        type=Path,
+        metavar="SESSION",
+        help="count as killed what this earlier session (--keep) of the one MODULE killed, unchanged since, "
+        "with a subset of these tests; run the rest",
+    )
     args = parser.parse_args(argv)
+    if args.reuse_killed is not None and len(args.modules) != 1:
+        parser.error("--reuse-killed takes one MODULE")
     equivalents = load_equivalents()
     rels = [module_path(name) for name in args.modules]
     traced: dict[str, list[str]] = {}
@@ -372,7 +421,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         more = " ..." if len(tests) > 12 else ""
         print(f"\n{rel}: running {what}: {' '.join(tests[:12])}{more}", flush=True)
-        report(rel, run_cosmic_ray(rel, tests, max(1, args.jobs), args.keep), equivalents)
+        report(rel, run_cosmic_ray(rel, tests, max(1, args.jobs), args.keep, args.reuse_killed), equivalents)
     return 0
 
 
