@@ -130,6 +130,7 @@ def test_all_signatures_spend_the_global_budget_at_its_limit() -> None:
     assert page_budget_spent(5, 1, "serving-latency", BUDGETS) == (
         "page budget spent: 5 incidents paged within 600 s (limit 5)"
     )
+    assert page_budget_spent(6, 0, "serving-latency", BUDGETS).startswith("page budget spent: 6 incidents")
 
 
 def test_a_signature_over_both_budgets_is_told_of_its_own_first() -> None:
@@ -327,7 +328,7 @@ def test_a_summary_page_takes_the_signatures_severity_and_runbook() -> None:
 def test_a_summary_page_with_no_members_left_names_no_target() -> None:
     page = summary_page(STATE, [], SIG, BUDGETS_20, "", BASE, True)
     assert page.target == Target(kind="node") and page.history == []
-    assert page.summary.startswith("0 incidents of serving-latency")
+    assert page.summary.startswith("0 incidents of serving-latency") and " more" not in page.summary
 
 
 def test_the_breaker_page_groups_every_member() -> None:
