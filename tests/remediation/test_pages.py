@@ -199,6 +199,10 @@ def test_job_evidence_names_what_it_has() -> None:
     assert job_evidence(Target(kind="job", uuid="GPU-9"), {}) == " (suspect: GPU ? (GPU-9))"
     assert job_evidence(Target(kind="job"), {"gpu": "2"}) == " (suspect: GPU 2 (?))"
     assert job_evidence(Target(kind="job", namespace="t", pod="w-1"), {}) == " (suspect: pod t/w-1)"
+    # only a job names a suspect: a GPU's or an exporter's page (kinds that sort before "job") does not
+    labels = {"rank": "3", "gpu": "1"}
+    for kind in ("exporter", "gpu", "node", "pod"):
+        assert job_evidence(Target(kind=kind, node="n1", uuid="GPU-1", pod="p"), labels) == "", kind  # type: ignore[arg-type]
 
 
 def test_a_page_carries_its_diagnosis_and_a_resolve_does_not() -> None:
