@@ -17,9 +17,9 @@ import pytest
 
 from remediation.intake import parse_notification
 from remediation.model import Page
-from remediation.settings import BudgetSettings, EngineSettings
+from remediation.settings import BudgetSettings
 from tests.fakes.intake import alert, load_fixture, notification
-from tests.remediation.test_engine_support import Rig
+from tests.remediation.test_engine_support import Rig, engine_settings
 
 DEFAULTS = BudgetSettings()
 PER_SIGNATURE = DEFAULTS.max_pages_per_signature
@@ -45,7 +45,7 @@ def test_the_default_budgets_page_a_few_of_one_signature_and_cap_them_all() -> N
 
 @pytest.fixture
 async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
-    r = Rig(tmp_path, EngineSettings(external_url="https://remediation.example"))
+    r = Rig(tmp_path, engine_settings(external_url="https://remediation.example"))
     r.build()
     yield r
     await r.engine.aclose()
@@ -149,7 +149,7 @@ async def test_two_signatures_storming_at_once_each_get_their_own_few_and_summar
 
 async def test_the_global_budget_still_caps_all_signatures_together(tmp_path: Path) -> None:
     budgets = replace(DEFAULTS, max_pages_per_signature=3, max_pages_per_window=5)
-    r = Rig(tmp_path, EngineSettings(budgets=budgets))
+    r = Rig(tmp_path, engine_settings(budgets=budgets))
     r.build()
     try:
         await deliver(r, storm_alerts(r, LATENCY, "pod", 10))
