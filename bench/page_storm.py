@@ -132,7 +132,10 @@ async def storm(
     settings = EngineSettings(scope=ScopeSettings(namespaces=("*",)))
     if not budget:
         settings = dataclasses.replace(
-            settings, budgets=dataclasses.replace(settings.budgets, max_pages_per_window=10**9)
+            settings,
+            budgets=dataclasses.replace(
+                settings.budgets, max_pages_per_window=10**9, max_pages_per_signature=10**9
+            ),
         )
     with tempfile.TemporaryDirectory(prefix="gpupulse-page-storm-") as tmp:
         engine = cast(

@@ -218,6 +218,12 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "Window of the node budgets.",
     ),
     Flag(
+        "safety.max-pages-per-signature",
+        int,
+        _E.budgets.max_pages_per_signature,
+        "Incidents of one signature paged one by one within the page window; beyond, one summary page.",
+    ),
+    Flag(
         "safety.max-pages-per-window",
         int,
         _E.budgets.max_pages_per_window,
@@ -495,6 +501,7 @@ def settings_from_flags(ns: argparse.Namespace, environ: Mapping[str, str] | Non
             max_nodes_migrated=v["safety_max_nodes_migrated"],
             max_nodes_migrated_fraction=v["safety_max_nodes_migrated_fraction"],
             migrate_window_seconds=v["safety_window"],
+            max_pages_per_signature=v["safety_max_pages_per_signature"],
             max_pages_per_window=v["safety_max_pages_per_window"],
             page_window_seconds=v["safety_page_window"],
         ),

@@ -478,14 +478,18 @@ class Ledger:
     def delete_state(self, name: str) -> None:
         self.conn.execute("DELETE FROM rem_state WHERE name = ?", (name,))
 
-    def paged_incidents_since(self, since: float) -> int:
-        """Incidents that requested a page of their own since `since` (re-sends not counted twice)."""
-        row = self.conn.execute(
-            "SELECT COUNT(DISTINCT incident_id) FROM rem_ledger WHERE kind = 'event' AND rung = '' "
-            "AND status = 'page_requested' AND at >= ?",
-            (since,),
-        ).fetchone()
-        return int(row[0])
+    def paged_incidents_since(self, since: float, signature: str | None = None) -> int:
+        """Incidents (of one signature, or of all) that requested a page of their own since `since`
+        (re-sends not counted twice)."""
+        query = (
+            "SELECT COUNT(DISTINCT l.incident_id) FROM rem_ledger l WHERE l.kind = 'event' "
+            "AND l.rung = '' AND l.status = 'page_requested' AND l.at >= ?"
+        )
+        params: tuple[object, ...] = (since,)
+        if signature is not None:
+            query += " AND l.incident_id IN (SELECT id FROM rem_incidents WHERE signature = ?)"
+            params = (since, signature)
+        return int(self.conn.execute(query, params).fetchone()[0])
 
     def open_group_members(self, group: str) -> int:
         marks = ", ".join("?" for _ in OPEN_STATES)

@@ -57,8 +57,10 @@ class BudgetSettings:
     # how often new incidents that arrive while the breaker is open are flushed as one grouped page
     # (and how often a summary page is updated)
     group_page_interval_seconds: float = 60.0
-    # incidents paged one by one within page_window_seconds; beyond that, each signature's further
-    # incidents join one summary page, updated (same dedup key) rather than repeated
+    # incidents paged one by one within page_window_seconds, of one signature and of all together;
+    # beyond either, that signature's further incidents join one summary page, updated (same dedup
+    # key) rather than repeated: a fleet-wide storm of one signature pages its first few, then once
+    max_pages_per_signature: int = 3
     max_pages_per_window: int = 20
     page_window_seconds: float = 600.0
 
@@ -230,6 +232,7 @@ class EngineSettings:
             "budgets.max_actions_per_minute": b.max_actions_per_minute,
             "budgets.max_nodes_migrated": b.max_nodes_migrated,
             "budgets.migrate_window_seconds": b.migrate_window_seconds,
+            "budgets.max_pages_per_signature": b.max_pages_per_signature,
             "budgets.max_pages_per_window": b.max_pages_per_window,
             "budgets.page_window_seconds": b.page_window_seconds,
             "loops.max_restarts": lp.max_restarts,

@@ -90,6 +90,7 @@ SAFETY_VALUES = {
     "maxNodesMigrated": "max_nodes_migrated",
     "maxNodesMigratedFraction": "max_nodes_migrated_fraction",
     "window": "migrate_window_seconds",
+    "maxPagesPerSignature": "max_pages_per_signature",
     "maxPagesPerWindow": "max_pages_per_window",
     "pageWindow": "page_window_seconds",
 }

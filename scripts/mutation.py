@@ -1,7 +1,11 @@
-"""Mutation testing of chosen modules with cosmic-ray, against only the tests that import them
-or are named after them (test_<name>.py and test_<name>_*.py).
+"""Mutation testing of chosen modules with cosmic-ray, against the tests that exercise them: those that
+import them or are named after them (test_<name>.py and test_<name>_*.py), and those during which a
+function of the module runs, found by running the scanned tests once under a call tracer
+(scripts/mutation_probe.py), so that a module reached only through the engine or a harness is
+measured against the tests that really drive it.
 
-Usage: scripts/mutation MODULE [MODULE ...] [--jobs N] [--tests PATH ...] [--keep]
+Usage: scripts/mutation MODULE [MODULE ...] [--jobs N] [--tests PATH ...] [--select traced|static]
+                        [--scan PATH ...] [--scan-marker EXPR] [--keep]
 
 MODULE is a path (remediation/loops.py) or a dotted name (remediation.loops). Each module is mutated
 in throw-away copies of the checkout (tracked files and untracked ones git does not ignore), never in
@@ -11,6 +15,8 @@ mutated line. Mutants inside annotations of a module with postponed evaluation (
 import annotations`) are not run: Python never evaluates those, so they cannot change behaviour.
 Survivors listed in scripts/mutation-equivalent.txt (judged not to change behaviour,
 with the reason) are counted apart, so the score is over the mutants that change behaviour.
+The tracer does not see code run in a subprocess, and a scanned test that fails unmutated is left
+out (and named).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 EQUIVALENT_FILE = ROOT / "scripts" / "mutation-equivalent.txt"
@@ -89,6 +96,28 @@ def tests_for(module: str) -> list[str]:
     return found
 
 
+def traced_tests(modules: Sequence[str], scan: Sequence[str], marker: str) -> dict[str, list[str]]:
+    """The ids of the scanned tests during which a function of each module ran (one pytest run for
+    all modules, under scripts/mutation_probe.py); tests that fail unmutated are left out."""
+    with tempfile.TemporaryDirectory(prefix="gpupulse-mutation-probe-") as tmp:
+        out = Path(tmp) / "traced.json"
+        probe = [PYTHON, str(ROOT / "scripts" / "mutation_probe.py"), str(out), *modules, "--"]
+        pytest_args = ["-q", "-p", "no:cacheprovider", "-m", marker, *scan]
+        done = subprocess.run([*probe, *pytest_args], cwd=ROOT, capture_output=True, text=True)
+        if done.returncode != 0 or not out.exists():
+            raise SystemExit(f"mutation: the tracing run failed:\n{(done.stdout + done.stderr)[-3000:]}")
+        found = json.loads(out.read_text())
+    if found["failed"]:
+        print(f"mutation: left out, failing unmutated: {' '.join(found['failed'])}", flush=True)
+    return {rel: list(ids) for rel, ids in found["modules"].items()}
+
+
+def selection(files: Sequence[str], traced: Sequence[str]) -> list[str]:
+    """The test files named, then the traced test ids outside them (a file runs whole, once)."""
+    whole = set(files)
+    return [*files, *(t for t in traced if t.split("::", 1)[0] not in whole)]
+
+
 Span = tuple[tuple[int, int], tuple[int, int]]  # (line, column) of the start and the end
 
 
@@ -143,6 +172,38 @@ def skip_annotation_mutants(session: Path, spans: Sequence[Span]) -> None:
             db.set_multiple_results(jobs, result)
 
 
+def _spec_key(mutations: Sequence[Any]) -> tuple[tuple[str, str, int, tuple[int, ...], tuple[int, ...]], ...]:
+    return tuple(
+        (str(m.module_path), str(m.operator_name), int(m.occurrence), tuple(m.start_pos), tuple(m.end_pos))
+        for m in mutations
+    )
+
+
+def reuse_killed(session: Path, earlier: Path) -> int:
+    """Mark as killed the session's mutants that an earlier session killed: sound only when the module
+    is unchanged since and the earlier tests are a subset of these (a test that failed then fails
+    now). Returns how many were carried over; the rest run as usual."""
+    from cosmic_ray.work_db import WorkDB, use_db
+    from cosmic_ray.work_item import TestOutcome, WorkerOutcome, WorkResult
+
+    with use_db(str(earlier), WorkDB.Mode.open) as old:
+        killed = {
+            _spec_key(item.mutations)
+            for item, result in old.completed_work_items
+            if result.test_outcome == TestOutcome.KILLED
+        }
+    with use_db(str(session), WorkDB.Mode.open) as db:
+        jobs = [item.job_id for item in db.pending_work_items if _spec_key(item.mutations) in killed]
+        if jobs:
+            result = WorkResult(
+                output=f"killed in {earlier}",
+                worker_outcome=WorkerOutcome.NORMAL,
+                test_outcome=TestOutcome.KILLED,
+            )
+            db.set_multiple_results(jobs, result)
+    return len(jobs)
+
+
 def checkout_files() -> list[str]:
     out = subprocess.run(
         ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
@@ -189,7 +250,9 @@ def load_equivalents(path: Path = EQUIVALENT_FILE) -> dict[tuple[str, str, str],
     return known
 
 
-def run_cosmic_ray(rel: str, tests: Sequence[str], jobs: int, keep: bool) -> list[Mutant]:
+def run_cosmic_ray(
+    rel: str, tests: Sequence[str], jobs: int, keep: bool, earlier: Path | None = None
+) -> list[Mutant]:
     work = Path(tempfile.mkdtemp(prefix="gpupulse-mutation-"))
     files = checkout_files()
     copies = [work / f"copy{i}" for i in range(jobs)]
@@ -197,7 +260,11 @@ def run_cosmic_ray(rel: str, tests: Sequence[str], jobs: int, keep: bool) -> lis
     try:
         for copy in copies:
             copy_checkout(copy, files)
-        test_command = " ".join([PYTHON, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests])
+        # the tests go in an argument file (pytest @FILE, one per line): ids may hold spaces
+        args_file = work / "tests.args"
+        args_file.write_text("".join(f"{t}\n" for t in tests))
+        pytest = [PYTHON, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider"]
+        test_command = " ".join([*pytest, f"@{args_file}"])
         started = time.monotonic()
         baseline = subprocess.run(test_command.split(), cwd=copies[0], capture_output=True, text=True)
         if baseline.returncode != 0:
@@ -233,6 +300,11 @@ def run_cosmic_ray(rel: str, tests: Sequence[str], jobs: int, keep: bool) -> lis
         _wait_for_ports(ports)
         subprocess.run([cosmic_ray, "init", str(config), str(session)], cwd=copies[0], check=True)
         skip_annotation_mutants(session, annotation_spans(ROOT / rel))
+        if earlier is not None:
+            print(
+                f"mutation: {reuse_killed(session, earlier)} mutant(s) killed in {earlier} carried over",
+                flush=True,
+            )
         subprocess.run([cosmic_ray, "exec", str(config), str(session)], cwd=copies[0], check=True)
         dump = subprocess.run(
             [cosmic_ray, "dump", str(session)], cwd=copies[0], check=True, capture_output=True, text=True
@@ -307,18 +379,49 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="scripts/mutation", description=__doc__.splitlines()[0])
     parser.add_argument("modules", nargs="+", metavar="MODULE")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel workers")
-    parser.add_argument("--tests", nargs="+", help="test files to run instead of the importers")
+    parser.add_argument("--tests", nargs="+", help="test files or ids to run instead of the selection")
+    parser.add_argument(
+        "--select",
+        choices=("traced", "static"),
+        default="traced",
+        help="traced: importers, namesakes and the tests during which the module runs; static: the first two",
+    )
+    parser.add_argument("--scan", nargs="+", default=["tests"], help="tests the tracer runs (default: tests)")
+    parser.add_argument(
+        "--scan-marker", default="not gpu and not image", help="pytest -m expression for the tracing run"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the work folder (session, copies)")
+    parser.add_argument(
+        "--reuse-killed",
+        type=Path,
+        metavar="SESSION",
+        help="count as killed what this earlier session (--keep) of the one MODULE killed, unchanged since, "
+        "with a subset of these tests; run the rest",
+    )
     args = parser.parse_args(argv)
+    if args.reuse_killed is not None and len(args.modules) != 1:
+        parser.error("--reuse-killed takes one MODULE")
     equivalents = load_equivalents()
-    for name in args.modules:
-        rel = module_path(name)
-        tests = args.tests or tests_for(dotted(rel))
+    rels = [module_path(name) for name in args.modules]
+    traced: dict[str, list[str]] = {}
+    if not args.tests and args.select == "traced":
+        print(f"mutation: tracing which of {' '.join(args.scan)} exercise {' '.join(rels)}", flush=True)
+        traced = traced_tests(rels, args.scan, args.scan_marker)
+    for rel in rels:
+        files = tests_for(dotted(rel))
+        tests = args.tests or selection(files, traced.get(rel, []))
         if not tests:
-            print(f"\n== {rel}\nno test imports {dotted(rel)}: nothing to measure (use --tests)")
+            print(f"\n== {rel}\nno test imports or exercises {dotted(rel)}: nothing to measure (use --tests)")
             continue
-        print(f"\n{rel}: running {len(tests)} test file(s): {' '.join(tests)}", flush=True)
-        report(rel, run_cosmic_ray(rel, tests, max(1, args.jobs), args.keep), equivalents)
+        extra = len(tests) - len(files)
+        what = (
+            f"{len(tests)} test file(s) or id(s)"
+            if args.tests
+            else f"{len(files)} test file(s) and {extra} traced test(s)"
+        )
+        more = " ..." if len(tests) > 12 else ""
+        print(f"\n{rel}: running {what}: {' '.join(tests[:12])}{more}", flush=True)
+        report(rel, run_cosmic_ray(rel, tests, max(1, args.jobs), args.keep, args.reuse_killed), equivalents)
     return 0
 
 

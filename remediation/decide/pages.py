@@ -24,15 +24,21 @@ def runbook_for(base_url: str, name: str) -> str:
     return f"{base_url.rstrip('/')}/{name}.md"
 
 
-def page_budget_spent(paged: int, budgets: BudgetSettings) -> str:
-    """Why no further incident may page on its own ("" while the budget lasts); `paged` counts the
-    incidents that paged within the budget's window."""
-    if paged < budgets.max_pages_per_window:
-        return ""
-    return (
-        f"page budget spent: {paged} incidents paged within {budgets.page_window_seconds:.0f} s "
-        f"(limit {budgets.max_pages_per_window})"
-    )
+def page_budget_spent(paged: int, paged_signature: int, signature: str, budgets: BudgetSettings) -> str:
+    """Why no further incident of `signature` may page on its own ("" while both budgets last):
+    `paged` counts the incidents that paged within the budget's window, `paged_signature` those of
+    this signature. A storm of one signature spends its own budget first and leaves the rest of the
+    global one to the other signatures."""
+    window = f"{budgets.page_window_seconds:.0f} s"
+    if paged_signature >= budgets.max_pages_per_signature:
+        return (
+            f"page budget of {signature} spent: {paged_signature} of its incidents paged within {window} "
+            f"(limit {budgets.max_pages_per_signature} per signature)"
+        )
+    if paged >= budgets.max_pages_per_window:
+        limit = budgets.max_pages_per_window
+        return f"page budget spent: {paged} incidents paged within {window} (limit {limit})"
+    return ""
 
 
 def job_evidence(target: Target, labels: Mapping[str, str]) -> str:
@@ -156,9 +162,10 @@ def summary_page(
     link = f"{external_url.rstrip('/')}/api/v1/incidents?{query}"
     since = datetime.fromtimestamp(float(state["started_at"]), tz=UTC).isoformat(timespec="seconds")
     summary = (
-        f"{len(members)} incidents of {signature} ({sig.fault_class}) since {since}; the page budget "
-        f"({budgets.max_pages_per_window} per {budgets.page_window_seconds:.0f} s) is spent, so they share "
-        f"this page. First targets: {first}{more}. All of them: {link}"
+        f"{len(members)} incidents of {signature} ({sig.fault_class}) since {since}; past the page "
+        f"budget ({budgets.max_pages_per_signature} of one signature, {budgets.max_pages_per_window} in "
+        f"all, per {budgets.page_window_seconds:.0f} s) they share this page. First targets: "
+        f"{first}{more}. All of them: {link}"
     )
     history = [
         {

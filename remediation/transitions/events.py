@@ -145,7 +145,7 @@ class EventTransitions(LadderTransitions):
                 return incident_id, self._loop_page(incident_id, recurrence, now)
         effects: list[Effect] = []
         if sig.ladder.page_on_open:
-            spent = self._page_budget_spent(now)
+            spent = self._page_budget_spent(inc, now)
             if spent:
                 self._entry(inc, "event", "page_skipped", f"informational page not sent: {spent}")
             else:

@@ -22,18 +22,22 @@ from remediation.transitions.base import TransitionsBase
 class PagingTransitions(TransitionsBase):
     """Requesting pages and grouping them while the breaker is open or the page budget is spent."""
 
-    def _page_budget_spent(self, now: float) -> str:
-        """Why no further incident may page on its own now ("" while the page budget lasts)."""
+    def _page_budget_spent(self, inc: Incident, now: float) -> str:
+        """Why this incident may not page on its own now ("" while its signature's page budget and
+        the global one last)."""
         if self.settings.dry_run:
             return ""
         b = self.settings.budgets
-        return page_budget_spent(self._db.paged_incidents_since(now - b.page_window_seconds), b)
+        since = now - b.page_window_seconds
+        paged = self._db.paged_incidents_since(since)
+        of_signature = self._db.paged_incidents_since(since, inc.signature)
+        return page_budget_spent(paged, of_signature, inc.signature, b)
 
     def _page(self, incident_id: int, now: float, reason: str) -> list[Effect]:
         inc = self._row(incident_id)
         if self._safety.breaker_open():
             return self._join_group(incident_id, now, reason)
-        spent = self._page_budget_spent(now)
+        spent = self._page_budget_spent(inc, now)
         if spent:
             return self._join_summary(incident_id, now, reason, spent)
         self._set(

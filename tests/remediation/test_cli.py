@@ -215,6 +215,13 @@ def test_duration_flags_take_the_shared_grammar_from_flags_and_environment() -> 
     assert s.engine.loops.restart_window_seconds == 90  # a bare number is still seconds
 
 
+def test_the_page_budget_of_one_signature_is_a_flag() -> None:
+    s = _settings(["--insecure-no-auth", "--safety.max-pages-per-signature=5"])
+    assert s.engine.budgets.max_pages_per_signature == 5
+    with pytest.raises(ConfigError, match=r"max_pages_per_signature must be positive"):
+        _settings(["--insecure-no-auth", "--safety.max-pages-per-signature=0"])
+
+
 @pytest.mark.parametrize("bad", ["1.5h", "1s1m", "5 minutes", "-1s"])
 def test_bad_duration_flags_name_the_flag(bad: str) -> None:
     with pytest.raises(ConfigError, match=r"--safety\.page-window"):

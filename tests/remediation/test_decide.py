@@ -109,6 +109,6 @@ def test_unknown_alerts_on_one_target_do_not_merge_into_one_incident() -> None:
 
 
 def test_the_page_budget_is_spent_at_its_limit() -> None:
-    budgets = BudgetSettings(max_pages_per_window=3, page_window_seconds=600)
-    assert page_budget_spent(2, budgets) == ""
-    assert "3 incidents paged within 600 s (limit 3)" in page_budget_spent(3, budgets)
+    budgets = BudgetSettings(max_pages_per_signature=3, max_pages_per_window=3, page_window_seconds=600)
+    assert page_budget_spent(2, 2, "s", budgets) == ""
+    assert "3 incidents paged within 600 s (limit 3)" in page_budget_spent(3, 0, "s", budgets)

@@ -1,5 +1,5 @@
-"""Pages go through the safety gate too: a page budget per window, and beyond it one summary page per
-signature that is updated, not repeated, and resolved when its last incident closes."""
+"""Pages go through the safety gate too: a global page budget per window, and beyond it one summary
+page per signature that is updated, not repeated, and resolved when its last incident closes."""
 
 from __future__ import annotations
 
@@ -24,7 +24,14 @@ LATENCY = {
     "namespace": "llm",
     "model": "llama",
 }
-BUDGET = BudgetSettings(max_pages_per_window=5, page_window_seconds=600.0, group_page_interval_seconds=60.0)
+# the global budget alone (the per-signature one out of reach): tests/remediation/test_engine_pages_storm.py
+# has the two together
+BUDGET = BudgetSettings(
+    max_pages_per_signature=10_000,
+    max_pages_per_window=5,
+    page_window_seconds=600.0,
+    group_page_interval_seconds=60.0,
+)
 
 
 @pytest.fixture
