@@ -331,7 +331,7 @@ class Replay:
         """The controller's incidents on this case's job, each with its ledger history."""
         out = []
         for item in (await self.controller("/api/v1/incidents?limit=500"))["incidents"]:
-            if case.job in json.dumps(item):
+            if incident_of(case, item):
                 out.append(await self.controller(f"/api/v1/incidents/{item['id']}"))
         return out
 
@@ -343,6 +343,16 @@ class Replay:
             for h in inc["history"]
             if h["kind"] == "action"
         ]
+
+
+def incident_of(case: Case, item: Mapping[str, Any]) -> bool:
+    """An incident (as the controller's API lists it) whose target is this case's job, one of its pods
+    or nodes: by the target's fields, exactly (a job `llama-a` is not `llama-a2`)."""
+    target = item.get("target")
+    if not isinstance(target, Mapping):
+        return False
+    labels = {k: str(v) for k, v in target.items() if isinstance(v, str)}
+    return labels.get("namespace", NAMESPACE) in (NAMESPACE, "") and case.owns(labels)
 
 
 def _seed_cluster(api: FakeKubeAPI, cases: Sequence[Case]) -> dict[str, JSON]:
