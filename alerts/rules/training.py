@@ -41,6 +41,7 @@ JOB_TENSOR = "training_job:gpu_tensor_active:sum"
 RANK_TENSOR_STEP = "rank:gpu_tensor_active:ratio_avg_step"
 RANK_NO_KERNEL = "rank:gpu_training_no_kernel:bool"
 JOB_SPLIT = "training_job:gpu_training_split:bool"
+RANK_WAITED_ON = "rank:gpu_training_waited_on:bool"
 RANK_IO = "rank:gpu_process_io:bytes_per_second"
 RANK_HOST_CPU = "rank:gpu_process_host_cpu:cores"
 IO_READ = "gpu_process_io_read_bytes_total"
@@ -119,6 +120,12 @@ def _records(c: RulesConfig) -> tuple[Record, ...]:
             f"  and on({JOB_BY}) (min by ({JOB_BY}) ({RANK_BUSY_IDLE} + {RANK_NO_KERNEL}) == 1)\n"
             f") * 0 + 1\nor on({JOB_BY})\n{JOB_RANKS} * 0",
         ),
+        # 1 for a rank with no kernel in a split job: the one the spinning ranks wait for; else 0
+        Record(
+            RANK_WAITED_ON,
+            f"(\n  {RANK_NO_KERNEL} == 1\n  and on({JOB_BY}) ({JOB_SPLIT} == 1)\n) * 0 + 1\n"
+            f"or on(uuid)\n{RANK_NO_KERNEL} * 0",
+        ),
         # read + written through system calls by the rank's GPU processes (absent where io is unreadable)
         Record(
             RANK_IO,
@@ -143,8 +150,7 @@ def _stalled(c: RulesConfig, ranks_of_lost: str) -> str:
         # split and idle at every evaluation of the window, and the rank already there at its start
         # (a fresh record's short history is no proof of a long wait)
         return (
-            f"(min_over_time({RANK_NO_KERNEL}[{window}]) == 1)\n"
-            f"and on({JOB_BY}) (min_over_time({JOB_SPLIT}[{window}]) == 1)\n"
+            f"(min_over_time({RANK_WAITED_ON}[{window}]) == 1)\n"
             f"and on(uuid) max by (uuid) ({RANK_INFO} offset {window})"
         )
 
