@@ -187,11 +187,13 @@ def _stalled(c: RulesConfig, ranks_of_lost: str) -> str:
     return f"(\n{suspects}\n)\nunless on({JOB_BY}) max by ({JOB_BY}) (\n{ranks_of_lost}\n)"
 
 
-def ranks_in_incident() -> str:
+def ranks_in_incident(c: RulesConfig) -> str:
     """The GPUs of every rank of a job a training alert fires for: their idle warnings are the job's
-    incident, not one more per GPU (usage.py's GPUIdleWhileAllocated keeps out of them)."""
+    incident, not one more per GPU (usage.py's GPUIdleWhileAllocated keeps out of them). Ranks seen
+    within the idle warning's `for:`: a dead rank's GPU stays allocated to its pod with no process."""
+    seen = c.for_("GPUIdleWhileAllocated")
     return (
-        f"max by (uuid) (\n  {RANK_INFO}\n  * on({JOB_BY}) group_left()\n"
+        f"max by (uuid) (\n  last_over_time({RANK_INFO}[{seen}])\n  * on({JOB_BY}) group_left()\n"
         f'  max by ({JOB_BY}) (ALERTS{{alertstate="firing", layer="training", target_kind="job"}})\n)'
     )
 

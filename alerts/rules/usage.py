@@ -27,7 +27,7 @@ def usage_file(c: RulesConfig) -> RuleFile:
                 {ALLOCATION_SHARE} * 0
                 + on(uuid) group_left(source)
                 ({SM_ACTIVITY} < {idle})
-                unless on(uuid) {ranks_in_incident()}
+                unless on(uuid) {ranks_in_incident(c)}
                 """,
             severity="warning",
             layer="scheduling",
