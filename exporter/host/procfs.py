@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from exporter.host.cgroup import CgroupIdentity, parse_cgroup
+from gpupulse.metrics.attribution import PROCESS_STATE_NAMES
 
 DEFAULT_PROCFS = "/proc"
 
@@ -29,7 +30,7 @@ PROCESS_STATES: dict[str, str] = {
     "I": "idle",  # an idle kernel thread
 }
 STATE_OTHER = "other"
-STATE_NAMES: tuple[str, ...] = (*dict.fromkeys(PROCESS_STATES.values()), STATE_OTHER)
+STATE_NAMES = PROCESS_STATE_NAMES
 
 
 @dataclass(frozen=True)

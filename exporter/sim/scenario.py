@@ -16,7 +16,6 @@ from typing import Any
 import yaml
 
 from exporter.errors import ScenarioError
-from exporter.host.procfs import STATE_NAMES
 from exporter.sim.curve import Curve
 from exporter.sim.library import implemented_symbols
 from exporter.sim.models import (
@@ -45,6 +44,7 @@ from exporter.sim.scenario_types import (
     Scenario,
     XidEvent,
 )
+from gpupulse.metrics.attribution import PROCESS_STATE_NAMES as STATE_NAMES
 
 SCENARIO_DIR = Path(__file__).resolve().parent.parent / "scenarios"
 

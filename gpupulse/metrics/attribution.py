@@ -42,6 +42,17 @@ GPU_PROCESS_IO_WRITE_BYTES_TOTAL = counter(
     _PROCESS_LABELS,
 )
 
+# the bounded values of gpu_process_state{state} (/proc/<pid>/stat's letter by name; exporter/host/procfs.py)
+PROCESS_STATE_NAMES: tuple[str, ...] = (
+    "running",
+    "sleeping",
+    "disk_sleep",
+    "stopped",
+    "zombie",
+    "idle",
+    "other",
+)
+
 GPU_PROCESS_STATE = gauge(
     "gpu_process_state",
     "",

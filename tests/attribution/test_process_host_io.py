@@ -8,7 +8,7 @@ import pytest
 
 from exporter.collectors.base import GpuRef, NodeState
 from exporter.errors import ScenarioError
-from exporter.host.procfs import STATE_NAMES, Procfs
+from exporter.host.procfs import PROCESS_STATES, STATE_NAMES, Procfs
 from exporter.sim.scenario import parse_scenario
 from tests.attribution.helpers import (
     CLOCK_TICKS,
@@ -98,6 +98,8 @@ def test_unreadable_or_malformed_io_and_odd_states(tmp_path: Path) -> None:
     assert (one.io_read_bytes, one.io_write_bytes, one.state) == (None, None, "sleeping")
     assert (two.io_read_bytes, two.io_write_bytes, two.state) == (None, None, "sleeping")
     assert (three.io_read_bytes, three.io_write_bytes, three.state) == (None, 34, "other")
+    # every letter the reader knows names a state of the catalog's bounded set, and nothing else does
+    assert set(PROCESS_STATES.values()) | {"other"} == set(STATE_NAMES)
     gone = fs.process(4)
     assert (gone.io_read_bytes, gone.state, gone.cpu_seconds) == (None, None, None)
 
