@@ -46,6 +46,9 @@ class Windows:
     residency_lookback: str
     residency_dip: str
     training_throughput: str
+    training_step: str
+    training_stalled_rank_evidence: str
+    training_stalled_rank: str
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,9 @@ class Thresholds:
     training_straggler_clock_ratio: float
     training_straggler_tensor_margin_ratio: float
     training_degraded_ratio: float
+    training_no_kernel_ratio: float
+    training_stalled_io_bytes_per_second: float
+    training_wedged_cpu_cores: float
 
 
 @dataclass(frozen=True)

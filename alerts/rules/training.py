@@ -19,7 +19,14 @@ from gpupulse.xid import xid_class
 PCIE_THROUGHPUT = "gpu_pcie_throughput_bytes_per_second"
 NVLINK_THROUGHPUT = "gpu_nvlink_throughput_bytes_per_second"
 # the series the exporter adds for training (the catalog declares them: gpupulse/metrics/)
-TRAINING_SERIES = (RANK_INFO, PCIE_THROUGHPUT, NVLINK_THROUGHPUT)
+TRAINING_SERIES = (
+    RANK_INFO,
+    PCIE_THROUGHPUT,
+    NVLINK_THROUGHPUT,
+    "gpu_process_io_read_bytes_total",
+    "gpu_process_io_write_bytes_total",
+    "gpu_process_state",
+)
 
 THROTTLE_REASONS = "sw_power_cap|hw_slowdown|sw_thermal_slowdown|hw_thermal_slowdown|hw_power_brake_slowdown"
 JOB_BY = "namespace, training_job_kind, training_job"
@@ -31,6 +38,16 @@ RANK_BUSY_IDLE = "rank:gpu_training_busy_idle:bool"
 JOB_RANKS = "training_job:gpu_training_ranks:count"
 JOB_RANKS_SEEN = "training_job:gpu_training_ranks_seen:count"
 JOB_TENSOR = "training_job:gpu_tensor_active:sum"
+RANK_TENSOR_STEP = "rank:gpu_tensor_active:ratio_avg_step"
+RANK_NO_KERNEL = "rank:gpu_training_no_kernel:bool"
+JOB_SPLIT = "training_job:gpu_training_split:bool"
+RANK_WAITED_ON = "rank:gpu_training_waited_on:bool"
+RANK_IO = "rank:gpu_process_io:bytes_per_second"
+RANK_HOST_CPU = "rank:gpu_process_host_cpu:cores"
+IO_READ = "gpu_process_io_read_bytes_total"
+IO_WRITE = "gpu_process_io_write_bytes_total"
+PROCESS_STATE = "gpu_process_state"
+HOST_CPU = "gpu_process_host_cpu_seconds_total"
 
 _JOB_TEXT = "{{ $labels.training_job_kind }} {{ $labels.namespace }}/{{ $labels.training_job }}"
 _RANK_TEXT = (
@@ -80,6 +97,104 @@ def _records(c: RulesConfig) -> tuple[Record, ...]:
             f"count by ({JOB_BY}) (max by ({JOB_BY}, rank) (last_over_time({RANK_INFO}[{c.windows.event}])))",
         ),
         Record(JOB_TENSOR, f"sum by ({JOB_BY}) ({RANK_TENSOR})"),
+        # about one step's average: ranks sampled at other points of the step, or stopping a scrape
+        # apart at a hang's onset, are not told apart from their gang by the phase they were caught in
+        # (the scraped samples, not this group's records: those are one per evaluation interval)
+        Record(
+            RANK_TENSOR_STEP, _per_rank(f"avg_over_time(gpu_tensor_active_ratio[{c.windows.training_step}])")
+        ),
+        # 1 for a rank whose GPU holds no kernel (a rank that waits on its host: loader, mount, loop)
+        Record(
+            RANK_NO_KERNEL,
+            f"max by ({RANK_BY}) (\n  {RANK_INFO} * on(uuid) group_left() (\n"
+            f"  max by (uuid) (gpu_utilization_ratio) <= {num(t.training_no_kernel_ratio)}\n  ) * 0 + 1\n)\n"
+            f"or on(uuid)\nmax by ({RANK_BY}) ({RANK_INFO}) * 0",
+        ),
+        # 1 for a job split between ranks spinning in a collective and ranks with no kernel, and none
+        # computing: the spinning ones wait for the idle ones; 0 for every other job with ranks
+        Record(
+            JOB_SPLIT,
+            f"(\n  {JOB_RANKS} >= 2\n"
+            f"  and on({JOB_BY}) (max by ({JOB_BY}) ({RANK_BUSY_IDLE}) == 1)\n"
+            f"  and on({JOB_BY}) (max by ({JOB_BY}) ({RANK_NO_KERNEL}) == 1)\n"
+            f"  and on({JOB_BY}) (min by ({JOB_BY}) ({RANK_BUSY_IDLE} + {RANK_NO_KERNEL}) == 1)\n"
+            f") * 0 + 1\nor on({JOB_BY})\n{JOB_RANKS} * 0",
+        ),
+        # 1 for a rank with no kernel in a split job: the one the spinning ranks wait for; else 0
+        Record(
+            RANK_WAITED_ON,
+            f"(\n  {RANK_NO_KERNEL} == 1\n  and on({JOB_BY}) ({JOB_SPLIT} == 1)\n) * 0 + 1\n"
+            f"or on(uuid)\n{RANK_NO_KERNEL} * 0",
+        ),
+        # read + written through system calls by the rank's GPU processes (absent where io is unreadable)
+        Record(
+            RANK_IO,
+            _per_rank(
+                f"sum by (uuid) (rate({IO_READ}[{c.windows.training_stalled_rank_evidence}]))\n"
+                f"+ on(uuid) sum by (uuid) (rate({IO_WRITE}[{c.windows.training_stalled_rank_evidence}]))"
+            ),
+        ),
+        Record(
+            RANK_HOST_CPU,
+            _per_rank(f"sum by (uuid) (rate({HOST_CPU}[{c.windows.training_stalled_rank_evidence}]))"),
+        ),
+    )
+
+
+def _stalled(c: RulesConfig, ranks_of_lost: str) -> str:
+    """TrainingRankStalled: the idle ranks of a job split between spinning and idle ranks, held long
+    enough; `evidence` says what the idle rank's process shows (or `none` where its I/O is unknown)."""
+    t, w = c.thresholds, c.windows
+
+    def held(window: str) -> str:
+        # split and idle at every evaluation of the window, and the rank already there at its start
+        # (a fresh record's short history is no proof of a long wait)
+        return (
+            f"(min_over_time({RANK_WAITED_ON}[{window}]) == 1)\n"
+            f"and on(uuid) max by (uuid) ({RANK_INFO} offset {window})"
+        )
+
+    quiet = f"and on(uuid) ({RANK_IO} < {num(t.training_stalled_io_bytes_per_second)})"
+    evidence = f"{held(w.training_stalled_rank_evidence)}\n{quiet}"
+    disk_sleep = (
+        f'max by (uuid) (min_over_time({PROCESS_STATE}{{state="disk_sleep"}}'
+        f"[{w.training_stalled_rank_evidence}])) == 1"
+    )
+    cpu_bound = f"{RANK_HOST_CPU} >= {num(t.training_wedged_cpu_cores)}"
+
+    def tagged(value: str, *parts: str) -> str:
+        body = "\n".join(parts)
+        return f'label_replace(\n{body},\n"evidence", "{value}", "", ""\n)'
+
+    suspects = "\nor\n".join(
+        (
+            tagged("disk_sleep", evidence, f"and on(uuid) ({disk_sleep})"),
+            tagged("cpu_bound", evidence, f"and on(uuid) ({cpu_bound})", f"unless on(uuid) ({disk_sleep})"),
+            # asleep with no I/O looks like a loader stall (the main process waits on its workers,
+            # whose reads are theirs): the long window, as where I/O is unknown
+            tagged(
+                "blocked",
+                held(w.training_stalled_rank),
+                quiet,
+                f"unless on(uuid) ({disk_sleep})",
+                f"unless on(uuid) ({cpu_bound})",
+            ),
+            # io unknown: only the long window; a rank seen moving bytes is a writer or a loader, never this
+            tagged("none", held(w.training_stalled_rank), f"unless on(uuid) ({RANK_IO})"),
+        )
+    )
+    # a rank waiting on a lost GPU's rank is TrainingJobNodeFault's (its ladder cordons first)
+    return f"(\n{suspects}\n)\nunless on({JOB_BY}) max by ({JOB_BY}) (\n{ranks_of_lost}\n)"
+
+
+def ranks_in_incident(c: RulesConfig) -> str:
+    """The GPUs of every rank of a job a training alert fires for: their idle warnings are the job's
+    incident, not one more per GPU (usage.py's GPUIdleWhileAllocated keeps out of them). Ranks seen
+    within the idle warning's `for:`: a dead rank's GPU stays allocated to its pod with no process."""
+    seen = c.for_("GPUIdleWhileAllocated")
+    return (
+        f"max by (uuid) (\n  last_over_time({RANK_INFO}[{seen}])\n  * on({JOB_BY}) group_left()\n"
+        f'  max by ({JOB_BY}) (ALERTS{{alertstate="firing", layer="training", target_kind="job"}})\n)'
     )
 
 
@@ -101,7 +216,7 @@ def training_file(c: RulesConfig) -> RuleFile:
     median_clock = f"quantile by ({JOB_BY}) (0.5, {RANK_SM_CLOCK})"
     # a clock held down by a limiter, not one that dropped because the GPU idles (gpu_idle)
     throttled = f'max by (uuid) (gpu_clock_event_active{{reason=~"{THROTTLE_REASONS}"}}) == 1'
-    median_tensor = f"quantile by ({JOB_BY}) (0.5, {RANK_TENSOR})"
+    median_tensor = f"quantile by ({JOB_BY}) (0.5, {RANK_TENSOR_STEP})"
     two_ranks = f"on({JOB_BY}) ({JOB_RANKS} >= 2)"
     straggler = (
         "label_replace(\n"
@@ -112,7 +227,7 @@ def training_file(c: RulesConfig) -> RuleFile:
         '  "signal", "sm_clock", "", ""\n)\n'
         "or\n"
         "label_replace(\n"
-        f"  {RANK_TENSOR}\n"
+        f"  {RANK_TENSOR_STEP}\n"
         f"  - on({JOB_BY}) group_left() {median_tensor}\n"
         f"  > {num(t.training_straggler_tensor_margin_ratio)}\n"
         f"  and {two_ranks},\n"
@@ -143,6 +258,29 @@ def training_file(c: RulesConfig) -> RuleFile:
                 f"{num(t.training_idle_tensor_active_ratio)} and PCIe and NVLink traffic at or below "
                 f"{num(t.training_idle_interconnect_bytes_per_second)} B/s: a collective waits for a rank "
                 "that never arrives (a dead or wedged rank, a lost peer). The job makes no progress."
+            ),
+        ),
+        alert(
+            c,
+            "TrainingRankStalled",
+            expr=_stalled(c, ranks_of_lost),
+            severity="critical",
+            layer="training",
+            fault_class="training_hang",
+            target_kind="job",
+            summary="A training job is hung on one rank: it holds no kernel while the others wait for it.",
+            description=(
+                f"{_RANK_TEXT} of {_JOB_TEXT} has held no kernel (utilization at or below "
+                f"{num(t.training_no_kernel_ratio)}) while every other rank spins in a collective with no "
+                "tensor work and no traffic, for "
+                f"{w.training_stalled_rank_evidence} with its process moving under "
+                f"{num(t.training_stalled_io_bytes_per_second)} B/s in state D or burning "
+                f"{num(t.training_wedged_cpu_cores)} cores (else {w.training_stalled_rank}), then "
+                f"{c.for_('TrainingRankStalled')}. Its process shows "
+                "{{ $labels.evidence }} (disk_sleep: stuck in the kernel, e.g. on a hung mount; cpu_bound: "
+                "a loop burning a core; blocked, after the long window: asleep with no I/O, e.g. a "
+                "data-loader deadlock or a restarted rank waiting in rendezvous; none, after the long "
+                "window: I/O unknown). The job makes no progress."
             ),
         ),
         alert(

@@ -7,6 +7,7 @@ from alerts.rules.common import alert
 from alerts.rules.model import Group, RuleFile
 from alerts.rules.promql import num
 from alerts.rules.recording import ALLOCATION_SHARE, HARD_LIMIT, POD_MEMORY, SM_ACTIVITY, SOFT_LIMIT
+from alerts.rules.training import ranks_in_incident
 
 _POD_TEXT = "Pod {{ $labels.namespace }}/{{ $labels.pod }}"
 
@@ -19,11 +20,14 @@ def usage_file(c: RulesConfig) -> RuleFile:
         alert(
             c,
             "GPUIdleWhileAllocated",
-            # One alert per container holding the GPU; the value is the GPU's SM activity.
+            # One alert per container holding the GPU; the value is the GPU's SM activity. Not for the
+            # GPUs of a training job a training alert fires for: they idle because the job is hung (or
+            # its node is lost), and that incident names them; 64 warnings more would add nothing.
             expr=f"""
                 {ALLOCATION_SHARE} * 0
                 + on(uuid) group_left(source)
                 ({SM_ACTIVITY} < {idle})
+                unless on(uuid) {ranks_in_incident(c)}
                 """,
             severity="warning",
             layer="scheduling",

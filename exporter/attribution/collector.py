@@ -38,7 +38,7 @@ from exporter.collectors.blocking import ItemReader
 from exporter.collectors.flags import add_procfs_argument, collector_enabled, csv_list
 from exporter.collectors.series import SeriesFamily, family
 from exporter.errors import PartialCollectorError
-from exporter.host.procfs import DEFAULT_PROCFS, ProcessInfo, Procfs
+from exporter.host.procfs import DEFAULT_PROCFS, STATE_NAMES, ProcessInfo, Procfs
 from exporter.kube.client import ApiSettings
 from exporter.kube.reflector import Reflector
 from gpupulse.clock import Clock, SystemClock
@@ -221,11 +221,11 @@ class AttributionCollector:
             info.add_metric(
                 [row.uuid, row.gpu, row.mig_uuid, pod.namespace, pod.pod, pod.container, row.resource], 1.0
             )
-        cpu = self._cpu_family(processes, procfs_round)
+        host = self._host_families(processes, procfs_round)
         ranks = rank_info_family(self._rank_rows(processes, procfs_round.pid_pods, environs))
         dropped = family(specs.SERIES_DROPPED_TOTAL)
         dropped.add_metric([NAME], float(self._dropped_total))
-        families: list[Metric] = [f for f in (info, cpu, ranks, dropped) if len(f)]
+        families: list[Metric] = [f for f in (info, *host, ranks, dropped) if len(f)]
         if view.error:
             # NodeState keeps the last good mapping until it goes stale; the families stay true too.
             raise PartialCollectorError(f"pod-resources: {view.error}", families)
@@ -347,7 +347,10 @@ class AttributionCollector:
             )
             return {p.pid: self._last_pid_pods[p.pid] for p in wanted if p.pid in self._last_pid_pods}
 
-    def _cpu_family(self, processes: Sequence[GpuProcess], procfs_round: _ProcfsRound) -> SeriesFamily:
+    def _host_families(
+        self, processes: Sequence[GpuProcess], procfs_round: _ProcfsRound
+    ) -> tuple[SeriesFamily, ...]:
+        """Host CPU, I/O bytes and scheduler state of each GPU process, under one cap (per process)."""
         series: dict[tuple[str, int], tuple[str, float]] = {}
         for proc in processes:
             info = procfs_round.infos.get(proc.pid)
@@ -361,11 +364,24 @@ class AttributionCollector:
         self._dropped_total += len(keys) - len(kept)
         self._exported = set(kept)
         cpu = family(specs.GPU_PROCESS_HOST_CPU_SECONDS_TOTAL)
+        io_read = family(specs.GPU_PROCESS_IO_READ_BYTES_TOTAL)
+        io_write = family(specs.GPU_PROCESS_IO_WRITE_BYTES_TOTAL)
+        states = family(specs.GPU_PROCESS_STATE)
         for uuid, pid in kept:
             index, seconds = series[(uuid, pid)]
             pod = procfs_round.pid_pods.get(pid, PodRef("", "", ""))
-            cpu.add_metric([uuid, index, str(pid), pod.namespace, pod.pod, pod.container], seconds)
-        return cpu
+            labels = [uuid, index, str(pid), pod.namespace, pod.pod, pod.container]
+            cpu.add_metric(labels, seconds)
+            info = procfs_round.infos[pid]
+            if info.io_read_bytes is not None:
+                io_read.add_metric(labels, float(info.io_read_bytes))
+            if info.io_write_bytes is not None:
+                io_write.add_metric(labels, float(info.io_write_bytes))
+            if info.state is not None:
+                # every state 0 or 1 (kube-state-metrics' phase style): min_over_time reads "all along"
+                for name in STATE_NAMES:
+                    states.add_metric([*labels, name], 1.0 if name == info.state else 0.0)
+        return cpu, io_read, io_write, states
 
     async def close(self) -> None:
         """Stop the pod-resources refresher and the procfs worker."""

@@ -1,8 +1,8 @@
-"""The one procfs reader: processes, their pods, CPU, maps, sockets, parents and start times.
+"""The one procfs reader: processes, their pods, CPU, I/O, state, maps, sockets, parents and start times.
 
 Everything here is blocking; collectors call it in a thread. The procfs root is configurable, so
 tests use a fixture tree and a containerised exporter reads the host's /proc mounted elsewhere.
-`Procfs` serves attribution and the page cache (/proc/<pid>/{cgroup,stat,maps,root}); the functions
+`Procfs` serves attribution and the page cache (/proc/<pid>/{cgroup,stat,io,maps,root}); the functions
 below it serve the engines collector (the PID behind a listening port, the process tree, start time).
 """
 
@@ -14,8 +14,23 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from exporter.host.cgroup import CgroupIdentity, parse_cgroup
+from gpupulse.metrics.attribution import PROCESS_STATE_NAMES
 
 DEFAULT_PROCFS = "/proc"
+
+# The scheduler state of /proc/<pid>/stat (field 3) by name, as gpu_process_state{state} exports it:
+# a bounded set, whatever a kernel writes (an unknown letter is "other").
+PROCESS_STATES: dict[str, str] = {
+    "R": "running",
+    "S": "sleeping",
+    "D": "disk_sleep",  # uninterruptible: waiting in the kernel, e.g. on a hung NFS mount
+    "T": "stopped",
+    "t": "stopped",  # traced
+    "Z": "zombie",
+    "I": "idle",  # an idle kernel thread
+}
+STATE_OTHER = "other"
+STATE_NAMES = PROCESS_STATE_NAMES
 
 
 @dataclass(frozen=True)
@@ -24,6 +39,11 @@ class ProcessInfo:
     cgroup_readable: bool  # False: process gone or procfs not ours (no hostPID); pod unknown
     identity: CgroupIdentity | None  # None with cgroup_readable: a process outside any pod
     cpu_seconds: float | None  # utime + stime
+    # bytes through read()/write() system calls (rchar, wchar of /proc/<pid>/io): files on any
+    # filesystem, network filesystems and sockets alike; None where io is unreadable (no ptrace access)
+    io_read_bytes: int | None = None
+    io_write_bytes: int | None = None
+    state: str | None = None  # a name of STATE_NAMES
 
 
 class Procfs:
@@ -41,25 +61,47 @@ class Procfs:
             return None
 
     def process(self, pid: int) -> ProcessInfo:
-        """Cgroup identity and CPU seconds of one process; missing parts are None."""
+        """Cgroup identity, CPU seconds, I/O bytes and state of one process; missing parts are None."""
         text = self._read(pid, "cgroup")
+        stat = self._read(pid, "stat")
+        fields = stat_fields(stat) if stat is not None else []
+        read_bytes, write_bytes = self.io_bytes(pid)
         return ProcessInfo(
             pid=pid,
             cgroup_readable=text is not None,
             identity=parse_cgroup(text) if text is not None else None,
-            cpu_seconds=self.cpu_seconds(pid),
+            cpu_seconds=self._cpu_of(fields),
+            io_read_bytes=read_bytes,
+            io_write_bytes=write_bytes,
+            state=(PROCESS_STATES.get(fields[0], STATE_OTHER) if fields and fields[0] else None),
         )
 
     def cpu_seconds(self, pid: int) -> float | None:
         """User + system CPU seconds of all threads of the process, from /proc/<pid>/stat."""
         text = self._read(pid, "stat")
-        if text is None:
-            return None
-        fields = stat_fields(text)
+        return None if text is None else self._cpu_of(stat_fields(text))
+
+    def _cpu_of(self, fields: list[str]) -> float | None:
         try:
             return (int(fields[11]) + int(fields[12])) / self._ticks  # fields 14 and 15: utime, stime
         except (IndexError, ValueError):
             return None
+
+    def io_bytes(self, pid: int) -> tuple[int | None, int | None]:
+        """(rchar, wchar) of /proc/<pid>/io: bytes read and written through system calls, all threads.
+
+        rchar/wchar rather than read_bytes/write_bytes: those count only what reached a block device,
+        so a checkpoint written to NFS, a FUSE mount or an object store (a socket) shows none."""
+        text = self._read(pid, "io")
+        if text is None:
+            return None, None
+        values: dict[str, int] = {}
+        for line in text.splitlines():
+            key, _, value = line.partition(":")
+            value = value.strip()
+            if key in ("rchar", "wchar") and value.isdigit() and len(value) <= 20:
+                values[key] = int(value)
+        return values.get("rchar"), values.get("wchar")
 
     def mapped_files(self, pid: int) -> set[str]:
         """Paths of files the process has mapped (as the process sees them)."""

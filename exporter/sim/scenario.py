@@ -44,6 +44,7 @@ from exporter.sim.scenario_types import (
     Scenario,
     XidEvent,
 )
+from gpupulse.metrics.attribution import PROCESS_STATE_NAMES as STATE_NAMES
 
 SCENARIO_DIR = Path(__file__).resolve().parent.parent / "scenarios"
 
@@ -654,6 +655,9 @@ class _Parser:
             "sm_utilization",
             "type",
             "host_cpu_cores",
+            "io_read_bytes_per_second",
+            "io_write_bytes_per_second",
+            "host_state",
         )
         d = self.mapping(value, path, allowed, required=("pid", "gpu"))
         pid = self.integer(d["pid"], f"{path}.pid", low=1)
@@ -682,7 +686,37 @@ class _Parser:
             sm_utilization=self.curve(d.get("sm_utilization", 0.0), f"{path}.sm_utilization", 0.0, 1.0),
             type=ptype,
             host_cpu_cores=self.curve(d.get("host_cpu_cores", 0.0), f"{path}.host_cpu_cores", 0.0, 1024.0),
+            io_read_bytes_per_second=self.curve(
+                d.get("io_read_bytes_per_second", 0.0), f"{path}.io_read_bytes_per_second", 0.0, sizes=True
+            ),
+            io_write_bytes_per_second=self.curve(
+                d.get("io_write_bytes_per_second", 0.0), f"{path}.io_write_bytes_per_second", 0.0, sizes=True
+            ),
+            host_state=self.host_states(d.get("host_state", ()), f"{path}.host_state"),
         )  # fmt: skip
+
+    def host_states(self, value: Any, path: str) -> tuple[tuple[float, str], ...]:
+        """`sleeping`, or [[t, state], ...]: the state from each time on (times not decreasing)."""
+
+        def name(v: Any, p: str) -> str:
+            if v not in STATE_NAMES:
+                raise self.fail(p, f"expected one of {', '.join(STATE_NAMES)}, got {v!r}")
+            return str(v)
+
+        if isinstance(value, str):
+            return ((0.0, name(value, path)),)
+        if not isinstance(value, (list, tuple)):
+            raise self.fail(path, f"expected a state or a list of [t, state] pairs, got {value!r}")
+        out: list[tuple[float, str]] = []
+        for i, point in enumerate(value):
+            p = f"{path}[{i}]"
+            if not isinstance(point, list) or len(point) != 2:
+                raise self.fail(p, f"expected a [t, state] pair, got {point!r}")
+            t = self.num(point[0], f"{p}[0]", low=0)
+            if out and t < out[-1][0]:
+                raise self.fail(f"{p}[0]", f"times must not decrease ({t:g} after {out[-1][0]:g})")
+            out.append((t, name(point[1], f"{p}[1]")))
+        return tuple(out)
 
     def event(
         self, value: Any, n_gpus: int, path: str, processes: list[ProcessSpec], duration: float

@@ -136,11 +136,37 @@ class ProcessSpec:
     # CPU cores the process uses on the host over time (for /proc/<pid>/stat in fakes and the demo)
     host_cpu_cores: Curve = field(default_factory=lambda: Curve.constant(0.0))
 
+    # bytes per second through read()/write() system calls (rchar, wchar of /proc/<pid>/io in fakes)
+    io_read_bytes_per_second: Curve = field(default_factory=lambda: Curve.constant(0.0))
+    io_write_bytes_per_second: Curve = field(default_factory=lambda: Curve.constant(0.0))
+    # scheduler state (/proc/<pid>/stat field 3, by name) from each time on; "sleeping" before the first
+    host_state: tuple[tuple[float, str], ...] = ()
+
     def host_cpu_seconds(self, t: float) -> float:
         """Host CPU seconds the process has used by scenario time t."""
+        return self._integral(self.host_cpu_cores, t)
+
+    def io_read_bytes(self, t: float) -> int:
+        """Bytes the process has read through system calls by scenario time t."""
+        return int(self._integral(self.io_read_bytes_per_second, t))
+
+    def io_write_bytes(self, t: float) -> int:
+        """Bytes the process has written through system calls by scenario time t."""
+        return int(self._integral(self.io_write_bytes_per_second, t))
+
+    def host_state_at(self, t: float) -> str:
+        """The process's scheduler state at scenario time t (a name of gpu_process_state{state})."""
+        state = "sleeping"
+        for at, name in self.host_state:
+            if at > t:
+                break
+            state = name
+        return state
+
+    def _integral(self, curve: Curve, t: float) -> float:
         if t <= self.start_seconds:
             return 0.0
-        return self.host_cpu_cores.integral(self.start_seconds, min(t, self.end_seconds))
+        return curve.integral(self.start_seconds, min(t, self.end_seconds))
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpupulse.metrics.spec import MetricSpec, counter, info
+from gpupulse.metrics.spec import MetricSpec, counter, gauge, info
 
 _C = "attribution"
 
@@ -20,6 +20,47 @@ GPU_PROCESS_HOST_CPU_SECONDS_TOTAL = counter(
     "Host CPU time (user + system) consumed by a process that uses the GPU, from /proc/<pid>/stat.",
     _C,
     ("uuid", "gpu", "pid", "namespace", "pod", "container"),
+)
+
+_PROCESS_LABELS = ("uuid", "gpu", "pid", "namespace", "pod", "container")
+
+GPU_PROCESS_IO_READ_BYTES_TOTAL = counter(
+    "gpu_process_io_read_bytes_total",
+    "bytes",
+    "Bytes read through system calls (files on any filesystem, network filesystems, pipes, sockets) by "
+    "a process that uses the GPU: rchar of /proc/<pid>/io, all threads; absent where io is unreadable.",
+    _C,
+    _PROCESS_LABELS,
+)
+
+GPU_PROCESS_IO_WRITE_BYTES_TOTAL = counter(
+    "gpu_process_io_write_bytes_total",
+    "bytes",
+    "Bytes written through system calls (a checkpoint to local disk, NFS or an object store alike) by a "
+    "process that uses the GPU: wchar of /proc/<pid>/io, all threads; absent where io is unreadable.",
+    _C,
+    _PROCESS_LABELS,
+)
+
+# the bounded values of gpu_process_state{state} (/proc/<pid>/stat's letter by name; exporter/host/procfs.py)
+PROCESS_STATE_NAMES: tuple[str, ...] = (
+    "running",
+    "sleeping",
+    "disk_sleep",
+    "stopped",
+    "zombie",
+    "idle",
+    "other",
+)
+
+GPU_PROCESS_STATE = gauge(
+    "gpu_process_state",
+    "",
+    "1 for the scheduler state a process that uses the GPU is in (/proc/<pid>/stat field 3), 0 for the "
+    "others: running, sleeping, disk_sleep (uninterruptible, e.g. a hung mount), stopped, zombie, idle, "
+    "other.",
+    _C,
+    (*_PROCESS_LABELS, "state"),
 )
 
 GPU_TRAINING_RANK_INFO = info(
@@ -55,6 +96,9 @@ SERIES_DROPPED_TOTAL = counter(
 ATTRIBUTION_METRICS: tuple[MetricSpec, ...] = (
     GPU_ALLOCATION_INFO,
     GPU_PROCESS_HOST_CPU_SECONDS_TOTAL,
+    GPU_PROCESS_IO_READ_BYTES_TOTAL,
+    GPU_PROCESS_IO_WRITE_BYTES_TOTAL,
+    GPU_PROCESS_STATE,
     GPU_TRAINING_RANK_INFO,
     SERIES_DROPPED_TOTAL,
 )

@@ -200,6 +200,11 @@ class EventTransitions(LadderTransitions):
         if state == "cooldown":
             self._entry(inc, "event", "recurred", f"fault recurred within the cooldown after {inc.rung}")
             blocked: frozenset[Rung] = frozenset({"migrate"}) if inc.rung == "migrate" else frozenset()
+            target = inc.target
+            if target.kind == "job" and (not target.node or event.labels.get("node", "") != target.node):
+                # a job's migrate cordons the suspect node it opened with: only when that node is the
+                # suspect again (no suspect, or another one, does not say the node is the cause)
+                blocked |= {"migrate"}
             return self._escalate(incident_id, now, f"{inc.rung} did not hold (recurred)", blocked)
         if state in ("verifying", "acting") and inc.resolved_at is not None:
             self._entry(inc, "event", "firing", "alert fired again before verification completed")

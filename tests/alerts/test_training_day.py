@@ -21,6 +21,9 @@ from tests.alerts.ruleset import PROMTOOL
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(shutil.which(PROMTOOL) is None, reason="promtool not installed"),
+    # two days of 16 ranks at 1m through the training group: 26 s of CPU on main, 36 s with issue 25's
+    # rules, 120-270 s of wall on the shared machine (promtool's own limit below is 300 s)
+    pytest.mark.timeout(330),
 ]
 
 REPO = Path(__file__).resolve().parents[2]

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.alerts.training_rig import CASES, NAMESPACE, Case, Replay, fast_profile, running_replay
+from tests.alerts.training_rig import CASES, NAMESPACE, STALLED, Case, Replay, fast_profile, running_replay
 from tests.fakes.alertmanager_process import alertmanager_available
 from tests.fakes.prometheus_process import prometheus_available
 
@@ -37,16 +37,26 @@ pytestmark = [
 SCENARIO_SECONDS = 300.0
 # scenario seconds after the onset that the controller's actions are watched for a second restart
 SETTLE_SCENARIO_SECONDS = 150.0
-TARGET_SECONDS = {"TrainingJobHung": 120.0, "TrainingRankStraggler": 180.0, "TrainingJobNodeFault": 120.0}
+# TrainingRankStalled: training_stalled_rank_evidence (2m) + for (1m) + a scrape and an evaluation
+TARGET_SECONDS = {
+    "TrainingJobHung": 120.0,
+    "TrainingRankStraggler": 180.0,
+    "TrainingJobNodeFault": 120.0,
+    "TrainingRankStalled": 240.0,
+}
 
 
-async def _run_until_settled(replay: Replay) -> None:
+async def _run_until_settled(
+    replay: Replay,
+    scenario_seconds: float = SCENARIO_SECONDS,
+    settle_seconds: float = SETTLE_SCENARIO_SECONDS,
+) -> None:
     """Until every case's scenario has played out, and every faulty case has acted and settled."""
     profile = replay.profile
-    end = max(e.started_unix for e in replay.exporters) + SCENARIO_SECONDS / profile.speed
+    end = max(e.started_unix for e in replay.exporters) + scenario_seconds / profile.speed
     for case in replay.cases:
         if case.fault_at is not None:
-            end = max(end, replay.onset(case) + SETTLE_SCENARIO_SECONDS / profile.speed)
+            end = max(end, replay.onset(case) + settle_seconds / profile.speed)
     # scenario time has to pass: the healthy job's phases, and the watch for a second restart
     await asyncio.sleep(max(0.0, end - time.time()))
 
@@ -120,3 +130,28 @@ async def test_training_jobs_hang_straggle_and_lose_a_gpu_and_are_each_restarted
     tmp_path: Path,
 ) -> None:
     await _replay(tuple(CASES.values()), tmp_path)
+
+
+async def test_a_job_hung_on_one_rank_stuck_on_a_mount_names_it_and_is_restarted_once(tmp_path: Path) -> None:
+    """Rank 11 stays alive in state D with no I/O while the other 15 spin: TrainingRankStalled names
+    it (evidence disk_sleep) within 4 minutes, TrainingJobHung stays quiet, one gang restart."""
+    report: list[str] = []
+    async with running_replay((STALLED,), fast_profile(), tmp_path) as replay:
+        # detection takes up to 240 s after the onset at 60 s; then the watch for a second restart
+        await _run_until_settled(replay, scenario_seconds=400.0, settle_seconds=330.0)
+        await _check_case(replay, STALLED, report)
+        first = await replay.first_firing(STALLED, "TrainingRankStalled")
+        assert first is not None
+        selector = f'namespace="{NAMESPACE}", training_job="{STALLED.job}"'
+        # the suspect's process as the exporter read it from /proc: in D, no bytes moving
+        state = await replay.prom.api(
+            "query",
+            query=f'gpu_process_state{{pod=~"{STALLED.job}-.*", pid="9011", state="disk_sleep"}}',
+            time=str(first),
+        )
+        assert [float(s["value"][1]) for s in state["result"]] == [1.0]
+        io = await replay.prom.api(
+            "query", query=f'rank:gpu_process_io:bytes_per_second{{{selector}, rank="11"}}', time=str(first)
+        )
+        assert [float(s["value"][1]) for s in io["result"]] == [0.0]
+    print("\n".join(report))

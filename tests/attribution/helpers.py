@@ -121,22 +121,46 @@ def procfs_from_scenario(tree: ProcfsTree, pods_dir: Path, doc: Mapping[str, Any
             tree.set_environ(pid, {str(k): str(v) for k, v in environ[pid].items()})
 
 
-def set_cpu_ticks(root: Path, pid: int, ticks: int) -> None:
-    """Rewrite utime in a fake /proc/<pid>/stat (atomically: an exporter may read it meanwhile)."""
+# the state letter /proc/<pid>/stat shows for each gpu_process_state{state} name
+STATE_LETTERS = {
+    "running": "R", "sleeping": "S", "disk_sleep": "D", "stopped": "T", "zombie": "Z", "idle": "I",
+    "other": "X",
+}  # fmt: skip
+
+
+def _replace(path: Path, text: str) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)  # atomically: an exporter may read it meanwhile
+
+
+def set_cpu_ticks(root: Path, pid: int, ticks: int, state: str | None = None) -> None:
+    """Rewrite utime (and the state letter) in a fake /proc/<pid>/stat."""
     stat = root / str(pid) / "stat"
     head, _, rest = stat.read_text().rpartition(") ")
     fields = rest.split()
     fields[11] = str(ticks)  # utime, counted from the state field
-    tmp = stat.with_suffix(".tmp")
-    tmp.write_text(f"{head}) {' '.join(fields)}\n")
-    tmp.replace(stat)
+    if state is not None:
+        fields[0] = STATE_LETTERS[state]
+    _replace(stat, f"{head}) {' '.join(fields)}\n")
+
+
+def set_io(root: Path, pid: int, rchar: int, wchar: int) -> None:
+    """A fake /proc/<pid>/io in the kernel's layout (read_bytes/write_bytes: a page-cache-only world)."""
+    text = (
+        f"rchar: {rchar}\nwchar: {wchar}\nsyscr: {rchar // 4096}\nsyscw: {wchar // 4096}\n"
+        "read_bytes: 0\nwrite_bytes: 0\ncancelled_write_bytes: 0\n"
+    )
+    _replace(root / str(pid) / "io", text)
 
 
 def advance_host_cpu(root: Path, processes: Iterable[ProcessSpec], t: float, ticks_per_second: int) -> None:
-    """Each scenario process's CPU time at scenario time t (its host_cpu_cores curve, integrated)."""
+    """Each scenario process's CPU time, state and I/O bytes at scenario time t (its curves, integrated)."""
     for proc in processes:
         if (root / str(proc.pid)).is_dir():
-            set_cpu_ticks(root, proc.pid, int(proc.host_cpu_seconds(t) * ticks_per_second))
+            ticks = int(proc.host_cpu_seconds(t) * ticks_per_second)
+            set_cpu_ticks(root, proc.pid, ticks, proc.host_state_at(t))
+            set_io(root, proc.pid, proc.io_read_bytes(t), proc.io_write_bytes(t))
 
 
 def write_pod_dir(pods_dir: Path, uid: str, namespace: str, name: str, ip: str = "10.244.1.7") -> None:

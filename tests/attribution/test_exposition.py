@@ -22,7 +22,7 @@ from gpupulse.metrics.attribution import ATTRIBUTION_METRICS
 from gpupulse.metrics.pagecache import PAGECACHE_METRICS
 from gpupulse.metrics.spec import validate
 from tests.attribution.conftest import GPU_UUIDS
-from tests.attribution.helpers import ProcfsTree, cgroup_v2_systemd
+from tests.attribution.helpers import ProcfsTree, cgroup_v2_systemd, set_io
 from tests.fakes.kubelet import FakeKubelet, pod
 
 
@@ -42,6 +42,7 @@ async def _all_families(
     weights.mkdir(parents=True)
     (weights / "model.safetensors").write_bytes(b"\0" * 8192)
     procfs.add(4001, cgroup_v2_systemd("aaaaaaa0-bbbb-cccc-dddd-eeeeeeeeeee0", "a" * 64), utime_ticks=10)
+    set_io(procfs.root, 4001, rchar=4096, wchar=512)
     # a torchrun rank, so gpu_training_rank_info is written too
     procfs.set_environ(
         4001, {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}

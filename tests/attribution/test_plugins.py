@@ -108,6 +108,9 @@ def test_specs_name_every_family_the_collectors_export() -> None:
     assert {s.name for s in ATTRIBUTION_METRICS} == {
         "gpu_allocation_info",
         "gpu_process_host_cpu_seconds_total",
+        "gpu_process_io_read_bytes_total",
+        "gpu_process_io_write_bytes_total",
+        "gpu_process_state",
         "gpu_training_rank_info",
         "gpupulse_series_dropped_total",
     }
