@@ -65,7 +65,6 @@ def neighbour_binary(name: str, binary: str | None = None) -> Path:
     return path
 
 
-
 # The Debian packages of the second line (bookworm: Prometheus 2.42, Alertmanager 0.25), in /usr/bin.
 DEBIAN_BIN = Path("/usr/bin")
 DEBIAN_BINARIES = {

@@ -54,11 +54,10 @@ from tests.alerts.ruleset import ROOT, TESTS_DIR
 from tests.attribution.helpers import ProcfsTree, advance_host_cpu, procfs_from_scenario
 from tests.fakes.kube_api import FakeKubeAPI, resourceslices_from_scenario
 from tests.fakes.kubelet import DRA_DRIVER, FakeKubelet, pods_from_scenario
-from tests.fakes.prometheus_process import PromHandle, free_port, prometheus_available, running_prometheus
+from tests.fakes.prometheus_process import PromHandle, free_port, running_prometheus
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(not prometheus_available(), reason="prometheus not installed"),
     # start-up, up to DEADLINE_SECONDS of replay, then the whole-run and dashboard queries: the
     # suite's 120 s default is below what a passing run needs on a busy machine (101 s on a quiet one)
     pytest.mark.timeout(240),

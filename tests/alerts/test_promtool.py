@@ -18,7 +18,12 @@ from tests.alerts.ruleset import TESTS_DIR, rule_paths, unit_test_paths
 
 def _run(line_name: str, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [str(line(line_name).promtool), *args], capture_output=True, text=True, timeout=300, cwd=cwd, check=False
+        [str(line(line_name).promtool), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=cwd,
+        check=False,
     )
 
 

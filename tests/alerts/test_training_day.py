@@ -139,7 +139,9 @@ def _alerts_over_the_day(expected: list[dict[str, object]]) -> dict[str, object]
 
 
 @pytest.mark.parametrize("line_name", LINES)
-def test_a_healthy_job_raises_no_training_alert_in_a_day_and_a_dead_rank_does(tmp_path: Path, line_name: str) -> None:
+def test_a_healthy_job_raises_no_training_alert_in_a_day_and_a_dead_rank_does(
+    tmp_path: Path, line_name: str
+) -> None:
     doc = {
         "rule_files": [
             str(REPO / "alerts" / "recording.rules.yaml"),

@@ -1,5 +1,5 @@
 """Fakes for the controller's intake tests: an Engine that records, an in-process service harness,
-payload builders, and a real Alertmanager (Debian's prometheus-alertmanager) on 127.0.0.1."""
+payload builders, and a real Alertmanager (the current line's, demo/neighbours.py) on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from typing import Any, BinaryIO
 
 import aiohttp
 
+from demo.neighbours import CURRENT, line
 from remediation.metrics import RemediationMetrics
 from remediation.model import AlertEvent, Engine
 from remediation.server import RunningService, start_service
@@ -23,7 +24,6 @@ from tests.fakes.clock import FakeClock
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "alertmanager"
-ALERTMANAGER = Path("/usr/bin/prometheus-alertmanager")
 TOKEN = "s3cret-token-for-tests"
 
 
@@ -241,7 +241,8 @@ def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None
 class Alertmanager:
     """A real Alertmanager on 127.0.0.1 whose one receiver posts to `webhook_url` with a bearer token."""
 
-    def __init__(self, workdir: Path, webhook_url: str, token_file: Path) -> None:
+    def __init__(self, workdir: Path, webhook_url: str, token_file: Path, line_name: str = CURRENT) -> None:
+        self.binary = line(line_name).alertmanager  # MissingNeighbourError when not built: the test fails
         self.workdir = workdir
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -260,8 +261,8 @@ class Alertmanager:
                         {
                             "url": webhook_url,
                             "send_resolved": True,
-                            # Alertmanager 0.25 supports authorization.credentials_file (bearer_token_file is
-                            # the older spelling)
+                            # authorization.credentials_file: 0.25 and 0.3x (bearer_token_file is the
+                            # older spelling)
                             "http_config": {
                                 "authorization": {"type": "Bearer", "credentials_file": str(token_file)}
                             },
@@ -285,7 +286,7 @@ class Alertmanager:
         self._log = self.log_file.open("wb")
         self.proc = subprocess.Popen(
             [
-                str(ALERTMANAGER),
+                str(self.binary),
                 f"--config.file={self.config_file}",
                 f"--storage.path={self.workdir / 'am-data'}",
                 f"--web.listen-address=127.0.0.1:{self.port}",
