@@ -15,7 +15,7 @@ from typing import Any, BinaryIO
 
 import aiohttp
 
-from demo.neighbours import CURRENT, line
+from demo.neighbours import CURRENT, DEBIAN, line
 from remediation.metrics import RemediationMetrics
 from remediation.model import AlertEvent, Engine
 from remediation.server import RunningService, start_service
@@ -24,6 +24,8 @@ from tests.fakes.clock import FakeClock
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "alertmanager"
+# the payloads each line's Alertmanager really sends (0.3x adds notification_reason and routeLabels)
+FIXTURES_BY_LINE = {DEBIAN: FIXTURES, CURRENT: FIXTURES / "0.3x"}
 TOKEN = "s3cret-token-for-tests"
 
 
@@ -250,7 +252,9 @@ class Alertmanager:
             "route": {
                 "receiver": "gpupulse",
                 "group_by": ["alertname", "node"],
-                "group_wait": "0s",
+                # 1s, not 0s: Alertmanager 0.3x flushes a new group as soon as its first alert lands,
+                # so with 0s the second alert of one POST comes in a later notification (0.25 sent both)
+                "group_wait": "1s",
                 "group_interval": "1s",
                 "repeat_interval": "1h",
             },
