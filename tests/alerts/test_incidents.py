@@ -408,8 +408,9 @@ async def test_incidents_raise_exactly_their_alerts_and_dashboards_have_data(tmp
             for incident, (port, proc) in zip(batch, started, strict=True):
                 ports[incident.scenario], procs[incident.scenario] = port, proc
             for incident in batch:
+                # a dozen exporters start at once on two cores (as training_rig.py's eight): 60 s, not 20
                 await wait_http(
-                    f"http://127.0.0.1:{ports[incident.scenario]}/metrics", procs[incident.scenario]
+                    f"http://127.0.0.1:{ports[incident.scenario]}/metrics", procs[incident.scenario], 60.0
                 )
         t0 = time.monotonic()
         print(f"start-up of {len(INCIDENTS)} incidents: {t0 - begin:.1f} s")

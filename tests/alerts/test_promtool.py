@@ -41,6 +41,7 @@ def test_there_are_unit_test_files() -> None:
 
 @pytest.mark.parametrize("name", [p.name for p in unit_test_paths()])
 @pytest.mark.parametrize("line_name", LINES)
+@pytest.mark.timeout(300)  # memory-leak.test.yaml's days of 5 m samples take minutes on a busy machine
 def test_promtool_unit_tests_pass(line_name: str, name: str) -> None:
     result = _run(line_name, "test", "rules", name, cwd=TESTS_DIR)
     assert result.returncode == 0, result.stdout + result.stderr
