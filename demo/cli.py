@@ -23,7 +23,8 @@ from pathlib import Path
 
 from demo.binaries import MissingBinaryError
 from demo.costs import cost_summary
-from demo.pager_sink import describe_page
+from demo.neighbours import CURRENT, DEBIAN, LINES
+from demo.pager_sink import ReceivedPage, describe_diagnosis, describe_page
 from demo.procs import StartupError, Supervisor, log_tail
 from demo.simnode import DEFAULT_SCENARIO
 from demo.stack import DemoOptions, Stack, start_stack
@@ -46,6 +47,14 @@ def _write_state(path: Path, stack: Stack, world_pid: int) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(doc, indent=2))
     tmp.replace(path)
+
+
+def _show_page(timeline: Timeline, page: ReceivedPage) -> None:
+    """A page, then the diagnosis it carries (the controller reads the demo's Prometheus)."""
+    timeline.line("PAGE", describe_page(page))
+    diagnosis = describe_diagnosis(page)
+    if diagnosis is not None:
+        timeline.line("DIAGNOSIS", diagnosis)
 
 
 def _print_costs(timeline: Timeline, lines: Sequence[str]) -> None:
@@ -76,7 +85,7 @@ async def run_demo(opts: DemoOptions, stop: asyncio.Event) -> int:
         force=True,
     )
     stack = Stack(workdir, Supervisor(workdir / "logs"), timeline)
-    stack.sink.on_page = lambda page: timeline.line("PAGE", describe_page(page))
+    stack.sink.on_page = lambda page: _show_page(timeline, page)
     timeline.line("SETUP", f"starting the stack in {workdir}")
     code = EXIT_OK
     interrupted = False
@@ -190,7 +199,16 @@ def parse_args(argv: Sequence[str] | None) -> DemoOptions:
     )
     p.add_argument("--keep-temp", action="store_true", help="keep configs, logs and databases afterwards")
     p.add_argument(
-        "--no-install", action="store_true", help="never run apt-get for missing Prometheus/Alertmanager"
+        "--no-install",
+        action="store_true",
+        help="never build (scripts/neighbours) or apt-get install a missing Prometheus/Alertmanager",
+    )
+    p.add_argument(
+        "--neighbours",
+        choices=LINES,
+        default=CURRENT,
+        help=f"Prometheus and Alertmanager line: {CURRENT} (built by scripts/neighbours) or {DEBIAN} "
+        "(Debian's packages) (default: %(default)s)",
     )
     p.add_argument(
         "--real-gpus",
@@ -209,6 +227,7 @@ def parse_args(argv: Sequence[str] | None) -> DemoOptions:
         keep_temp=a.keep_temp,
         install_missing=not a.no_install,
         real_gpus=a.real_gpus,
+        neighbours=a.neighbours,
     )
 
 

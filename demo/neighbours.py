@@ -1,4 +1,7 @@
-"""Where scripts/neighbours puts the real neighbours it builds from their Go modules.
+"""The real neighbours tests, replays and the demo run on: the one place that names them.
+
+Two lines: CURRENT (Prometheus 3.x + Alertmanager 0.3x, what kube-prometheus-stack ships), built by
+scripts/neighbours from their Go modules, and DEBIAN (Prometheus 2.42 + Alertmanager 0.25 from /usr/bin).
 
 One folder per pin, `<cache>/<name>-<version>/bin/<binary>`, the cache being $GPUPULSE_NEIGHBOURS or
 ~/.cache/gpupulse/neighbours; the pins live in scripts/neighbours.pins, read here so that a test and the
@@ -60,3 +63,71 @@ def neighbour_binary(name: str, binary: str | None = None) -> Path:
             "(scripts/setup does)"
         )
     return path
+
+
+# The Debian packages of the second line (bookworm: Prometheus 2.42, Alertmanager 0.25), in /usr/bin.
+DEBIAN_BIN = Path("/usr/bin")
+DEBIAN_BINARIES = {
+    "prometheus": "prometheus",
+    "promtool": "promtool",
+    "alertmanager": "prometheus-alertmanager",
+    "amtool": "amtool",
+}
+# each binary's pin in scripts/neighbours.pins
+PINNED_BINARIES = {
+    "prometheus": ("prometheus", "prometheus"),
+    "promtool": ("prometheus", "promtool"),
+    "alertmanager": ("alertmanager", "alertmanager"),
+    "amtool": ("alertmanager", "amtool"),
+}
+CURRENT = "3.x"  # what our users run (kube-prometheus-stack): replays and the demo run on it
+DEBIAN = "2.42"  # Debian's packages: every promtool rule test runs here too, and one replay smoke-tests it
+LINES = (CURRENT, DEBIAN)
+
+
+@dataclass(frozen=True)
+class Line:
+    """One line of neighbours: a Prometheus with its promtool, an Alertmanager with its amtool.
+
+    Tests, replays and the demo take their binaries from a Line, never from PATH. Each binary is looked
+    up when asked for (a promtool test does not need Alertmanager built) and raises
+    MissingNeighbourError when absent: a test that needs it fails with that message, it does not skip."""
+
+    name: str  # CURRENT or DEBIAN: what test ids and messages call it
+    debian_bin: Path = DEBIAN_BIN
+
+    def binary(self, key: str) -> Path:
+        """prometheus, promtool, alertmanager or amtool of this line."""
+        if self.name == CURRENT:
+            return neighbour_binary(*PINNED_BINARIES[key])
+        path = self.debian_bin / DEBIAN_BINARIES[key]
+        if not os.access(path, os.X_OK):
+            raise MissingNeighbourError(
+                f"{path} is missing: Debian's {DEBIAN} line is `apt-get install prometheus "
+                "prometheus-alertmanager` (scripts/setup does)"
+            )
+        return path
+
+    @property
+    def prometheus(self) -> Path:
+        return self.binary("prometheus")
+
+    @property
+    def promtool(self) -> Path:
+        return self.binary("promtool")
+
+    @property
+    def alertmanager(self) -> Path:
+        return self.binary("alertmanager")
+
+    @property
+    def amtool(self) -> Path:
+        return self.binary("amtool")
+
+
+def line(name: str = CURRENT) -> Line:
+    """Line `name`: CURRENT, the pins scripts/neighbours builds (Prometheus 3.x, Alertmanager 0.3x);
+    DEBIAN, Debian's packages in /usr/bin."""
+    if name not in LINES:
+        raise ValueError(f"unknown line {name!r}: one of {', '.join(LINES)}")
+    return Line(name)

@@ -48,6 +48,19 @@ def describe_page(page: ReceivedPage) -> str:
     return f"[{state}] {b.get('dedup_key')} {b.get('signature')} {who}: {b.get('summary')}"
 
 
+def describe_diagnosis(page: ReceivedPage) -> str | None:
+    """One readable line for the diagnosis a page carries (None when it carries none): the top cause
+    and its layer, the signals that showed it, or why there is no diagnosis."""
+    d = page.body.get("diagnosis")
+    if not isinstance(d, dict):
+        return None
+    head = f"{page.dedup_key}: {d.get('headline', '')}"
+    if d.get("status") != "diagnosed":
+        return head
+    signals = ", ".join(str(e.get("signal")) for e in d.get("evidence") or () if isinstance(e, dict))
+    return f"{head} (layer {d.get('layer')}; evidence: {signals or 'none'})"
+
+
 @dataclass
 class PagerSink:
     """aiohttp server that accepts POST <path> with a JSON page and records it."""

@@ -24,6 +24,7 @@ from demo.binaries import ensure_binaries
 from demo.configs import EXPORTER_JOB, ScrapeTarget, alertmanager_config, prometheus_config, write_yaml
 from demo.control import ActionRequest, make_control_app
 from demo.dranode import DraNode, start_dra_node
+from demo.neighbours import CURRENT
 from demo.pager_sink import PagerSink
 from demo.procs import StartupError, Supervisor, free_port
 from demo.rules import write_demo_rules
@@ -51,6 +52,7 @@ class DemoOptions:
     keep_temp: bool = False
     install_missing: bool = True
     real_gpus: str = "auto"  # auto | on | off
+    neighbours: str = CURRENT  # the line of Prometheus and Alertmanager (demo/neighbours.py)
 
 
 @dataclass
@@ -186,7 +188,10 @@ async def start_stack(stack: Stack, opts: DemoOptions) -> tuple[str, str, World]
     """Start every component; returns the Prometheus URL, the controller URL and its token."""
     # apt-get may take minutes: off the event loop, so Ctrl-C is still handled
     binaries = await asyncio.to_thread(
-        ensure_binaries, opts.install_missing, lambda text: stack.timeline.line("SETUP", text)
+        ensure_binaries,
+        opts.install_missing,
+        lambda text: stack.timeline.line("SETUP", text),
+        opts.neighbours,
     )
     wd = stack.workdir
     controller_token = secrets.token_urlsafe(32)
@@ -258,6 +263,9 @@ async def start_stack(stack: Stack, opts: DemoOptions) -> tuple[str, str, World]
             # the simulated node's namespaces: an empty scope would restart no pod
             "--scope.namespaces",
             ",".join(sorted({p.namespace for p in world.pods})),
+            # the demo's Prometheus (started below on this port): each incident's diagnosis reads it
+            "--diagnosis.prometheus-url",
+            f"http://127.0.0.1:{prom_port}",
         ],
         _child_env({"GPUPULSE_DEMO_CONTROL_URL": control_url, "GPUPULSE_DEMO_CONTROL_TOKEN": control_token}),
     )

@@ -22,6 +22,10 @@ def training_gpus(lookback: str) -> str:
 
 
 _GPU_TEXT = "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) on node {{ $labels.node }}"
+# An event count from increase() is extrapolated to the window's edges, so one event reads 1 on 2.42 and
+# 1.25 on 3.x (a range is left-open there: one sample fewer in the window, docs/alerts.md). The events
+# are whole; their count is shown rounded.
+_EVENT_COUNT = '{{ $value | printf "%.0f" }}'
 
 
 def events(metric: str, matchers: str, window: str, by: str) -> str:
@@ -102,7 +106,7 @@ def hardware_file(c: RulesConfig) -> RuleFile:
             target_kind="pod",
             summary="An application on a GPU hit an XID that needs an application restart.",
             description=(
-                f"{_GPU_TEXT} reported XID {{{{ $labels.xid }}}} ({{{{ $value }}}} in the last {w.event}), "
+                f"{_GPU_TEXT} reported XID {{{{ $labels.xid }}}} ({_EVENT_COUNT} in the last {w.event}), "
                 "{{ if $labels.pod }}held by pod {{ $labels.namespace }}/{{ $labels.pod }}{{ else }}"
                 "not held by exactly one pod, so no pod is named{{ end }}. NVIDIA's answer is RESTART_APP; "
                 "the GPU itself stays usable."
@@ -151,7 +155,7 @@ def hardware_file(c: RulesConfig) -> RuleFile:
             target_kind="gpu",
             summary="A GPU reported uncorrectable ECC errors.",
             description=(
-                f"{_GPU_TEXT} counted {{{{ $value }}}} uncorrectable ECC errors in the last {w.event}. "
+                f"{_GPU_TEXT} counted {_EVENT_COUNT} uncorrectable ECC errors in the last {w.event}. "
                 "Data in GPU memory may be corrupt."
             ),
         ),

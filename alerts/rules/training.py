@@ -315,7 +315,9 @@ def training_file(c: RulesConfig) -> RuleFile:
             target_kind="job",
             summary="A training job runs well below its own recent pace.",
             description=(
-                f"{_JOB_TEXT}'s summed tensor activity over {w.training_throughput} is {{{{ $value }}}}, "
+                f"{_JOB_TEXT}'s summed tensor activity over {w.training_throughput} is "
+                # an average of a sum of ratios: its far decimals are noise
+                f'{{{{ $value | printf "%.2f" }}}}, '
                 f"below {num(t.training_degraded_ratio)} x its average over the {w.baseline} ending "
                 f"{w.baseline_offset} ago, for {c.for_('TrainingJobDegraded')}."
             ),

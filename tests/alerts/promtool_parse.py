@@ -1,9 +1,9 @@
-"""PromQL from the docs through the real promtool's parser: the Debian 2.42 and the pinned 3.16 build."""
+"""PromQL from the docs through the real promtool's parser, on both lines (demo/neighbours.py: the pinned
+3.x build and Debian's 2.42); a missing promtool fails the test."""
 
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -11,8 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from demo.neighbours import MissingNeighbourError, neighbour_binary
-from tests.alerts.ruleset import PROMTOOL
+from demo.neighbours import LINES, line
 
 FENCE = re.compile(r"^```([a-z]*)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
 
@@ -23,23 +22,14 @@ def fenced_blocks(text: str, lang: str | None = None) -> list[tuple[str, str]]:
 
 
 def promtools() -> list[Any]:
-    """pytest params: each promtool this machine has, a skip naming the one it lacks."""
-    params = [
-        pytest.param(
-            Path(PROMTOOL),
-            id="promtool-2.42",
-            marks=pytest.mark.skipif(shutil.which(PROMTOOL) is None, reason="Debian promtool missing"),
-        )
-    ]
-    try:
-        params.append(pytest.param(neighbour_binary("prometheus", "promtool"), id="promtool-3.16"))
-    except MissingNeighbourError as e:
-        params.append(pytest.param(None, id="promtool-3.16", marks=pytest.mark.skip(reason=str(e))))
-    return params
+    """pytest params: the name of each line, whose promtool the test runs (MissingNeighbourError, a
+    failure, when that line's promtool is missing)."""
+    return [pytest.param(name, id=f"promtool-{name}") for name in LINES]
 
 
-def check_rule_text(promtool: Path, text: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    """promtool check rules on a rule file's text."""
+def check_rule_text(line_name: str, text: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """promtool check rules, with line `line_name`'s promtool, on a rule file's text."""
+    promtool = line(line_name).promtool
     path = tmp_path / "docs.rules.yaml"
     path.write_text(text)
     return subprocess.run(
@@ -48,9 +38,9 @@ def check_rule_text(promtool: Path, text: str, tmp_path: Path) -> subprocess.Com
 
 
 def check_queries(
-    promtool: Path, queries: dict[str, str], tmp_path: Path
+    line_name: str, queries: dict[str, str], tmp_path: Path
 ) -> subprocess.CompletedProcess[str]:
     """promtool check rules on a file with one recording rule per query: its parser, nothing else."""
     rules = [{"record": name, "expr": expr} for name, expr in queries.items()]
     text = yaml.safe_dump({"groups": [{"name": "docs", "rules": rules}]}, sort_keys=False)
-    return check_rule_text(promtool, text, tmp_path)
+    return check_rule_text(line_name, text, tmp_path)

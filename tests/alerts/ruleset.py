@@ -11,7 +11,6 @@ ROOT = Path(__file__).resolve().parents[2]
 ALERTS_DIR = ROOT / "alerts"
 TESTS_DIR = Path(__file__).resolve().parent
 RUNBOOKS_DIR = ROOT / "docs" / "runbooks"
-PROMTOOL = "/usr/bin/promtool"
 
 
 def rule_paths() -> list[Path]:

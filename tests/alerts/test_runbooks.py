@@ -72,7 +72,7 @@ def test_every_runbook_has_the_on_call_sections_in_order(name: str) -> None:
 
 
 @pytest.mark.parametrize("promtool", promtools())
-def test_every_promql_block_is_one_query_that_promtool_parses(promtool: Path, tmp_path: Path) -> None:
+def test_every_promql_block_is_one_query_that_promtool_parses(promtool: str, tmp_path: Path) -> None:
     queries = _queries()
     assert len(queries) >= 3 * len(_runbooks()) - 10  # the extraction finds them
     result = check_queries(promtool, queries, tmp_path)
@@ -81,7 +81,7 @@ def test_every_promql_block_is_one_query_that_promtool_parses(promtool: Path, tm
 
 
 @pytest.mark.parametrize("promtool", promtools())
-def test_promtool_refuses_two_queries_in_one_block(promtool: Path, tmp_path: Path) -> None:
+def test_promtool_refuses_two_queries_in_one_block(promtool: str, tmp_path: Path) -> None:
     # what GPUXidResetRequired's Confirm block held: pasted into Prometheus it is a parse error
     two = 'gpu_remapped_rows_pending{uuid="<uuid>"}, gpu_ecc_errors_total{uuid="<uuid>", type="uncorrected"}'
     lines = 'gpu_up{node="<node>"}\nincrease(gpu_xid_errors_total{node="<node>", xid="79"}[1h])'
@@ -205,9 +205,7 @@ def test_the_charts_default_runbook_urls_resolve_here(tmp_path: Path) -> None:
     from tests.helm.installs import install_values
 
     inst = install_values(tmp_path, "runbooks", {"prometheusRule": {"enabled": True}})
-    alerts = [
-        r for g in inst.one("PrometheusRule")["spec"]["groups"] for r in g["rules"] if "alert" in r
-    ]
+    alerts = [r for g in inst.one("PrometheusRule")["spec"]["groups"] for r in g["rules"] if "alert" in r]
     assert alerts
     for rule in alerts:
         url = rule["annotations"]["runbook_url"]

@@ -23,13 +23,9 @@ from pathlib import Path
 import pytest
 
 from tests.alerts.training_rig import CASES, NAMESPACE, STALLED, Case, Replay, fast_profile, running_replay
-from tests.fakes.alertmanager_process import alertmanager_available
-from tests.fakes.prometheus_process import prometheus_available
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(not prometheus_available(), reason="prometheus not installed"),
-    pytest.mark.skipif(not alertmanager_available(), reason="prometheus-alertmanager not installed"),
     # start-up (~15 s on a busy machine), the 300 s scenarios at 5x (60 s), then the checks: ~90 s
     pytest.mark.timeout(240),
 ]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import shutil
 from asyncio.subprocess import PIPE, STDOUT
 from collections.abc import Iterable
 from pathlib import Path
@@ -14,6 +13,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector as RegistryCollector
 from prometheus_client.registry import CollectorRegistry
 
+from demo.neighbours import line as neighbour_line
 from exporter.attribution.collector import AttributionCollector, AttributionSettings
 from exporter.collectors.base import GpuProcess, GpuRef, NodeState
 from exporter.host.procfs import Procfs
@@ -81,7 +81,6 @@ async def test_every_sample_has_exactly_its_spec_labels(
 
 
 @pytest.mark.integration
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
 async def test_promtool_check_metrics_is_clean(
     kubelet: FakeKubelet, procfs: ProcfsTree, tmp_path: Path, gpus: list[GpuRef]
 ) -> None:
@@ -89,7 +88,7 @@ async def test_promtool_check_metrics_is_clean(
     registry.register(_Static(await _all_families(kubelet, procfs, tmp_path, gpus)))
     text = generate_latest(registry)
     proc = await asyncio.create_subprocess_exec(
-        "promtool", "check", "metrics", stdin=PIPE, stdout=PIPE, stderr=STDOUT
+        str(neighbour_line().promtool), "check", "metrics", stdin=PIPE, stdout=PIPE, stderr=STDOUT
     )
     output, _ = await asyncio.wait_for(proc.communicate(text), 30)
     assert proc.returncode == 0, output.decode()

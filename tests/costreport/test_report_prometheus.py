@@ -30,15 +30,10 @@ import yaml
 
 from costreport.prom import PrometheusClient
 from costreport.usage import Report, build_report
-from tests.fakes.prometheus_process import prometheus_available, running_prometheus
+from demo.neighbours import line as neighbour_line
+from tests.fakes.prometheus_process import running_prometheus
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(
-        not prometheus_available() or shutil.which("promtool") is None,
-        reason="prometheus/promtool not installed",
-    ),
-]
+pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "alerts" / "recording.rules.yaml"
@@ -157,7 +152,8 @@ def _run(*cmd: str) -> None:
 async def _backfill(tsdb: Path, work: Path) -> None:
     raw = work / "raw.om"
     raw.write_text(_openmetrics())
-    _run("promtool", "tsdb", "create-blocks-from", "openmetrics", str(raw), str(tsdb))
+    promtool = str(neighbour_line().promtool)
+    _run(promtool, "tsdb", "create-blocks-from", "openmetrics", str(raw), str(tsdb))
     for depth, rules in enumerate(_rule_levels(), start=1):
         rule_file = work / f"depth-{depth}.rules.yaml"
         rule_file.write_text(
@@ -168,7 +164,7 @@ async def _backfill(tsdb: Path, work: Path) -> None:
         out = work / f"blocks-{depth}"
         async with running_prometheus(CONFIG, tsdb_path=tsdb, extra_args=LOOKBACK) as prom:
             _run(
-                "promtool",
+                promtool,
                 "tsdb",
                 "create-blocks-from",
                 "rules",

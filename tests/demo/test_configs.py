@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -10,6 +9,7 @@ import pytest
 import yaml
 
 from demo.configs import EXPORTER_JOB, ScrapeTarget, alertmanager_config, prometheus_config, write_yaml
+from demo.neighbours import LINES, line
 from demo.rules import DEMO_RULE_OVERRIDES, demo_rules, write_demo_rules
 from demo.signatures import DEMO_LADDERS, demo_signatures, write_demo_signatures
 from remediation.signatures import load_library
@@ -91,9 +91,9 @@ def test_demo_signatures_keep_shipped_rungs_and_load_in_the_controller(tmp_path:
 
 
 @pytest.mark.integration
-def test_generated_files_pass_promtool_and_amtool(tmp_path: Path) -> None:
-    if not (shutil.which("promtool") and shutil.which("amtool")):
-        pytest.skip("promtool/amtool not installed")
+@pytest.mark.parametrize("line_name", LINES)
+def test_generated_files_pass_promtool_and_amtool(tmp_path: Path, line_name: str) -> None:
+    tools = line(line_name)
     rules = write_demo_rules(tmp_path / "rules")
     token = tmp_path / "token"
     token.write_text("t\n")
@@ -102,6 +102,9 @@ def test_generated_files_pass_promtool_and_amtool(tmp_path: Path) -> None:
         prometheus_config([ScrapeTarget("127.0.0.1:1", "n")], "127.0.0.1:2", "127.0.0.1:3", rules),
     )
     am = write_yaml(tmp_path / "alertmanager.yml", alertmanager_config("http://127.0.0.1:2/x", token))
-    for argv in (["promtool", "check", "config", str(prom)], ["amtool", "check-config", str(am)]):
+    for argv in (
+        [str(tools.promtool), "check", "config", str(prom)],
+        [str(tools.amtool), "check-config", str(am)],
+    ):
         result = subprocess.run(argv, capture_output=True, text=True, timeout=60)
         assert result.returncode == 0, result.stdout + result.stderr

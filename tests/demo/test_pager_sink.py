@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
-from demo.pager_sink import PagerSink, ReceivedPage, describe_page
+from demo.pager_sink import PagerSink, ReceivedPage, describe_diagnosis, describe_page
 from remediation.backends.pager import page_to_dict
 from remediation.model import Page, Target
 
@@ -59,3 +59,22 @@ async def test_wrong_url_or_garbage_is_refused(sink: tuple[PagerSink, list[Recei
         async with session.post(s.url, json={"summary": "no key"}) as resp:
             assert resp.status == 400
     assert seen == [] and s.pages == []
+
+
+def test_a_page_diagnosis_is_shown_with_its_layer_and_evidence() -> None:
+    body = page_to_dict(_page())
+    assert describe_diagnosis(ReceivedPage(dict(body))) is None  # a page without one shows none
+    diagnosed = {
+        "headline": "host CPU starvation",
+        "status": "diagnosed",
+        "layer": "host",
+        "evidence": [{"signal": "host_cpu_cores"}, {"signal": "sm_activity"}],
+    }
+    line = describe_diagnosis(ReceivedPage({**body, "diagnosis": diagnosed}))
+    assert line == (
+        "gpupulse-incident-3: host CPU starvation (layer host; evidence: host_cpu_cores, sm_activity)"
+    )
+    undiagnosed = {"headline": "no diagnosis: nothing lines up", "status": "no_diagnosis"}
+    assert describe_diagnosis(ReceivedPage({**body, "diagnosis": undiagnosed})) == (
+        "gpupulse-incident-3: no diagnosis: nothing lines up"
+    )

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import io
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from demo.binaries import MissingBinaryError, ensure_binaries, find_binaries
+from demo.neighbours import CURRENT, DEBIAN, line
 from demo.timeline import AlertWatcher, LedgerWatcher, Timeline, describe_alert, describe_entry
 
 
@@ -72,10 +74,28 @@ def test_a_job_is_shown_by_its_name() -> None:
 def test_missing_servers_give_a_clear_message(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("demo.binaries.find_binaries", lambda: None)
     with pytest.raises(MissingBinaryError, match="apt-get install prometheus prometheus-alertmanager"):
+        ensure_binaries(install=False, say=lambda _t: None, line_name=DEBIAN)
+
+
+def test_an_unbuilt_current_line_names_setup_and_the_debian_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("GPUPULSE_NEIGHBOURS", str(tmp_path / "empty"))
+    with pytest.raises(MissingBinaryError, match=r"scripts/setup.*--neighbours 2\.42"):
         ensure_binaries(install=False, say=lambda _t: None)
 
 
-def test_binaries_are_found_under_their_debian_names() -> None:
-    paths = {"prometheus": "/x/prometheus", "prometheus-alertmanager": "/x/prometheus-alertmanager"}
-    found = find_binaries(paths.get)
-    assert found is not None and found.alertmanager == "/x/prometheus-alertmanager"
+def test_the_demo_runs_the_current_line_by_default() -> None:
+    found = ensure_binaries(install=False, say=lambda _t: None)
+    assert found.prometheus == str(line(CURRENT).prometheus)
+    assert found.alertmanager == str(line(CURRENT).alertmanager)
+
+
+def test_binaries_are_found_under_their_debian_names(tmp_path: Path) -> None:
+    for name in ("prometheus", "prometheus-alertmanager", "promtool", "amtool"):
+        (tmp_path / name).write_text("#!/bin/sh\n")
+        (tmp_path / name).chmod(0o755)
+    found = find_binaries(tmp_path)
+    assert found is not None and found.alertmanager == str(tmp_path / "prometheus-alertmanager")
+    (tmp_path / "prometheus").unlink()
+    assert find_binaries(tmp_path) is None

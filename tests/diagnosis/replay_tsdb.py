@@ -15,6 +15,7 @@ from pathlib import Path
 
 import yaml
 
+from demo.neighbours import CURRENT, line
 from remediation.diagnosis import catalogue
 from tests.diagnosis import stories
 from tests.fakes.prometheus_process import running_prometheus
@@ -56,10 +57,12 @@ def _run(*cmd: str) -> None:
     assert done.returncode == 0, f"{cmd[:4]}: {done.stderr[-2000:]}"
 
 
-async def backfill(tsdb: Path, work: Path) -> None:
+async def backfill(tsdb: Path, work: Path, line_name: str = CURRENT) -> None:
+    """Backfill the stories into `tsdb` with the promtool and prometheus of line `line_name`."""
+    promtool = str(line(line_name).promtool)
     raw = work / "raw.om"
     raw.write_text(stories.openmetrics(list(STORIES.values()), START, END))
-    _run("promtool", "tsdb", "create-blocks-from", "openmetrics", str(raw), str(tsdb))
+    _run(promtool, "tsdb", "create-blocks-from", "openmetrics", str(raw), str(tsdb))
     rules = _rules_read_by_the_diagnosis()
     # the symptom and the memory-limit signals read these; the limit needs 7 days and stays absent
     names = {r["record"] for r in rules}
@@ -72,9 +75,9 @@ async def backfill(tsdb: Path, work: Path) -> None:
         )
     )
     out = work / "blocks"
-    async with running_prometheus(CONFIG, tsdb_path=tsdb, extra_args=LOOKBACK) as prom:
+    async with running_prometheus(CONFIG, tsdb_path=tsdb, extra_args=LOOKBACK, line=line_name) as prom:
         _run(
-            "promtool",
+            promtool,
             "tsdb",
             "create-blocks-from",
             "rules",

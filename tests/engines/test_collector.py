@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import math
-import shutil
 from asyncio.subprocess import PIPE, STDOUT
 
 import pytest
 
+from demo.neighbours import line as neighbour_line
 from exporter.collectors.base import GpuProcess, GpuRef, NodeState, PodRef
 from exporter.engines.collector import EnginesCollector
 from exporter.engines.exposition import parse_exposition
@@ -218,7 +218,6 @@ async def test_normalizer_crash_is_contained_to_its_endpoint(
 
 
 @pytest.mark.integration
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
 async def test_promtool_accepts_the_exposition(fake_engines: str, clock: FakeClock) -> None:
     urls = ["vllm-0.33.0", "tgi-3.3", "sglang-0.5.23", "trtllm-serve-2026", "triton-trtllm-2.73", "garbage"]
     collector = EnginesCollector(
@@ -230,7 +229,7 @@ async def test_promtool_accepts_the_exposition(fake_engines: str, clock: FakeClo
     finally:
         await collector.close()
     proc = await asyncio.create_subprocess_exec(
-        "promtool", "check", "metrics", stdin=PIPE, stdout=PIPE, stderr=STDOUT
+        str(neighbour_line().promtool), "check", "metrics", stdin=PIPE, stdout=PIPE, stderr=STDOUT
     )
     out, _ = await proc.communicate(text.encode())
     assert proc.returncode == 0, out.decode()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ from prometheus_client.core import Metric
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import CollectorRegistry
 
+from demo.neighbours import line as neighbour_line
 from exporter.collectors.base import NodeState
 from exporter.engines.collector import EnginesCollector
 from exporter.engines.settings import EngineSettings
@@ -29,10 +29,7 @@ from exporter.sim.engines import SimEngine, serve
 
 from .conftest import ListSource, free_port
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus not installed"),
-]
+pytestmark = pytest.mark.integration
 
 ENGINES = [
     {
@@ -114,7 +111,7 @@ async def test_prometheus_computes_hit_ratio_and_batch_quantiles(tmp_path: Path)
         f"  - job_name: gpupulse\n    static_configs: [{{targets: ['127.0.0.1:{exporter_port}']}}]\n"
     )
     prom = await asyncio.create_subprocess_exec(
-        "prometheus", f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
+        neighbour_line().prometheus, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
         f"--web.listen-address=127.0.0.1:{prom_port}",
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip

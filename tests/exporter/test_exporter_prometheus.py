@@ -7,12 +7,9 @@ import asyncio
 import pytest
 
 from exporter import cli
-from tests.fakes.prometheus_process import free_port, prometheus_available, running_prometheus
+from tests.fakes.prometheus_process import free_port, running_prometheus
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(not prometheus_available(), reason="prometheus binary not installed"),
-]
+pytestmark = pytest.mark.integration
 
 CONFIG = """
 global:

@@ -1,5 +1,5 @@
-"""A real Alertmanager (Debian's prometheus-alertmanager) with a given configuration, on a free
-loopback port:
+"""A real Alertmanager (the current line's, demo/neighbours.py: 0.3x; or Debian's 0.25 with
+`line=DEBIAN`) with a given configuration, on a free loopback port:
 
     async with running_alertmanager(config) as am:
         await am.wait_ready()
@@ -22,14 +22,9 @@ from typing import Any
 import aiohttp
 import yaml
 
+from demo.neighbours import CURRENT
+from demo.neighbours import line as neighbour_line
 from tests.fakes.prometheus_process import free_port
-
-ALERTMANAGER = "prometheus-alertmanager"
-
-
-def alertmanager_available() -> bool:
-    """True when Debian's prometheus-alertmanager is on PATH."""
-    return shutil.which(ALERTMANAGER) is not None
 
 
 @dataclass(frozen=True)
@@ -50,9 +45,11 @@ class AlertmanagerHandle:
 
 @asynccontextmanager
 async def running_alertmanager(
-    config: Mapping[str, Any], ready_timeout_seconds: float = 20.0
+    config: Mapping[str, Any], ready_timeout_seconds: float = 20.0, line: str = CURRENT
 ) -> AsyncIterator[AlertmanagerHandle]:
-    """Start Alertmanager with this configuration; stopped and its data removed on exit."""
+    """Start Alertmanager with this configuration; stopped and its data removed on exit. `line` is the
+    neighbours' line (demo.neighbours.LINES) whose alertmanager runs."""
+    binary = neighbour_line(line).alertmanager
     workdir = Path(tempfile.mkdtemp(prefix="gpupulse-am-"))
     try:
         (workdir / "alertmanager.yml").write_text(yaml.safe_dump(dict(config), sort_keys=False))
@@ -61,7 +58,7 @@ async def running_alertmanager(
         fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             proc = await asyncio.create_subprocess_exec(
-                ALERTMANAGER,
+                binary,
                 f"--config.file={workdir / 'alertmanager.yml'}",
                 f"--storage.path={workdir / 'data'}",
                 f"--web.listen-address=127.0.0.1:{port}",

@@ -1,5 +1,5 @@
 """Fakes for the controller's intake tests: an Engine that records, an in-process service harness,
-payload builders, and a real Alertmanager (Debian's prometheus-alertmanager) on 127.0.0.1."""
+payload builders, and a real Alertmanager (the current line's, demo/neighbours.py) on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from typing import Any, BinaryIO
 
 import aiohttp
 
+from demo.neighbours import CURRENT, DEBIAN, line
 from remediation.metrics import RemediationMetrics
 from remediation.model import AlertEvent, Engine
 from remediation.server import RunningService, start_service
@@ -23,7 +24,8 @@ from tests.fakes.clock import FakeClock
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "alertmanager"
-ALERTMANAGER = Path("/usr/bin/prometheus-alertmanager")
+# the payloads each line's Alertmanager really sends (0.3x adds notification_reason and routeLabels)
+FIXTURES_BY_LINE = {DEBIAN: FIXTURES, CURRENT: FIXTURES / "0.3x"}
 TOKEN = "s3cret-token-for-tests"
 
 
@@ -241,7 +243,8 @@ def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None
 class Alertmanager:
     """A real Alertmanager on 127.0.0.1 whose one receiver posts to `webhook_url` with a bearer token."""
 
-    def __init__(self, workdir: Path, webhook_url: str, token_file: Path) -> None:
+    def __init__(self, workdir: Path, webhook_url: str, token_file: Path, line_name: str = CURRENT) -> None:
+        self.binary = line(line_name).alertmanager  # MissingNeighbourError when not built: the test fails
         self.workdir = workdir
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -249,7 +252,9 @@ class Alertmanager:
             "route": {
                 "receiver": "gpupulse",
                 "group_by": ["alertname", "node"],
-                "group_wait": "0s",
+                # 1s, not 0s: Alertmanager 0.3x flushes a new group as soon as its first alert lands,
+                # so with 0s the second alert of one POST comes in a later notification (0.25 sent both)
+                "group_wait": "1s",
                 "group_interval": "1s",
                 "repeat_interval": "1h",
             },
@@ -260,8 +265,8 @@ class Alertmanager:
                         {
                             "url": webhook_url,
                             "send_resolved": True,
-                            # Alertmanager 0.25 supports authorization.credentials_file (bearer_token_file is
-                            # the older spelling)
+                            # authorization.credentials_file: 0.25 and 0.3x (bearer_token_file is the
+                            # older spelling)
                             "http_config": {
                                 "authorization": {"type": "Bearer", "credentials_file": str(token_file)}
                             },
@@ -285,7 +290,7 @@ class Alertmanager:
         self._log = self.log_file.open("wb")
         self.proc = subprocess.Popen(
             [
-                str(ALERTMANAGER),
+                str(self.binary),
                 f"--config.file={self.config_file}",
                 f"--storage.path={self.workdir / 'am-data'}",
                 f"--web.listen-address=127.0.0.1:{self.port}",

@@ -3,7 +3,9 @@
     async with running_prometheus(config_yaml, rule_files=[path]) as prom:
         value = await prom.query_value('gpu_up{gpu="0"}')
 
-The config may reference rule files by their base name: they are copied next to it.
+The config may reference rule files by their base name: they are copied next to it. The binary is the
+current line's (demo/neighbours.py: Prometheus 3.x) unless `line` names another; a missing binary raises
+MissingNeighbourError, so a test that needs it fails rather than skips.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from typing import Any
 
 import aiohttp
 
-PROMETHEUS = "prometheus"
+from demo.neighbours import CURRENT
+from demo.neighbours import line as neighbour_line
 
 
 class PrometheusError(Exception):
@@ -35,11 +38,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def prometheus_available() -> bool:
-    """True when the prometheus binary is on PATH."""
-    return shutil.which(PROMETHEUS) is not None
 
 
 @dataclass(frozen=True)
@@ -119,11 +117,13 @@ async def running_prometheus(
     extra_args: Sequence[str] = (),
     tsdb_path: Path | None = None,
     binary: str | os.PathLike[str] | None = None,
+    line: str = CURRENT,
 ) -> AsyncIterator[PromHandle]:
     """Start Prometheus with this config on 127.0.0.1:<free port>; stopped (and its TSDB removed) on exit.
 
-    With `tsdb_path`, Prometheus serves that TSDB (e.g. backfilled blocks) and leaves it in place; with
-    `binary`, that Prometheus runs instead of the default one (e.g. a pinned 3.x for a 3.x-only feature)."""
+    With `tsdb_path`, Prometheus serves that TSDB (e.g. backfilled blocks) and leaves it in place. The
+    prometheus of `line` (demo.neighbours.LINES) runs, or `binary` where given."""
+    command = binary if binary is not None else neighbour_line(line).prometheus
     workdir = Path(tempfile.mkdtemp(prefix="gpupulse-prom-"))
     tsdb = tsdb_path if tsdb_path is not None else workdir / "tsdb"
     try:
@@ -133,7 +133,7 @@ async def running_prometheus(
         log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             proc = await asyncio.create_subprocess_exec(
-                PROMETHEUS if binary is None else binary,
+                command,
                 f"--config.file={workdir / 'prometheus.yml'}",
                 f"--storage.tsdb.path={tsdb}",
                 f"--web.listen-address=127.0.0.1:{port}",

@@ -10,17 +10,19 @@ test_kube_prometheus_stack_e2e.py.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 
+from demo.neighbours import LINES, line
 from tests.fakes.prom_operator import alertmanager_config, service_monitor_scrape_configs
 from tests.helm.installs import JSON, ROOT, Installed, install_values
 
-pytestmark = pytest.mark.skipif(shutil.which("amtool") is None, reason="amtool not installed")
+# The chart's configuration parses and routes the same under both lines' amtool (0.3x's UTF-8 matcher
+# parser, the default since 0.27, and 0.25's classic one); a missing amtool fails.
+ON_BOTH_LINES = pytest.mark.parametrize("line_name", LINES)
 
 BASE = ROOT / "tests" / "fixtures" / "kube-prometheus-stack" / "alertmanager-base.yaml"
 RELEASE_NS = "gpupulse"
@@ -38,14 +40,15 @@ def _labels(inst: Installed, alertname: str, **extra: str) -> dict[str, str]:
     return {"alertname": alertname, **rule["labels"], **extra}
 
 
-def _receivers(config: JSON, labels: dict[str, str], tmp_path: Path) -> list[str]:
+def _receivers(config: JSON, labels: dict[str, str], tmp_path: Path, line_name: str) -> list[str]:
+    amtool = str(line(line_name).amtool)
     path = tmp_path / "alertmanager.yml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
-    check = subprocess.run(["amtool", "check-config", str(path)], capture_output=True, text=True, timeout=30)
+    check = subprocess.run([amtool, "check-config", str(path)], capture_output=True, text=True, timeout=30)
     assert check.returncode == 0, check.stdout + check.stderr
     out = subprocess.run(
         [
-            "amtool",
+            amtool,
             "config",
             "routes",
             "test",
@@ -78,7 +81,10 @@ STRATEGIES = {
 
 
 @pytest.mark.parametrize("strategy", list(STRATEGIES))
-def test_node_gpu_and_pod_alerts_reach_the_controller_once(strategy: str, tmp_path: Path) -> None:
+@ON_BOTH_LINES
+def test_node_gpu_and_pod_alerts_reach_the_controller_once(
+    strategy: str, tmp_path: Path, line_name: str
+) -> None:
     amc = {"enabled": True, **STRATEGIES[strategy]}
     values = {"prometheusRule": {"enabled": True}, "controller": {"alertmanagerConfig": amc}}
     inst = install_values(tmp_path, RELEASE_NS, values)
@@ -97,20 +103,21 @@ def test_node_gpu_and_pod_alerts_reach_the_controller_once(strategy: str, tmp_pa
     # node and GPU alerts carry the release namespace (prometheusRule.namespaceNodeAlerts)
     assert node["namespace"] == gpu["namespace"] == RELEASE_NS
     # each reaches the controller exactly once (continue: true lets the base routes see it too)
-    assert _receivers(config, node, tmp_path) == [controller(home)]
-    assert _receivers(config, gpu, tmp_path) == [controller(home)]
-    assert _receivers(config, leak, tmp_path) == [
+    assert _receivers(config, node, tmp_path, line_name) == [controller(home)]
+    assert _receivers(config, gpu, tmp_path, line_name) == [controller(home)]
+    assert _receivers(config, leak, tmp_path, line_name) == [
         controller("serving" if strategy == "OnNamespace" else home)
     ]
     # a pod alert of a namespace with no AlertmanagerConfig reaches it only where nothing is enforced
     want = ["null"] if strategy == "OnNamespace" else [controller(home)]
-    assert _receivers(config, elsewhere, tmp_path) == want
+    assert _receivers(config, elsewhere, tmp_path, line_name) == want
     # info alerts and alerts without a fault class never reach it
     quiet = {**gpu, "severity": "info"}
-    assert _receivers(config, quiet, tmp_path) == ["null"]
+    assert _receivers(config, quiet, tmp_path, line_name) == ["null"]
 
 
-def test_without_the_namespace_label_node_alerts_miss_the_controller(tmp_path: Path) -> None:
+@ON_BOTH_LINES
+def test_without_the_namespace_label_node_alerts_miss_the_controller(tmp_path: Path, line_name: str) -> None:
     """The failure the issue describes: under OnNamespace, a node alert without namespace matches nothing."""
     values = {
         "prometheusRule": {"enabled": True, "namespaceNodeAlerts": False},
@@ -119,7 +126,7 @@ def test_without_the_namespace_label_node_alerts_miss_the_controller(tmp_path: P
     inst = install_values(tmp_path, RELEASE_NS, values)
     node = _labels(inst, "GPUFellOffBus", node="gpu-node-1", uuid="GPU-1", gpu="0", xid="79")
     assert "namespace" not in node
-    assert _receivers(_config(inst, "OnNamespace"), node, tmp_path) == ["null"]
+    assert _receivers(_config(inst, "OnNamespace"), node, tmp_path, line_name) == ["null"]
 
 
 # --- the port of the operator, against what its source and golden files say

@@ -7,11 +7,10 @@ import copy
 from pathlib import Path
 
 import aiohttp
-import pytest
 import yaml
 from aiohttp import web
 
-from tests.fakes.alertmanager_process import alertmanager_available, running_alertmanager
+from tests.fakes.alertmanager_process import running_alertmanager
 from tests.fakes.prom_operator import alertmanager_config
 from tests.helm.installs import ROOT, Installed, install_values
 
@@ -105,7 +104,6 @@ def test_alertmanager_gets_one_webhook_per_replica_naming_its_pod(tmp_path: Path
     ]
 
 
-@pytest.mark.skipif(not alertmanager_available(), reason="prometheus-alertmanager not installed")
 async def test_real_alertmanager_sends_every_alert_to_every_replica(tmp_path: Path) -> None:
     inst = await asyncio.to_thread(_cluster_with_alertmanager, tmp_path)
     received: dict[str, list[str]] = {"0": [], "1": []}

@@ -45,7 +45,7 @@ import yaml
 
 from remediation.model import AlertEvent
 from tests.attribution.helpers import ProcfsTree, procfs_from_scenario
-from tests.fakes.alertmanager_process import alertmanager_available, running_alertmanager
+from tests.fakes.alertmanager_process import running_alertmanager
 from tests.fakes.intake import make_settings, start_harness
 from tests.fakes.kube_sd import endpoints_targets
 from tests.fakes.kubelet import FakeKubelet, pods_from_scenario
@@ -55,13 +55,11 @@ from tests.fakes.prom_operator import (
     rule_file,
     service_monitor_scrape_configs,
 )
-from tests.fakes.prometheus_process import prometheus_available, running_prometheus
+from tests.fakes.prometheus_process import running_prometheus
 from tests.helm.installs import CHART, JSON, ROOT, Installed, install_values, merge
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(not prometheus_available(), reason="prometheus not installed"),
-    pytest.mark.skipif(not alertmanager_available(), reason="prometheus-alertmanager not installed"),
     pytest.mark.skipif(importlib.util.find_spec("helm_sdkpy") is None, reason="helm-sdkpy is not installed"),
 ]
 

@@ -1,6 +1,8 @@
-"""A real Alertmanager (0.25, Debian) against our intake: recorded payloads and bearer-token delivery.
+"""A real Alertmanager (the current line's 0.3x; the payloads on Debian's 0.25 too) against our intake:
+recorded payloads and bearer-token delivery.
 
-Set GPUPULSE_RECORD_FIXTURES=1 to (re-)write tests/fixtures/alertmanager/*.json from the real process.
+Set GPUPULSE_RECORD_FIXTURES=1 to (re-)write tests/fixtures/alertmanager/{,0.3x/}*.json from the real
+processes.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from tests.fakes.intake import FIXTURES, TOKEN, Alertmanager, count_rows, make_settings, start_harness
+from demo.neighbours import LINES
+from tests.fakes.intake import FIXTURES_BY_LINE, TOKEN, Alertmanager, count_rows, make_settings, start_harness
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("alertmanager_available")]
 
@@ -56,7 +59,9 @@ class Capture:
                 return headers, body
 
 
-async def test_real_alertmanager_payloads_match_the_recorded_fixtures(tmp_path: Path) -> None:
+@pytest.mark.parametrize("line_name", LINES)
+async def test_real_alertmanager_payloads_match_the_recorded_fixtures(tmp_path: Path, line_name: str) -> None:
+    fixtures = FIXTURES_BY_LINE[line_name]
     capture = Capture()
     app = web.Application()
     app.router.add_post("/api/v1/alerts", capture.handle)
@@ -67,7 +72,7 @@ async def test_real_alertmanager_payloads_match_the_recorded_fixtures(tmp_path: 
     port = runner.addresses[0][1]
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN)
-    am = Alertmanager(tmp_path, f"http://127.0.0.1:{port}/api/v1/alerts", token_file)
+    am = Alertmanager(tmp_path, f"http://127.0.0.1:{port}/api/v1/alerts", token_file, line_name)
     await asyncio.to_thread(am.start)
     try:
         leak = {
@@ -97,11 +102,11 @@ async def test_real_alertmanager_payloads_match_the_recorded_fixtures(tmp_path: 
     assert len(grouped["alerts"]) == 2
     recorded = {"firing.json": firing, "resolved.json": resolved, "firing-group.json": grouped}
     if os.environ.get("GPUPULSE_RECORD_FIXTURES") == "1":
-        FIXTURES.mkdir(parents=True, exist_ok=True)
+        fixtures.mkdir(parents=True, exist_ok=True)
         for name, body in recorded.items():
-            (FIXTURES / name).write_text(json.dumps(body, indent=2, sort_keys=True) + "\n")
+            (fixtures / name).write_text(json.dumps(body, indent=2, sort_keys=True) + "\n")
     for name, body in recorded.items():
-        fixture = json.loads((FIXTURES / name).read_text())
+        fixture = json.loads((fixtures / name).read_text())
         assert set(body) == set(fixture), name
         assert [set(a) for a in body["alerts"]] == [set(a) for a in fixture["alerts"]], name
         assert body["version"] == fixture["version"] == "4"
