@@ -33,6 +33,15 @@ _SAFE_PATH_VALUE = re.compile(r"^[A-Za-z0-9._-]+$")
 _OUTPUT_LIMIT = 4096
 
 
+def command_name(argv: Sequence[str]) -> str:
+    """What a human calls the command: `python -m demo.act ...` is demo.act, /usr/local/bin/x is x
+    (an interpreter's or the tool's full path in a page is noise)."""
+    name = Path(argv[0]).name
+    if name.startswith("python") and len(argv) > 2 and argv[1] == "-m":
+        return argv[2]
+    return name
+
+
 def render_argv(template: Sequence[str], values: Mapping[str, str]) -> list[str]:
     """Substitute placeholders inside each argv element; never splits or joins elements."""
     return [_PLACEHOLDER.sub(lambda m: values.get(m.group(1), ""), part) for part in template]
@@ -94,19 +103,22 @@ class LocalBackend:
                 env=env,
             )
         except OSError as exc:
-            raise PermanentError(f"cannot run {argv[0]!r}: {exc}") from exc
+            raise PermanentError(f"cannot run {argv[0]!r}: {exc}") from exc  # the path is the problem
         try:
             out, _ = await asyncio.wait_for(proc.communicate(), self.settings.timeout_seconds)
         except TimeoutError:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
             await proc.wait()
-            raise TemporaryError(f"{argv[0]} timed out after {self.settings.timeout_seconds} s") from None
+            raise TemporaryError(
+                f"{command_name(argv)} timed out after {self.settings.timeout_seconds} s"
+            ) from None
         text = out.decode("utf-8", "replace")[-_OUTPUT_LIMIT:].strip()
         details = {"argv": argv, "exit_code": proc.returncode, "output": text}
         if proc.returncode == 0:
             return ActionResult(done=True, summary=f"{rung} command succeeded", details=details)
-        message = f"{argv[0]} exited {proc.returncode}: {text.splitlines()[-1] if text else ''}".strip()
+        last = text.splitlines()[-1] if text else ""
+        message = f"{command_name(argv)} exited {proc.returncode}: {last}".strip()
         if proc.returncode == EX_TEMPFAIL:
             raise TemporaryError(message)
         raise PermanentError(message)

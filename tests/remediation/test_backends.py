@@ -213,3 +213,27 @@ def test_pager_from_settings() -> None:
     built = pager_from_settings(EnginePagerSettings(kind="pagerduty", pagerduty_routing_key="k"))
     assert isinstance(built, PagerDutyPager)
     assert isinstance(pager_from_settings(EnginePagerSettings(kind="slack", url="http://x")), SlackPager)
+
+
+@pytest.mark.parametrize(
+    ("argv", "name"),
+    [
+        (["/work/.venv/bin/python3", "-m", "demo.act", "restart"], "demo.act"),
+        (["/usr/local/bin/restart-model", "a"], "restart-model"),
+        (["python", "script.py"], "python"),
+    ],
+)
+def test_a_failed_command_is_named_without_its_interpreters_path(argv: list[str], name: str) -> None:
+    from remediation.backends.local import command_name
+
+    assert command_name(argv) == name
+
+
+async def test_a_failing_module_command_is_reported_by_its_module_name() -> None:
+    backend = LocalBackend(
+        LocalBackendSettings(restart_command=(sys.executable, "-m", "json.tool", "/nonexistent/file"))
+    )
+    with pytest.raises(PermanentError) as failed:
+        await backend.restart(Target("pod", namespace="ns", pod="p"), "test")
+    assert str(failed.value).startswith("json.tool exited 2:")
+    assert sys.executable not in str(failed.value)
