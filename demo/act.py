@@ -50,8 +50,7 @@ def run(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = N
             print(json.loads(resp.read()).get("summary", "done"))
             return 0
     except urllib.error.HTTPError as exc:
-        detail = exc.read().decode("utf-8", "replace")[:300]
-        print(f"demo.act: {args.action} refused: HTTP {exc.code} {detail}", file=sys.stderr)
+        print(f"demo.act: {args.action} refused: {_refusal(exc)}", file=sys.stderr)
         return EX_TEMPFAIL if exc.code >= 500 else 1
     except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
         print(f"demo.act: orchestrator unreachable: {exc}", file=sys.stderr)
@@ -65,3 +64,13 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def _refusal(exc: urllib.error.HTTPError) -> str:
+    """The world's own sentence ({"error": ...}) for a refusal; the status and raw body otherwise."""
+    raw = exc.read().decode("utf-8", "replace")[:300]
+    try:
+        error = json.loads(raw).get("error")
+    except (ValueError, AttributeError):
+        error = None
+    return str(error) if error else f"HTTP {exc.code} {raw}".strip()

@@ -158,3 +158,15 @@ async def test_act_sends_a_job_targets_owner(control: tuple[str, Recorder]) -> N
     assert await asyncio.to_thread(run, ["restart", *job, "--training-job", "missing"], env) == 1
     assert await asyncio.to_thread(run, ["restart", *job], env) == 1
     assert len(rec.calls) == 1
+
+
+async def test_a_refusal_is_told_in_the_worlds_own_words(
+    control: tuple[str, Recorder], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the ledger, the escalation and the page all quote this line: no status code, no raw JSON
+    url, _ = control
+    env = {URL_ENV: url, TOKEN_ENV: TOKEN}
+    assert await asyncio.to_thread(run, ["migrate", "--kind", "pod", "--pod", "missing"], env) == 1
+    line = capsys.readouterr().err.strip()
+    assert line.startswith("demo.act: migrate refused: no pod")
+    assert "HTTP" not in line and "{" not in line
