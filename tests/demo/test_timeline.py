@@ -99,3 +99,11 @@ def test_binaries_are_found_under_their_debian_names(tmp_path: Path) -> None:
     assert found is not None and found.alertmanager == str(tmp_path / "prometheus-alertmanager")
     (tmp_path / "prometheus").unlink()
     assert find_binaries(tmp_path) is None
+
+
+def test_once_the_ladder_played_the_timeline_says_what_happens_next() -> None:
+    from demo.cli import parse_args, played_line
+
+    assert played_line(parse_args(["--duration", "120", "--stop-when-verified"])).endswith("stopping early")
+    assert played_line(parse_args(["--duration", "90"])).endswith("keeps running until the 90 s are up")
+    assert played_line(parse_args([])).endswith("keeps running until Ctrl-C")
