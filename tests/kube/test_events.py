@@ -24,12 +24,13 @@ from remediation.kube.events import (
     event_body,
 )
 from remediation.metrics import RemediationMetrics
-from remediation.model import ActionNotice, AlertEvent, Target
+from remediation.model import ActionNotice, Target
 from remediation.settings import EngineSettings
 from tests.fakes.clock import FakeClock
 from tests.fakes.kube_api import FakeKubeAPI
 from tests.fakes.pager_sink import RecordingPager
 from tests.kube.conftest import StepClock, backend_settings
+from tests.kube.test_ladder_e2e import firing_leak
 
 NOW = datetime(2026, 12, 1, 3, 0, tzinfo=UTC)
 POD = Target("pod", node="gpu-1", namespace="llm", pod="vllm-0", uuid="GPU-a")
@@ -93,34 +94,6 @@ def test_oversized_note_and_name_are_cut_to_the_api_servers_limits() -> None:
     assert len(body["reportingInstance"]) <= 128
 
 
-LEAK = {
-    "alertname": "GPUProcessMemoryAboveHardLimit",
-    "severity": "critical",
-    "layer": "serving",
-    "fault_class": "memory_leak",
-    "target_kind": "pod",
-    "namespace": "llm",
-    "pod": "vllm-0",
-    "node": "gpu-1",
-    "uuid": "GPU-aaaa",
-}
-
-
-def _firing(clock: FakeClock) -> AlertEvent:
-    return AlertEvent(
-        fingerprint="fp-leak",
-        status="firing",
-        labels=dict(LEAK),
-        annotations={},
-        starts_at=datetime.fromtimestamp(clock.time(), tz=UTC),
-        ends_at=None,
-        generator_url="http://prometheus/graph",
-        receiver="gpupulse",
-        group_key="{}:{}",
-        received_at=clock.utcnow(),
-    )
-
-
 def _engine(
     kube_client: KubeClient, clock: StepClock, tmp_path: Path, audit: object, dry_run: bool = False
 ) -> RemediationEngine:
@@ -151,7 +124,7 @@ async def test_a_restart_leaves_a_started_and_a_succeeded_event_on_the_pod(
     kube_api.add_pod("llm", "vllm-0", "gpu-1", owner=("StatefulSet", "vllm"), gpus=1)
     engine = _engine(kube_client, clock, tmp_path, KubeEventAudit(kube_client, "gpupulse-remediation-0"))
     try:
-        await engine.handle(_firing(FakeClock()))
+        await engine.handle(firing_leak(FakeClock()))
         await engine.wait_idle()
     finally:
         await engine.aclose()
@@ -195,7 +168,7 @@ async def test_an_audit_trail_that_fails_or_hangs_never_stops_the_action(
     audit = _BrokenAudit(hang)
     engine = _engine(kube_client, clock, tmp_path, audit)
     try:
-        await engine.handle(_firing(FakeClock()))
+        await engine.handle(firing_leak(FakeClock()))
         await engine.wait_idle()
         incidents = list(engine.list_incidents())
     finally:
@@ -212,7 +185,7 @@ async def test_a_dry_run_leaves_an_event_saying_what_would_have_been_done(
     kube_api.add_pod("llm", "vllm-0", "gpu-1", owner=("StatefulSet", "vllm"), gpus=1)
     engine = _engine(kube_client, clock, tmp_path, KubeEventAudit(kube_client, "r"), dry_run=True)
     try:
-        await engine.handle(_firing(FakeClock()))
+        await engine.handle(firing_leak(FakeClock()))
         await engine.wait_idle()
     finally:
         await engine.aclose()

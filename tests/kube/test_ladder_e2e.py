@@ -32,7 +32,8 @@ LEAK = {
 }
 
 
-def _firing(clock: FakeClock) -> AlertEvent:
+def firing_leak(clock: FakeClock) -> AlertEvent:
+    """The leak alert on llm/vllm-0 (gpu-1), firing now (shared by the kube tests that post it)."""
     now = clock.utcnow()
     return AlertEvent(
         fingerprint="fp-leak",
@@ -75,7 +76,7 @@ async def test_ladder_restarts_then_drains_with_pdb_then_pages(
         await engine.wait_idle()
 
     # 1. restart: the StatefulSet pod is deleted by UID; the test then plays the StatefulSet controller
-    ev = _firing(engine_clock)
+    ev = firing_leak(engine_clock)
     await send(ev)
     assert kube_api.deleted == [("llm/vllm-0", first["metadata"]["uid"], "delete")]
     second = kube_api.add_pod(
@@ -86,7 +87,7 @@ async def test_ladder_restarts_then_drains_with_pdb_then_pages(
     # 2. it recurs: migrate cordons gpu-1 and evicts; the PDB refuses twice, then a replica elsewhere is ready
     clock.after_sleep.append(lambda n: pdb["status"].update(disruptionsAllowed=1) if n == 2 else None)
     engine_clock.advance(120)
-    again = _firing(engine_clock)
+    again = firing_leak(engine_clock)
     await send(again)
     node = kube_api.nodes["gpu-1"]
     assert node["spec"]["unschedulable"] is True
@@ -98,7 +99,7 @@ async def test_ladder_restarts_then_drains_with_pdb_then_pages(
     # 3. it recurs after the migration: page, no further Kubernetes writes
     writes = len([r for r in kube_api.requests if r.method in ("DELETE", "POST", "PATCH")])
     engine_clock.advance(60)
-    await send(_firing(engine_clock))
+    await send(firing_leak(engine_clock))
     (incident,) = engine.list_incidents()
     full = engine.get_incident(int(incident["id"]))
     assert full is not None and full["state"] == "paged"
