@@ -57,15 +57,6 @@ def run(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = N
         return EX_TEMPFAIL
 
 
-def main() -> None:
-    """Console entry point."""
-    sys.exit(run())
-
-
-if __name__ == "__main__":
-    main()
-
-
 def _refusal(exc: urllib.error.HTTPError) -> str:
     """The world's own sentence ({"error": ...}) for a refusal; the status and raw body otherwise."""
     raw = exc.read().decode("utf-8", "replace")[:300]
@@ -74,3 +65,13 @@ def _refusal(exc: urllib.error.HTTPError) -> str:
     except (ValueError, AttributeError):
         error = None
     return str(error) if error else f"HTTP {exc.code} {raw}".strip()
+
+
+def main() -> None:
+    """Console entry point."""
+    sys.exit(run())
+
+
+if __name__ == "__main__":
+    main()
+

@@ -146,6 +146,27 @@ async def test_act_runs_as_the_module_the_backend_calls(control: tuple[str, Reco
     assert b"migrate /" in out
 
 
+async def test_act_run_as_a_module_tells_a_refusal(control: tuple[str, Recorder]) -> None:
+    # as the local backend runs it: every helper must be defined before the module's main runs
+    url, rec = control
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "demo.act",
+        "migrate",
+        "--kind",
+        "pod",
+        "--pod",
+        "missing",
+        env={URL_ENV: url, TOKEN_ENV: TOKEN, "PATH": "/usr/bin:/bin"},
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await proc.communicate()
+    assert proc.returncode == 1, err.decode()
+    assert err.decode().startswith("demo.act: migrate refused: no pod"), err.decode()
+    assert rec.calls == []
+
+
 async def test_act_sends_a_job_targets_owner(control: tuple[str, Recorder]) -> None:
     url, rec = control
     env = {URL_ENV: url, TOKEN_ENV: TOKEN}
