@@ -30,6 +30,7 @@ from gpupulse.clock import SystemClock
 from gpupulse.durations import format_duration, parse_flag_duration
 from gpupulse.logs import FORMATS, LEVELS, setup_logging
 from gpupulse.version import package_version
+from remediation.diagnosis.prom import MAX_POINTS
 from remediation.errors import ConfigError, StoreError
 
 from .auth import load_token
@@ -315,6 +316,18 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "Deadline of one diagnosis, all its queries together.",
     ),
     Flag(
+        "diagnosis.lookback",
+        parse_flag_duration,
+        format_duration(_E.diagnosis.lookback_seconds),
+        "History a diagnosis reads before the alert fired (at least the baseline its signals need).",
+    ),
+    Flag(
+        "diagnosis.step",
+        parse_flag_duration,
+        format_duration(_E.diagnosis.step_seconds),
+        "Resolution of the series a diagnosis reads (no finer than the scrape interval).",
+    ),
+    Flag(
         "diagnosis.dashboard-url",
         str,
         _E.diagnosis.dashboard_url,
@@ -526,6 +539,8 @@ def settings_from_flags(ns: argparse.Namespace, environ: Mapping[str, str] | Non
             prometheus_url=v["diagnosis_prometheus_url"],
             wait_seconds=v["diagnosis_wait"],
             deadline_seconds=v["diagnosis_deadline"],
+            lookback_seconds=v["diagnosis_lookback"],
+            step_seconds=v["diagnosis_step"],
             dashboard_url=v["diagnosis_dashboard_url"],
         ),
     )
@@ -555,7 +570,20 @@ def settings_from_flags(ns: argparse.Namespace, environ: Mapping[str, str] | Non
         log_level=v["log_level"],
     )
     settings.validate()
+    _check_diagnosis_range(engine.diagnosis.lookback_seconds, engine.diagnosis.step_seconds)
     return settings
+
+
+def _check_diagnosis_range(lookback_seconds: float, step_seconds: float) -> None:
+    """Refuse a lookback and step whose range queries Prometheus would refuse (every diagnosis would
+    then end "no diagnosis"), at start rather than per incident."""
+    points = lookback_seconds / step_seconds if step_seconds > 0 else float("inf")
+    if points >= MAX_POINTS:
+        raise ConfigError(
+            f"--diagnosis.lookback={format_duration(lookback_seconds)} at "
+            f"--diagnosis.step={format_duration(step_seconds)} reads {points:.0f} points per series; "
+            f"Prometheus answers at most {MAX_POINTS} (a longer step or a shorter lookback)"
+        )
 
 
 def default_kubeconfig(environ: Mapping[str, str]) -> str:

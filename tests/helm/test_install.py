@@ -304,6 +304,8 @@ def test_controller_starts_with_the_rendered_args_env_and_secrets(inst: Installe
     assert engine.diagnosis.enabled is values["diagnosis"]["enabled"]
     assert engine.diagnosis.wait_seconds == parse_flag_duration(values["diagnosis"]["wait"])
     assert engine.diagnosis.deadline_seconds == parse_flag_duration(values["diagnosis"]["deadline"])
+    assert engine.diagnosis.lookback_seconds == parse_flag_duration(values["diagnosis"]["lookback"])
+    assert engine.diagnosis.step_seconds == parse_flag_duration(values["diagnosis"]["step"])
     assert engine.diagnosis.dashboard_url == values["diagnosis"]["dashboardUrl"]
     assert engine.max_event_age_seconds == parse_flag_duration(values["maxEventAge"])
     assert settings.web_read_header_timeout_seconds == parse_flag_duration(values["readHeaderTimeout"])

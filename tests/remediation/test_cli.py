@@ -265,3 +265,34 @@ def test_signatures_subcommand_is_delegated_when_the_engine_ships_it(
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     # absent module: skipped, serve and the rest still work
     assert set(sub.choices) == {"serve", "incidents", "pause", "resume", "status", "breaker"}
+
+
+def test_the_diagnosis_window_is_a_flag_and_reaches_the_diagnoser() -> None:
+    from gpupulse.clock import SystemClock
+    from remediation.engine import diagnoser_from_settings
+
+    s = _settings(
+        [
+            "--insecure-no-auth",
+            "--diagnosis.prometheus-url=http://127.0.0.1:9",
+            "--diagnosis.lookback=2m",
+            "--diagnosis.step=1s",
+        ]
+    )
+    diagnoser = diagnoser_from_settings(s.engine, SystemClock())
+    assert diagnoser is not None
+    assert (diagnoser.settings.lookback_seconds, diagnoser.settings.step_seconds) == (120, 1)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--diagnosis.step=100ms"], r"--diagnosis\.lookback=40m at --diagnosis\.step=100ms reads 24000 points"),
+        (["--diagnosis.lookback=1d", "--diagnosis.step=5s"], r"17280 points per series; Prometheus answers"),
+        (["--diagnosis.step=0"], r"diagnosis\.step_seconds must be positive"),
+        (["--diagnosis.lookback=soon"], r"--diagnosis\.lookback"),
+    ],
+)
+def test_a_diagnosis_window_prometheus_would_refuse_is_refused_at_start(argv: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        _settings(["--insecure-no-auth", *argv])
