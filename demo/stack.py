@@ -36,6 +36,10 @@ from demo.world import World
 READY_TIMEOUT_SECONDS = 60.0
 REAL_EXPORTER_READY_SECONDS = 20.0
 LOOP_MAX_RESTARTS = 2
+# what the controller's diagnosis reads: the demo's whole history at its 1 s scrape interval
+# (demo/configs.py), so each signal's change lines up with the symptom to the second
+DIAGNOSIS_LOOKBACK = "2m"
+DIAGNOSIS_STEP = "1s"
 # gpupulse-sim-engine's entry point, run with this interpreter (the console script may not be on PATH)
 _SIM_ENGINE_MAIN = "import sys; from exporter.sim.engines import main; main(sys.argv[1:])"
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -266,6 +270,12 @@ async def start_stack(stack: Stack, opts: DemoOptions) -> tuple[str, str, World]
             # the demo's Prometheus (started below on this port): each incident's diagnosis reads it
             "--diagnosis.prometheus-url",
             f"http://127.0.0.1:{prom_port}",
+            # the demo's minute of data at its 1 s scrape: the production 40m at 15 s would read
+            # four points of it and find no change in line with any onset
+            "--diagnosis.lookback",
+            DIAGNOSIS_LOOKBACK,
+            "--diagnosis.step",
+            DIAGNOSIS_STEP,
         ],
         _child_env({"GPUPULSE_DEMO_CONTROL_URL": control_url, "GPUPULSE_DEMO_CONTROL_TOKEN": control_token}),
     )

@@ -11,6 +11,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import get_args
 
 import aiohttp
 import pytest
@@ -20,6 +21,7 @@ from alerts.config import load_config
 from demo.dranode import DRA_SCENARIO
 from demo.simnode import DEFAULT_SCENARIO
 from exporter.sim.engine_spec import load_engines
+from remediation.diagnosis.types import Layer
 from tests.alerts.panel_queries import CONTROLLER_DASHBOARDS, PanelQuery, by_uid, has_data, panel_queries
 
 # on the current line (Prometheus 3.x, Alertmanager 0.3x: demo/neighbours.py); with --no-install a
@@ -154,9 +156,13 @@ async def test_full_run_plays_the_ladder_and_leaves_nothing_running(tmp_path: Pa
     assert not missing, "remediation dashboard queries without data during the demo:\n" + "\n".join(missing)
 
 
+_LAYER_SHOWN = re.compile(rf"\(layer ({'|'.join(get_args(Layer))}); evidence: [^)]+\)$")
+
+
 def _assert_every_page_shows_its_diagnosis(text: str) -> None:
-    """The controller reads the demo's Prometheus: every page that opens or escalates an incident is
-    followed by its diagnosis, and none says that no Prometheus is configured."""
+    """The controller reads the demo's Prometheus over a window that fits the demo's data: every page
+    that opens or escalates an incident is followed by its diagnosis, naming the layer at fault and
+    its evidence; none is "no diagnosis" (a production step and lookback over a minute of data)."""
     lines = text.splitlines()
     pages = [i for i, ln in enumerate(lines) if " PAGE " in ln and "[RESOLVED]" not in ln]
     assert pages, text[-4000:]
@@ -164,6 +170,7 @@ def _assert_every_page_shows_its_diagnosis(text: str) -> None:
         key = lines[i].split("] ", 1)[1].split()[0]
         shown = [ln for ln in lines[i + 1 : i + 3] if f"DIAGNOSIS {key}: " in ln]
         assert shown, f"no diagnosis after {lines[i]!r}:\n" + "\n".join(lines[i : i + 3])
+        assert _LAYER_SHOWN.search(shown[0]), f"the page's diagnosis names no layer: {shown[0]!r}"
     assert "no Prometheus is configured" not in text, text[-4000:]
     print("\n".join(ln for ln in lines if " DIAGNOSIS " in ln))
 
