@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from gpupulse.metrics.spec import MetricSpec, counter, gauge, histogram
+from dataclasses import replace
+
+from gpupulse.metrics.spec import MetricSpec, counter, gauge, histogram, info
 
 _C = "controller"
 
@@ -113,6 +115,74 @@ DIAGNOSES = counter(
     ("layer", "cause", "confident"),
 )
 
+
+def _new(s: MetricSpec) -> MetricSpec:
+    """A spec new in this release: its name and labels may still change."""
+    return replace(s, stability="experimental")
+
+
+# The on-call board (remediation/transitions/board.py): what is open, what was done to what, what
+# budget is left. Per-incident series exist only while an incident is open, and for at most
+# MAX_OPEN_INCIDENTS of them (the newest); the rest are counted in INCIDENTS_OPEN_UNLISTED.
+INCIDENT_OPEN_INFO = _new(
+    info(
+        "gpupulse_remediation_incident_open_info",
+        "One series per open incident (the newest, up to a cap): its signature, target, state and rung; "
+        "gone when the incident closes.",
+        _C,
+        ("incident", "signature", "target_kind", "target", "state", "rung"),
+    )
+)
+INCIDENT_OPENED = _new(
+    gauge(
+        "gpupulse_remediation_incident_opened_timestamp_seconds",
+        "seconds",
+        "When each incident of gpupulse_remediation_incident_open_info opened (join on incident).",
+        _C,
+        ("incident",),
+    )
+)
+INCIDENTS_OPEN_UNLISTED = _new(
+    gauge(
+        "gpupulse_remediation_incidents_open_unlisted",
+        "",
+        "Open incidents beyond the cap, which have no gpupulse_remediation_incident_open_info series.",
+        _C,
+        (),
+    )
+)
+ACTION_LAST = _new(
+    gauge(
+        "gpupulse_remediation_action_last_timestamp_seconds",
+        "seconds",
+        "When the controller's latest actions (restart, migrate, page; a bounded number) ended, by "
+        "incident, what they were done to and their outcome (success, failed, temporary, interrupted, "
+        "dry_run, skipped, blocked).",
+        _C,
+        ("incident", "signature", "target_kind", "target", "rung", "outcome"),
+    )
+)
+BUDGET_REMAINING = _new(
+    gauge(
+        "gpupulse_remediation_budget_remaining",
+        "",
+        "What the global safety budgets still allow (concurrent_actions, actions_per_minute, "
+        "nodes_migrated, pages_per_window); an action beyond an action budget opens the breaker.",
+        _C,
+        ("budget",),
+    )
+)
+SIGNATURE_PAGES_REMAINING = _new(
+    gauge(
+        "gpupulse_remediation_signature_pages_remaining",
+        "",
+        "Pages incidents of each signature may still send one by one within the page window (its own "
+        "budget, capped by the global one); at 0 its further incidents join one summary page.",
+        _C,
+        ("signature",),
+    )
+)
+
 CONTROLLER_METRICS: tuple[MetricSpec, ...] = (
     ALERTS_RECEIVED,
     ALERTS_REJECTED,
@@ -131,4 +201,10 @@ CONTROLLER_METRICS: tuple[MetricSpec, ...] = (
     INCIDENTS,
     ACTION_DURATION,
     DIAGNOSES,
+    INCIDENT_OPEN_INFO,
+    INCIDENT_OPENED,
+    INCIDENTS_OPEN_UNLISTED,
+    ACTION_LAST,
+    BUDGET_REMAINING,
+    SIGNATURE_PAGES_REMAINING,
 )

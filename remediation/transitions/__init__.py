@@ -10,6 +10,7 @@ The transitions are split by what starts them, each module building on the one b
     events.py    an alert notification: open, renew, fire again, resolve
     timers.py    a tick; recovery at start and after a gap in watching
     outcomes.py  the result of an action, a page or a PromQL check (`Transitions`: all of them)
+    board.py     the on-call board each tick publishes: open incidents, latest actions, budgets left
 """
 
 from __future__ import annotations

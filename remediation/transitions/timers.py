@@ -9,8 +9,10 @@ from remediation.decide import HEARTBEAT, HELD, HELD_DUE, PAGE_INFLIGHT_SECONDS
 from remediation.decide.incidents import due_step, held_gives_up
 from remediation.effects import CheckPromQL, Effect
 from remediation.ladder import first_step
+from remediation.metrics import BoardSnapshot
 from remediation.model import Rung
 from remediation.records import Incident
+from remediation.transitions.board import read_board
 from remediation.transitions.events import EventTransitions
 from remediation.verify import render_query
 
@@ -52,6 +54,7 @@ class TimerTransitions(EventTransitions):
         self.metrics.incidents_open.set(self._db.count_open())
         self.metrics.breaker_open.set(1 if self._safety.breaker_open() else 0)
         self.metrics.paused.set(1 if self._safety.paused() else 0)
+        self.metrics.board.publish(self._read_board(now))
 
     def _hold_after_gap(self, now: float) -> None:
         """After the engine did not watch for longer than the evidence may age (a restart after an
@@ -110,7 +113,12 @@ class TimerTransitions(EventTransitions):
         effects += self._promql_rechecks(now)
         horizon = max(self.settings.loops.flap_window_seconds, 3600.0)
         self._db.prune(now - horizon, now - self.settings.handled_keys_retention_seconds)
+        board = self._read_board(now)
+        self._later(lambda: self.metrics.board.publish(board))
         return effects
+
+    def _read_board(self, now: float) -> BoardSnapshot:
+        return read_board(self._db, self._safety, (sig.name for sig in self.library), now)
 
     def _still_firing(self, inc: Incident, now: float) -> list[Effect]:
         """The cooldown of an unverifiable rung ended with the alert still firing: it did not hold."""
