@@ -23,12 +23,23 @@ class Target:
     instant: bool = False
 
 
+Color = Literal["green", "orange", "red"]
+
+
 @dataclass(frozen=True)
 class Threshold:
     """From `value` up, the panel shows `color` (a stat's background, a line on a time series)."""
 
     value: float
-    color: Literal["orange", "red"] = "red"
+    color: Color = "red"
+
+
+@dataclass(frozen=True)
+class Column:
+    """A table column: the query's label (or "Value") shown under `title`."""
+
+    field: str
+    title: str = ""
 
 
 @dataclass(frozen=True)
@@ -55,7 +66,12 @@ class Panel:
     max_value: float | None = None
     stacked: bool = False
     thresholds: tuple[Threshold, ...] = ()
+    # below the first threshold: green where more is worse (errors), red where less is (budget left)
+    base_color: Color = "green"
     links: tuple[Link, ...] = ()
+    # a table's columns in order (the rest, e.g. Time, job, instance, are left out); empty = all
+    columns: tuple[Column, ...] = ()
+    sort_by: str = ""  # a table's column title, sorted descending (the newest first for a time)
 
 
 @dataclass(frozen=True)
@@ -229,7 +245,7 @@ def _panel(p: Panel, panel_id: int, x: int, y: int) -> dict[str, Any]:
     if p.max_value is not None:
         defaults["max"] = p.max_value
     if p.thresholds:
-        steps: list[dict[str, Any]] = [{"color": "green", "value": None}]
+        steps: list[dict[str, Any]] = [{"color": p.base_color, "value": None}]
         steps += [{"color": t.color, "value": t.value} for t in sorted(p.thresholds, key=lambda t: t.value)]
         defaults["thresholds"] = {"mode": "absolute", "steps": steps}
         by_threshold = p.kind in ("stat", "bargauge")
@@ -249,10 +265,14 @@ def _panel(p: Panel, panel_id: int, x: int, y: int) -> dict[str, Any]:
         options = {"legend": {"displayMode": "table", "placement": "bottom", "calcs": ["lastNotNull", "max"]}}
     elif p.kind in ("stat", "bargauge"):
         options = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False}}
-        if p.thresholds:
+        if p.thresholds and p.kind == "stat":
             options["colorMode"] = "background"
+        elif p.kind == "bargauge":
+            options |= {"displayMode": "basic", "orientation": "horizontal", "showUnfilled": True}
     elif p.kind == "table":
         options = {"showHeader": True}
+        if p.sort_by:
+            options["sortBy"] = [{"displayName": p.sort_by, "desc": True}]
     return {
         "type": p.kind,
         "id": panel_id,
@@ -263,5 +283,23 @@ def _panel(p: Panel, panel_id: int, x: int, y: int) -> dict[str, Any]:
         "fieldConfig": {"defaults": defaults, "overrides": []},
         "options": options,
         "targets": _targets(p.targets, table=p.kind == "table"),
-        **({"transformations": [{"id": "merge", "options": {}}]} if p.kind == "table" else {}),
+        **({"transformations": _table_transformations(p)} if p.kind == "table" else {}),
     }
+
+
+def _table_transformations(p: Panel) -> list[dict[str, Any]]:
+    steps: list[dict[str, Any]] = [{"id": "merge", "options": {}}]
+    if p.columns:
+        names = [c.field for c in p.columns]
+        steps.append({"id": "filterFieldsByName", "options": {"include": {"names": names}}})
+        steps.append(
+            {
+                "id": "organize",
+                "options": {
+                    "excludeByName": {},
+                    "indexByName": {c.field: i for i, c in enumerate(p.columns)},
+                    "renameByName": {c.field: c.title for c in p.columns if c.title},
+                },
+            }
+        )
+    return steps

@@ -79,3 +79,80 @@ def test_diagnoses_and_actions_are_annotated_within_the_cluster_in_view(board: s
     assert actions["titleFormat"] == "gpupulse {{rung}}: {{outcome}}"
     for a in annotations.values():
         assert 'cluster=~"$cluster"' in a["expr"], (board, a["name"])
+
+
+def test_the_open_incidents_table_shows_signature_target_state_rung_and_age() -> None:
+    panel = _panel("gpupulse-remediation.json", "Open incidents, newest first")
+    (target,) = panel["targets"]
+    assert metric_names(target["expr"]) == {
+        "gpupulse_remediation_incident_open_info",
+        "gpupulse_remediation_incident_opened_timestamp_seconds",
+    }
+    assert target["instant"] and target["format"] == "table"
+    assert _column_titles(panel) == [
+        "incident",
+        "signature",
+        "target_kind",
+        "target",
+        "state",
+        "rung",
+        "opened",
+    ]
+    # the opened time reads "5 minutes ago"; Grafana's times are milliseconds
+    assert panel["fieldConfig"]["defaults"]["unit"] == "dateTimeFromNow"
+    assert target["expr"].startswith("1000 * ")
+    assert panel["options"]["sortBy"] == [{"displayName": "opened", "desc": True}]
+
+
+def test_the_last_actions_table_says_what_was_done_to_what_and_how_it_ended() -> None:
+    panel = _panel("gpupulse-remediation.json", "Last actions")
+    (target,) = panel["targets"]
+    assert metric_names(target["expr"]) == {"gpupulse_remediation_action_last_timestamp_seconds"}
+    assert _column_titles(panel) == [
+        "incident",
+        "signature",
+        "target_kind",
+        "target",
+        "rung",
+        "outcome",
+        "ended",
+    ]
+    assert panel["options"]["sortBy"] == [{"displayName": "ended", "desc": True}]
+
+
+def test_every_table_column_is_a_label_its_query_keeps() -> None:
+    tables = [(b, p) for b in BOARDS.values() for p in panels(b) if p["type"] == "table"]
+    assert len(tables) >= 2
+    for _, panel in tables:
+        steps = {t["id"]: t["options"] for t in panel["transformations"]}
+        if "filterFieldsByName" not in steps:
+            continue
+        (target,) = panel["targets"]
+        # the outermost aggregation's `by` list: the labels each row of an instant query keeps
+        outer = re.search(r"\bby \(([^)]*)\)", target["expr"])
+        assert outer is not None, target["expr"]
+        kept = set(outer[1].split(", "))
+        assert set(steps["filterFieldsByName"]["include"]["names"]) - {"Value"} <= kept, panel["title"]
+
+
+@pytest.mark.parametrize("title", ["Budgets left", "Pages left per signature"])
+def test_a_spent_budget_turns_its_bar_red(title: str) -> None:
+    panel = _panel("gpupulse-remediation.json", title)
+    assert _steps(panel) == [(None, "red"), (1, "green")]
+    assert panel["fieldConfig"]["defaults"]["color"] == {"mode": "thresholds"}
+    assert panel["fieldConfig"]["defaults"]["min"] == 0
+
+
+def test_incidents_the_table_cannot_list_turn_their_stat_orange() -> None:
+    panel = _panel("gpupulse-remediation.json", "Open incidents not listed")
+    assert _steps(panel) == [(None, "green"), (1, "orange")]
+    (target,) = panel["targets"]
+    assert metric_names(target["expr"]) == {"gpupulse_remediation_incidents_open_unlisted"}
+
+
+def _column_titles(panel: dict[str, Any]) -> list[str]:
+    steps = {t["id"]: t["options"] for t in panel["transformations"]}
+    names = steps["filterFieldsByName"]["include"]["names"]
+    order = steps["organize"]["indexByName"]
+    renamed = steps["organize"]["renameByName"]
+    return [renamed.get(n, n) for n in sorted(names, key=lambda n: order[n])]
