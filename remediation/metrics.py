@@ -64,7 +64,7 @@ class BoardSnapshot:
     actions: tuple[RecentAction, ...] = ()
     budgets: tuple[tuple[str, int], ...] = ()  # (budget, remaining)
     signature_pages: tuple[tuple[str, int], ...] = ()  # (signature, pages remaining)
-    ready: bool = False  # False until the engine published one: no budget series yet
+    ready: bool = False  # until the engine publishes one, no unlisted count (a 0 would claim too much)
 
 
 def _family(s: MetricSpec) -> GaugeMetricFamily:

@@ -3,7 +3,9 @@ closes, capped however many are open; the latest actions with their outcome; the
 
 from __future__ import annotations
 
+import asyncio
 import time
+from asyncio.subprocess import PIPE, STDOUT
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +15,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from demo.neighbours import line
 from remediation.engine import RemediationEngine, build_engine
 from remediation.ledger import Ledger, connect
 from remediation.metrics import BoardSnapshot, RemediationMetrics
@@ -63,12 +66,14 @@ class Controller:
         ) as r:
             assert r.status == 200, await r.text()
 
-    async def scrape(self) -> Samples:
+    async def text(self) -> str:
         async with self.session.get(f"{self.url}/metrics") as r:
             assert r.status == 200
-            text = await r.text()
+            return await r.text()
+
+    async def scrape(self) -> Samples:
         out: Samples = {}
-        for family in text_string_to_metric_families(text):
+        for family in text_string_to_metric_families(await self.text()):
             for s in family.samples:
                 out.setdefault(s.name, []).append((dict(s.labels), s.value))
         return out
@@ -132,6 +137,12 @@ async def test_an_open_incident_has_its_series_until_it_closes(controller: Contr
     }
     assert ended == pytest.approx(c.clock.time(), abs=1.0)
     assert samples["gpupulse_remediation_incidents_open_unlisted"] == [({}, 0.0)]
+    # the exposition with the board in it passes Prometheus' own lint (names, help, types, units)
+    promtool = await asyncio.create_subprocess_exec(
+        str(line().promtool), "check", "metrics", stdin=PIPE, stdout=PIPE, stderr=STDOUT
+    )
+    out, _ = await promtool.communicate((await c.text()).encode())
+    assert promtool.returncode == 0, out.decode()
 
     # the memory is back (the alert resolves), nothing recurs for the cooldown: the incident closes
     await c.post(LEAK, "f-leak", status="resolved")
