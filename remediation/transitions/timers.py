@@ -54,7 +54,7 @@ class TimerTransitions(EventTransitions):
         self.metrics.incidents_open.set(self._db.count_open())
         self.metrics.breaker_open.set(1 if self._safety.breaker_open() else 0)
         self.metrics.paused.set(1 if self._safety.paused() else 0)
-        self.metrics.board.publish(self._read_board(now))
+        self._publish_board(now)
 
     def _hold_after_gap(self, now: float) -> None:
         """After the engine did not watch for longer than the evidence may age (a restart after an
@@ -114,11 +114,23 @@ class TimerTransitions(EventTransitions):
         horizon = max(self.settings.loops.flap_window_seconds, 3600.0)
         self._db.prune(now - horizon, now - self.settings.handled_keys_retention_seconds)
         board = self._read_board(now)
-        self._later(lambda: self.metrics.board.publish(board))
+        if board is not None:
+            self._later(lambda: self.metrics.board.publish(board))
         return effects
 
-    def _read_board(self, now: float) -> BoardSnapshot:
-        return read_board(self._db, self._safety, (sig.name for sig in self.library), now)
+    def _publish_board(self, now: float) -> None:
+        board = self._read_board(now)
+        if board is not None:
+            self.metrics.board.publish(board)
+
+    def _read_board(self, now: float) -> BoardSnapshot | None:
+        """The board for /metrics, or None when it cannot be read: the board only shows what the
+        engine did, so a failure to read it leaves the last one published and never stops a tick."""
+        try:
+            return read_board(self._db, self._safety, (sig.name for sig in self.library), now)
+        except Exception:
+            log.exception("the on-call board could not be read; /metrics keeps the last one")
+            return None
 
     def _still_firing(self, inc: Incident, now: float) -> list[Effect]:
         """The cooldown of an unverifiable rung ended with the alert still firing: it did not hold."""

@@ -192,6 +192,23 @@ async def test_the_budgets_left_are_on_the_board_for_every_signature(controller:
     assert budgets["pages_per_window"] == limits.max_pages_per_window - 1
 
 
+async def test_a_board_that_cannot_be_read_never_stops_the_engine(
+    controller: Controller, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The board only shows what the engine did: when reading it fails, the action still happens and
+    /metrics keeps answering with the last board published."""
+    c = controller
+
+    def broken(*_: object, **__: object) -> BoardSnapshot:
+        raise RuntimeError("board query failed")
+
+    monkeypatch.setattr("remediation.transitions.timers.read_board", broken)
+    await c.post(LEAK, "f-leak")
+    await c.service.ctl.worker.wait_until(lambda: c.backend.rungs == ["restart"], 10.0)
+    assert "gpupulse_remediation_incident_open_info" not in await c.scrape()
+    assert "the on-call board could not be read" in caplog.text
+
+
 def test_pages_left_of_a_signature_are_its_own_budget_capped_by_the_global_one() -> None:
     b = BudgetSettings(max_pages_per_signature=3, max_pages_per_window=5)
     counts = {"in_flight": 5, "last_minute": 30, "nodes_migrated": 1}
