@@ -88,6 +88,7 @@ NODES = {
     "po-gpu-node-2": "incident-overheat",
     "po-gpu-node-3": "incident-colocated",
 }
+NAMESPACES = (MONITORING, NAMESPACE, WORKLOAD_NAMESPACE)
 LEAKING_POD = "small-a-7c5ddbdf54-x9z2k"
 DEADLINE_SECONDS = 120.0
 PROMETHEUS_VERSION = "v3.{}.{}".format(*pins()["prometheus"].version.removeprefix("v0.").split("."))
@@ -101,7 +102,9 @@ def _values() -> JSON:
 
     fast = {"interval": "1s", "scrapeTimeout": "1s"}
     pod_monitor = {"serviceMonitor": {"enabled": False}, "podMonitor": {"enabled": True, **fast}}
-    controller = {"serviceMonitor": fast}
+    # the controller's pod on a node of this module (the stand-in scheduler honours the hostname
+    # selector), not on another test's node that a drain there would find it on
+    controller = {"serviceMonitor": fast, "nodeSelector": {"kubernetes.io/hostname": next(iter(NODES))}}
     values: JSON = merge(readme_fast_values(), {"exporter": pod_monitor, "controller": controller})
     return values
 
@@ -135,8 +138,10 @@ def _receivers(config: JSON) -> set[str]:
 def stack(real_cluster: RealCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     kube = real_cluster.kube
     workdir = tmp_path_factory.mktemp("prometheus-operator")
-    for namespace in (MONITORING, NAMESPACE, WORKLOAD_NAMESPACE):
+    for namespace in NAMESPACES:
         ensure_namespace(kube, namespace)
+    for node in NODES:
+        add_node(kube, node)
     apply_crds(kube)
     base = yaml.safe_load(
         (ROOT / "tests" / "fixtures" / "kube-prometheus-stack" / "alertmanager-base.yaml").read_text()
@@ -185,6 +190,13 @@ def stack(real_cluster: RealCluster, tmp_path_factory: pytest.TempPathFactory) -
         yield Stack(
             real_cluster, operator, chart, generated_prometheus(kube), generated_alertmanager(kube), workdir
         )
+    # the next modules on this control plane see none of it (the CRDs and ClusterRoles stay: unused)
+    for namespace in NAMESPACES:
+        with contextlib.suppress(KubeHTTPError):
+            kube.delete(f"/api/v1/namespaces/{namespace}")
+    for node in NODES:
+        with contextlib.suppress(KubeHTTPError):
+            kube.delete(f"/api/v1/nodes/{node}")
 
 
 def test_the_operator_writes_a_job_per_monitor_with_honor_labels_and_a_rule_file_per_prometheusrule(
@@ -256,8 +268,6 @@ def _exporter_pods(stack: Stack, addresses: dict[str, tuple[str, int]]) -> dict[
     daemonset_uid = kube.get(daemonset_path)["metadata"]["uid"]
     names = {}
     for i, (node, (ip, port)) in enumerate(addresses.items()):
-        with contextlib.suppress(KubeHTTPError):
-            add_node(kube, node)
         name = f"{daemonset['metadata']['name']}-po{i}"
         spec = copy.deepcopy(template["spec"])
         spec["nodeName"] = node
@@ -289,7 +299,12 @@ def _controller_targets(stack: Stack, address: str) -> list[JSON]:
     service = kube.get(f"/api/v1/namespaces/{NAMESPACE}/services/{monitor['metadata']['name']}")
     selector = ",".join(f"{k}={v}" for k, v in service["spec"]["selector"].items())
     pods_path = f"/api/v1/namespaces/{NAMESPACE}/pods?labelSelector={selector}"
-    wait_for(lambda: bool(kube.get(pods_path)["items"]), 60, "the controller Deployment's pod")
+    node = next(iter(NODES))
+    wait_for(
+        lambda: [p["spec"].get("nodeName") for p in kube.get(pods_path)["items"]] == [node],
+        60,
+        f"the controller Deployment's pod on {node}",
+    )
     pods = kube.get(pods_path)["items"]
     ip, port = address.rsplit(":", 1)
     port_name = service["spec"]["ports"][0]["name"]
