@@ -89,6 +89,17 @@ NODES = {
     "po-gpu-node-3": "incident-colocated",
 }
 NAMESPACES = (MONITORING, NAMESPACE, WORKLOAD_NAMESPACE)
+# a neighbour's PrometheusRule that does not parse, selected by the same Prometheus
+BROKEN_RULE = {
+    "apiVersion": "monitoring.coreos.com/v1",
+    "kind": "PrometheusRule",
+    "metadata": {
+        "name": "broken",
+        "namespace": WORKLOAD_NAMESPACE,
+        "labels": {"release": "kube-prometheus-stack"},
+    },
+    "spec": {"groups": [{"name": "broken", "rules": [{"alert": "Broken", "expr": "sum(rate(x[5m]) by"}]}]},
+}
 LEAKING_POD = "small-a-7c5ddbdf54-x9z2k"
 DEADLINE_SECONDS = 120.0
 PROMETHEUS_VERSION = "v3.{}.{}".format(*pins()["prometheus"].version.removeprefix("v0.").split("."))
@@ -155,6 +166,7 @@ def stack(real_cluster: RealCluster, tmp_path_factory: pytest.TempPathFactory) -
         if obj["kind"] not in ("ClusterRole", "ClusterRoleBinding"):
             namespace = obj["metadata"].get("namespace", NAMESPACE)
             create(kube, {**obj, "metadata": {**obj["metadata"], "namespace": namespace}})
+    create(kube, BROKEN_RULE)
     with running_operator(kube, real_cluster.plane.url, real_cluster.plane.ca_file, workdir) as operator:
         rules = [r for r in chart if r["kind"] == "PrometheusRule"]
         monitors = [m for m in chart if m["kind"] in ("PodMonitor", "ServiceMonitor")]
@@ -219,6 +231,10 @@ def test_the_operator_writes_a_job_per_monitor_with_honor_labels_and_a_rule_file
     for rule in stack.of_kind("PrometheusRule"):
         (name,) = [n for n in files if n.startswith(f"{NAMESPACE}-{rule['metadata']['name']}-")]
         assert [g["name"] for g in files[name]["groups"]] == [g["name"] for g in rule["spec"]["groups"]]
+    # the one that does not parse is left out by the operator, and takes none of ours with it
+    assert not [n for n in files if n.startswith(f"{WORKLOAD_NAMESPACE}-broken-")]
+    refusals = [line for line in stack.operator.tail(10_000).splitlines() if 'msg="invalid rule"' in line]
+    assert any("prometheusrule=broken" in line and "could not parse expression" in line for line in refusals)
 
 
 def test_every_alertmanagerconfig_is_routed_with_the_namespace_matcher_the_operator_adds(
