@@ -105,7 +105,12 @@ class _CRDLoader(yaml.CSafeLoader):
     it has no constructor for; Kubernetes (YAML 1.2) reads it as the string "="."""
 
 
-_CRDLoader.add_constructor("tag:yaml.org,2002:value", lambda loader, node: loader.construct_scalar(node))
+def _value_as_string(loader: yaml.SafeLoader, node: yaml.Node) -> str:
+    assert isinstance(node, yaml.ScalarNode)
+    return str(loader.construct_scalar(node))
+
+
+_CRDLoader.add_constructor("tag:yaml.org,2002:value", _value_as_string)
 
 
 def apply_crds(kube: RealKube) -> list[str]:
@@ -392,7 +397,7 @@ def localize_prometheus_config(
       store Endpoints or EndpointSlices with 127.0.0.0/8 addresses (the test shows the 422).
 
     Every relabeling, honor_labels, interval and the rest are the operator's, unchanged."""
-    out = _substitute_reloader_env(dict(config))
+    out: JSON = _substitute_reloader_env(dict(config))
     out["rule_files"] = sorted({Path(p).name for p in out.get("rule_files") or []})
 
     def localize_sd(section: JSON, name: str) -> None:

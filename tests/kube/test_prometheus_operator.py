@@ -300,7 +300,11 @@ def _exporter_pods(stack: Stack, addresses: dict[str, tuple[str, int]]) -> dict[
         pod = {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
         kube.post(f"/api/v1/namespaces/{NAMESPACE}/pods", pod)
         path = f"/api/v1/namespaces/{NAMESPACE}/pods/{name}"
-        wait_for(lambda p=path: kube.get(p)["status"].get("phase") == "Running", 30, f"{name} Running")
+
+        def running(path: str = path) -> bool:
+            return bool(kube.get(path)["status"].get("phase") == "Running")
+
+        wait_for(running, 30, f"{name} Running")
         # the stand-in kubelet has reported it Running (and will not write its status again)
         kube.merge_patch(f"{path}/status", {"status": {"podIP": ip, "podIPs": [{"ip": ip}]}})
         names[node] = name
