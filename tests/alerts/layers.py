@@ -14,13 +14,16 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
 from aiohttp import web
 
 from tests.fakes.prometheus_process import PromHandle, free_port
+
+if TYPE_CHECKING:
+    from tests.helm.installs import Installed
 
 NODES = ("node-a", "node-b")
 JOB = "gpupulse-exporter"
@@ -88,9 +91,9 @@ def training_nodes() -> dict[str, Node]:
     return {n: Node(n, i) for i, n in enumerate(NODES)}
 
 
-async def chart_rules(tmp: Path, global_layer: str) -> tuple[Path, Path]:
-    """The chart's node PrometheusRule and its fleet rules for `global_layer` (thanosRuler: the second
-    PrometheusRule; vmalert: the ConfigMap's rule file), as two rule files in `tmp`."""
+async def install_chart(tmp: Path, global_layer: str, **sharding: Any) -> Installed:
+    """The chart installed (real Helm library, fake API server) with sharded rules for `global_layer`,
+    the training alerts' `for:` shortened; `sharding` adds prometheusRule.sharding values."""
     pytest.importorskip("helm_sdkpy")
     from tests.fakes.helm_api import FakeHelmAPI
     from tests.helm.installs import Installed, effective_values, install
@@ -100,17 +103,29 @@ async def chart_rules(tmp: Path, global_layer: str) -> tuple[Path, Path]:
             "enabled": True,
             "namespaceNodeAlerts": False,
             "for": FAST_FOR,
-            "sharding": {"enabled": True, "global": global_layer},
+            "sharding": {"enabled": True, "global": global_layer, **sharding},
         }
     }
     (tmp / "helm").mkdir()
     api = FakeHelmAPI(namespaces={"monitoring"})
     result = await install(api, tmp / "helm", "monitoring", values)
-    inst = Installed(effective_values(values), result, api.chart_objects(), api)
+    return Installed(effective_values(values), result, api.chart_objects(), api)
+
+
+def write_rule_file(path: Path, groups: list[dict[str, Any]]) -> Path:
+    """`groups` as a Prometheus rule file at `path`."""
+    path.write_text(yaml.safe_dump({"groups": groups}, sort_keys=False))
+    return path
+
+
+async def chart_rules(tmp: Path, global_layer: str) -> tuple[Path, Path]:
+    """The chart's node PrometheusRule and its fleet rules for `global_layer` (thanosRuler: the second
+    PrometheusRule; vmalert: the ConfigMap's rule file), as two rule files in `tmp`."""
+    inst = await install_chart(tmp, global_layer)
     node = inst.named("PrometheusRule", "pulse-gpupulse")
     assert node is not None
-    node_file, fleet_file = tmp / "node.rules.yaml", tmp / "fleet.rules.yaml"
-    node_file.write_text(yaml.safe_dump({"groups": node["spec"]["groups"]}, sort_keys=False))
+    node_file = write_rule_file(tmp / "node.rules.yaml", node["spec"]["groups"])
+    fleet_file = tmp / "fleet.rules.yaml"
     if global_layer == "vmalert":
         config_map = inst.named("ConfigMap", "pulse-gpupulse-fleet-rules")
         assert config_map is not None
@@ -118,8 +133,7 @@ async def chart_rules(tmp: Path, global_layer: str) -> tuple[Path, Path]:
     else:
         fleet = inst.named("PrometheusRule", "pulse-gpupulse-fleet")
         assert fleet is not None
-        assert fleet["metadata"]["labels"]["gpupulse.io/rule-scope"] == "fleet"
-        fleet_file.write_text(yaml.safe_dump({"groups": fleet["spec"]["groups"]}, sort_keys=False))
+        write_rule_file(fleet_file, fleet["spec"]["groups"])
     return node_file, fleet_file
 
 

@@ -20,6 +20,7 @@ import sys
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import aiohttp
@@ -176,7 +177,7 @@ async def _pair(tmp: Path, gossip: bool) -> AsyncIterator[Pair]:
             replicas.append(url)
         want_peers = 2 if gossip else 1
         for url in replicas:
-            await until(lambda url=url: _peers_ready(url, want_peers), f"{url}: {want_peers} cluster peers")
+            await until(partial(_peers_ready, url, want_peers), f"{url}: {want_peers} cluster peers")
 
         page = await stack.enter_async_context(_leak_page())
         rule_file = tmp / "ha.rules.yaml"
