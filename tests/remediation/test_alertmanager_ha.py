@@ -20,6 +20,7 @@ import sys
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import Path
 
@@ -30,7 +31,7 @@ from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from demo.neighbours import MissingNeighbourError, neighbour_binary
-from remediation.settings import DB_FILENAME
+from remediation.settings import DB_FILENAME, INBOX_FILENAME
 from tests.alerts.children import child_process, wait_http
 from tests.alerts.layers import until
 from tests.fakes.intake import TOKEN
@@ -40,6 +41,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(240
 
 PODS = ("llm-0", "llm-1", "llm-2")
 NAMESPACE = "serving"
+ALERT = "GPUProcessMemoryAboveHardLimit"
+RULE_LABELS = {"severity": "critical", "fault_class": "memory_leak", "target_kind": "pod"}
 RULES = {
     "groups": [
         {
@@ -47,9 +50,9 @@ RULES = {
             "interval": "1s",
             "rules": [
                 {
-                    "alert": "GPUProcessMemoryAboveHardLimit",
+                    "alert": ALERT,
                     "expr": "ha_test_leak > 0",
-                    "labels": {"severity": "critical", "fault_class": "memory_leak", "target_kind": "pod"},
+                    "labels": RULE_LABELS,
                     "annotations": {"summary": "{{ $labels.pod }} holds GPU memory past its hard limit"},
                 }
             ],
@@ -64,6 +67,7 @@ class Pair:
     controller: str
     restarts: Path  # one line per restart the controller ran
     db: Path
+    inbox: Path
     logs: list[Path]  # the replicas' logs
 
 
@@ -96,7 +100,9 @@ async def _leak_page() -> AsyncIterator[int]:
 
 
 @asynccontextmanager
-async def _pair(tmp: Path, gossip: bool) -> AsyncIterator[Pair]:
+async def _pair(tmp: Path, gossip: bool, prometheus_sends: bool = True) -> AsyncIterator[Pair]:
+    """The controller, the two replicas (peered when `gossip`) and, when `prometheus_sends`, a
+    Prometheus firing the three leak alerts to both."""
     prometheus, alertmanager = _binaries()
     restarts = tmp / "restarts"
     token = tmp / "token"
@@ -179,26 +185,31 @@ async def _pair(tmp: Path, gossip: bool) -> AsyncIterator[Pair]:
         for url in replicas:
             await until(partial(_peers_ready, url, want_peers), f"{url}: {want_peers} cluster peers")
 
-        page = await stack.enter_async_context(_leak_page())
-        rule_file = tmp / "ha.rules.yaml"
-        rule_file.write_text(yaml.safe_dump(RULES))
-        prom_config = {
-            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "alerting": {
-                "alertmanagers": [
-                    {"static_configs": [{"targets": [u.removeprefix("http://") for u in replicas]}]}
-                ]
-            },
-            "rule_files": [rule_file.name],
-            "scrape_configs": [{"job_name": "leaks", "static_configs": [{"targets": [f"127.0.0.1:{page}"]}]}],
-        }
-        prom: PromHandle = await stack.enter_async_context(
-            running_prometheus(yaml.safe_dump(prom_config), rule_files=[rule_file], binary=prometheus)
-        )
-        # Prometheus sends to both replicas: each has every alert
-        await until(lambda: _prometheus_sends_to(prom, 2), "Prometheus discovering both Alertmanagers")
+        if prometheus_sends:
+            page = await stack.enter_async_context(_leak_page())
+            rule_file = tmp / "ha.rules.yaml"
+            rule_file.write_text(yaml.safe_dump(RULES))
+            prom_config = {
+                "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                "alerting": {
+                    "alertmanagers": [
+                        {"static_configs": [{"targets": [u.removeprefix("http://") for u in replicas]}]}
+                    ]
+                },
+                "rule_files": [rule_file.name],
+                "scrape_configs": [
+                    {"job_name": "leaks", "static_configs": [{"targets": [f"127.0.0.1:{page}"]}]}
+                ],
+            }
+            prom: PromHandle = await stack.enter_async_context(
+                running_prometheus(yaml.safe_dump(prom_config), rule_files=[rule_file], binary=prometheus)
+            )
+            # Prometheus sends to both replicas: each has every alert
+            await until(lambda: _prometheus_sends_to(prom, 2), "Prometheus discovering both Alertmanagers")
         logs = [tmp / f"alertmanager-{i}.log" for i in range(2)]
-        yield Pair(replicas, controller, restarts, tmp / "state" / DB_FILENAME, logs)
+        yield Pair(
+            replicas, controller, restarts, tmp / "state" / DB_FILENAME, tmp / "state" / INBOX_FILENAME, logs
+        )
 
 
 async def _peers_ready(url: str, want: int) -> bool:
@@ -240,6 +251,17 @@ def _ledger_counts(db: Path) -> tuple[int, int]:
     finally:
         conn.close()
     return incidents, actions
+
+
+def _handled_and_stale(db: Path) -> tuple[int, int]:
+    """(notifications the engine handled, those it recorded as stale)."""
+    conn = sqlite3.connect(db)
+    try:
+        handled = int(conn.execute("SELECT count(*) FROM rem_handled").fetchone()[0])
+        stale = int(conn.execute("SELECT count(*) FROM rem_stale").fetchone()[0])
+    finally:
+        conn.close()
+    return handled, stale
 
 
 def _restarted(pair: Pair) -> list[str]:
@@ -291,3 +313,47 @@ async def test_every_alert_acts_once_behind_an_alertmanager_pair(tmp_path: Path,
 
 async def _only(got: list[str], want: list[str]) -> list[str] | None:
     return got if got == want else None
+
+
+def _processed(inbox: Path) -> int:
+    conn = sqlite3.connect(inbox)
+    try:
+        return int(conn.execute("SELECT count(*) FROM inbox WHERE processed_at IS NOT NULL").fetchone()[0])
+    finally:
+        conn.close()
+
+
+async def _post_alert(replica: str, starts_at: datetime) -> None:
+    alert = {
+        "labels": {
+            "alertname": ALERT,
+            **RULE_LABELS,
+            "namespace": NAMESPACE,
+            "pod": PODS[0],
+            "node": "node-0",
+        },
+        "annotations": {"summary": f"{PODS[0]} holds GPU memory past its hard limit"},
+        "startsAt": starts_at.isoformat(),
+    }
+    async with aiohttp.ClientSession() as s, s.post(f"{replica}/api/v2/alerts", json=[alert]) as r:
+        assert r.status == 200, await r.text()
+
+
+async def test_one_alert_with_two_start_times_from_two_replicas_acts_once(tmp_path: Path) -> None:
+    # Two Prometheus replicas whose ActiveAt differ by 10 s, each reaching one Alertmanager of a pair
+    # that cannot gossip: the replicas notify one alert (one fingerprint) with two startsAt, which the
+    # controller's inbox stores as two alerts and its engine sees twice.
+    async with _pair(tmp_path, gossip=False, prometheus_sends=False) as pair:
+        first = datetime.now(UTC) - timedelta(seconds=30)
+        await _post_alert(pair.replicas[0], first)
+        await until(lambda: _only(_restarted(pair), [f"{NAMESPACE} {PODS[0]}"]), "the pod restarted")
+        await _post_alert(pair.replicas[1], first + timedelta(seconds=10))
+        await until(lambda: _at_least_processed(pair.inbox, 2), "the second start time processed")
+        assert _restarted(pair) == [f"{NAMESPACE} {PODS[0]}"]  # the later copy joins the open incident
+        assert _ledger_counts(pair.db) == (1, 1)
+        assert _handled_and_stale(pair.db) == (2, 0)  # both taken as fresh evidence, neither refused
+        assert [await _webhook_deliveries(url) for url in pair.replicas] == [1, 1]
+
+
+async def _at_least_processed(inbox: Path, want: int) -> bool:
+    return _processed(inbox) >= want
