@@ -233,7 +233,7 @@ async def _in_alertmanager(bed: Bed, name: str) -> list[dict[str, Any]]:
 
 
 def _by_labels(result: list[dict[str, Any]]) -> dict[frozenset[tuple[str, str]], float]:
-    """A query result keyed by its series' labels, less the layer's own (shard, ruler)."""
+    """A query result keyed by its series' labels, less the layers' own (LAYER_LABELS)."""
     return {
         frozenset((k, v) for k, v in r["metric"].items() if k not in LAYER_LABELS): float(r["value"][1])
         for r in result
