@@ -8,14 +8,12 @@ shard do not (the negative control: each shard sees one rank at most), the fleet
 one Prometheus scraping both nodes (a shard's sum is half), and the node alerts fire on the shards
 with the global layer stopped.
 
-The nodes are pages of exposition text served here (the series a gpupulse exporter serves for one
-training rank per node), so every state is set, not simulated over time.
+The bed's pages, chart rules and shard configuration are tests/alerts/layers.py's (test_thanos_layers.py
+puts Thanos over the same shards).
 """
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
@@ -24,74 +22,29 @@ from typing import Any
 
 import aiohttp
 import pytest
-import yaml
-from aiohttp import web
 
 from demo.neighbours import MissingNeighbourError, neighbour_binary
 from tests.alerts.children import child_process, wait_http
+from tests.alerts.layers import (
+    CAPPED,
+    HEALTHY,
+    HUNG,
+    NODES,
+    TRAINING_ALERTS,
+    Node,
+    chart_rules,
+    only_when,
+    prometheus_config,
+    recorded_names,
+    serve_pages,
+    shard_alerts,
+    single_value,
+    training_nodes,
+    until,
+)
 from tests.fakes.prometheus_process import PromHandle, free_port, running_prometheus
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
-
-NODES = ("node-a", "node-b")
-JOB = "gpupulse-exporter"
-FAST_FOR = {
-    "TrainingJobHung": "2s",
-    "TrainingRankStraggler": "2s",
-    "TrainingJobNodeFault": "2s",
-    "GPUTemperatureHigh": "2s",
-}
-TRAINING_ALERTS = {"TrainingJobHung", "TrainingRankStraggler", "TrainingJobDegraded"}
-
-# one rank per node: (utilization, tensor active, PCIe and NVLink bytes/s, SM clock Hz, power capped)
-HEALTHY = (0.95, 0.6, 1e9, 5e9, 1.98e9, 0)
-HUNG = (1.0, 0.0, 0.0, 0.0, 1.98e9, 0)
-CAPPED = (0.95, 0.6, 1e9, 5e9, 1.4e9, 1)
-
-
-@dataclass
-class Node:
-    """One simulated node's exporter page."""
-
-    name: str
-    rank: int
-    state: tuple[float, ...] = HEALTHY
-    temperature_celsius: float = 60.0
-    up: int = 1
-    rank_alive: bool = True
-
-    def page(self) -> str:
-        g = f'uuid="GPU-{self.name}",gpu="0"'
-        pod = f'namespace="research",pod="llama-{self.rank}"'
-        rank = (
-            f'{g},{pod},training_job="llama",training_job_kind="PyTorchJob.kubeflow.org",'
-            f'rank="{self.rank}",local_rank="0",world_size="2"'
-        )
-        util, tensor, pcie, nvlink, clock, capped = (
-            self.state if self.rank_alive else (0.0, 0.0, 0.0, 0.0, 1.4e9, 0)
-        )
-        lines = [
-            f"gpu_up{{{g}}} {self.up}",
-            f'gpu_up{{uuid="GPU-{self.name}-free",gpu="1"}} 1',  # a GPU no pod holds: fleet capacity
-            f"gpu_temperature_celsius{{{g}}} {self.temperature_celsius}",
-        ]
-        if self.rank_alive:  # a dead rank's pod is gone: its series with it
-            lines += [
-                f"gpu_training_rank_info{{{rank}}} 1",
-                f'gpu_allocation_info{{{g},{pod},container="trainer"}} 1',
-            ]
-        lines += [
-            f"gpu_utilization_ratio{{{g}}} {util}",
-            f"gpu_tensor_active_ratio{{{g}}} {tensor}",
-            f'gpu_pcie_throughput_bytes_per_second{{{g},direction="tx"}} {pcie}',
-            f'gpu_nvlink_throughput_bytes_per_second{{{g},direction="tx"}} {nvlink}',
-            f"gpu_power_watts{{{g}}} 600",
-            f"gpu_power_limit_watts{{{g}}} 700",
-            f"gpu_sm_clock_hertz{{{g}}} {clock}",
-            f'gpu_clock_event_active{{{g},reason="sw_power_cap"}} {capped}',
-            f'gpu_clock_event_active{{{g},reason="gpu_idle"}} 0',
-        ]
-        return "\n".join(lines) + "\n"
 
 
 @dataclass
@@ -116,90 +69,16 @@ def _binaries() -> tuple[Path, Path, Path]:
         pytest.skip(str(e))
 
 
-async def _chart_rules(tmp: Path) -> tuple[Path, Path]:
-    """The chart's node PrometheusRule and vmalert fleet rule file, as two rule files."""
-    pytest.importorskip("helm_sdkpy")
-    from tests.fakes.helm_api import FakeHelmAPI
-    from tests.helm.installs import Installed, effective_values, install
-
-    values = {
-        "prometheusRule": {
-            "enabled": True,
-            "namespaceNodeAlerts": False,
-            "for": FAST_FOR,
-            "sharding": {"enabled": True, "global": "vmalert"},
-        }
-    }
-    (tmp / "helm").mkdir()
-    api = FakeHelmAPI(namespaces={"monitoring"})
-    result = await install(api, tmp / "helm", "monitoring", values)
-    inst = Installed(effective_values(values), result, api.chart_objects(), api)
-    node = inst.named("PrometheusRule", "pulse-gpupulse")
-    fleet = inst.named("ConfigMap", "pulse-gpupulse-fleet-rules")
-    assert node is not None and fleet is not None
-    node_file, fleet_file = tmp / "node.rules.yaml", tmp / "fleet.rules.yaml"
-    node_file.write_text(yaml.safe_dump({"groups": node["spec"]["groups"]}, sort_keys=False))
-    fleet_file.write_text(fleet["data"]["gpupulse-fleet.rules.yaml"])
-    return node_file, fleet_file
-
-
-def _scrape(nodes: list[str], ports: dict[str, int]) -> list[dict[str, Any]]:
-    return [
-        {
-            "job_name": JOB,
-            "static_configs": [{"targets": [f"127.0.0.1:{ports[n]}"], "labels": {"node": n}} for n in nodes],
-        }
-    ]
-
-
-def _config(nodes: list[str], ports: dict[str, int], rules: list[str], extra: dict[str, Any]) -> str:
-    config = {
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s", **extra.pop("global", {})},
-        "scrape_configs": _scrape(nodes, ports),
-        "rule_files": rules,
-        **extra,
-    }
-    return yaml.safe_dump(config, sort_keys=False)
-
-
-@asynccontextmanager
-async def _pages(nodes: dict[str, Node]) -> AsyncIterator[dict[str, int]]:
-    runners, ports = [], {}
-    for name, node in nodes.items():
-
-        async def metrics(_: web.Request, node: Node = node) -> web.Response:
-            return web.Response(text=node.page(), content_type="text/plain")
-
-        app = web.Application()
-        app.router.add_get("/metrics", metrics)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        port = free_port()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        runners.append(runner)
-        ports[name] = port
-    try:
-        yield ports
-    finally:
-        for runner in runners:
-            await runner.cleanup()
-
-
 @asynccontextmanager
 async def _bed(tmp: Path) -> AsyncIterator[Bed]:
     prometheus, victoria, vmalert = _binaries()
-    node_file, fleet_file = await _chart_rules(tmp)
-    nodes = {n: Node(n, i) for i, n in enumerate(NODES)}
+    node_file, fleet_file = await chart_rules(tmp, "vmalert")
+    nodes = training_nodes()
     vm_port, vmalert_port = free_port(), free_port()
     vm = f"http://127.0.0.1:{vm_port}"
-    fleet_records = [
-        r["record"]
-        for g in yaml.safe_load(fleet_file.read_text())["groups"]
-        for r in g["rules"]
-        if "record" in r
-    ]
+    fleet_records = recorded_names(fleet_file)
     async with AsyncExitStack() as stack:
-        ports = await stack.enter_async_context(_pages(nodes))
+        ports = await stack.enter_async_context(serve_pages(nodes))
         vm_proc = await stack.enter_async_context(
             child_process(
                 [
@@ -229,7 +108,7 @@ async def _bed(tmp: Path) -> AsyncIterator[Bed]:
                     }
                 ],
             }
-            config = _config([name], ports, [node_file.name, fleet_file.name], extra)
+            config = prometheus_config([name], ports, [node_file.name, fleet_file.name], extra)
             shards.append(
                 await stack.enter_async_context(
                     running_prometheus(config, rule_files=[node_file, fleet_file], binary=prometheus)
@@ -237,7 +116,7 @@ async def _bed(tmp: Path) -> AsyncIterator[Bed]:
             )
         single = await stack.enter_async_context(
             running_prometheus(
-                _config(list(NODES), ports, [node_file.name, fleet_file.name], {}),
+                prometheus_config(list(NODES), ports, [node_file.name, fleet_file.name], {}),
                 rule_files=[node_file, fleet_file],
                 binary=prometheus,
             )
@@ -284,24 +163,8 @@ async def _vm_query(bed: Bed, promql: str) -> list[dict[str, Any]]:
     return list(body["data"]["result"])
 
 
-async def _until(check: Callable[[], Awaitable[Any]], what: str, timeout_seconds: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout_seconds
-    while True:
-        got = await check()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not after {timeout_seconds} s")
-        await asyncio.sleep(0.5)
-
-
 async def _global_firing(bed: Bed, name: str) -> list[dict[str, Any]]:
     return [a for a in await _vmalert_alerts(bed) if a["name"] == name and a["state"] == "firing"]
-
-
-async def _shard_alerts(shard: PromHandle, names: set[str]) -> list[dict[str, Any]]:
-    result = await shard.query("ALERTS")
-    return [r for r in result if r["metric"]["alertname"] in names]
 
 
 async def _records_from_vmalert(bed: Bed, record: str) -> dict[str, float]:
@@ -315,12 +178,12 @@ async def test_gang_alerts_fire_in_the_global_layer_not_on_the_shards_and_node_a
 ) -> None:
     async with _bed(tmp_path) as bed:
         # both ranks reach the global layer: the gang's rank count is 2 there, 1 on each shard
-        await _until(
+        await until(
             lambda: _records_from_vmalert(bed, "training_job:gpu_training_ranks:count"),
             "vmalert recording the job's ranks",
         )
-        ranks = await _until(
-            lambda: _only_when(
+        ranks = await until(
+            lambda: only_when(
                 _records_from_vmalert(bed, "training_job:gpu_training_ranks:count"), {"llama": 2.0}
             ),
             "both ranks counted in the global layer",
@@ -335,9 +198,9 @@ async def test_gang_alerts_fire_in_the_global_layer_not_on_the_shards_and_node_a
         for record, want in ((":gpu_free:sum", 2.0), ("namespace:gpu_allocated:sum", 2.0)):
             one = await bed.single.wait_for(record)
             assert float(one[0]["value"][1]) == want, record
-            fleet = await _until(
-                lambda record=record, want=want: _only_when(
-                    _value(_vm_query(bed, f'{record}{{shard=""}}')), want
+            fleet = await until(
+                lambda record=record, want=want: only_when(
+                    single_value(_vm_query(bed, f'{record}{{shard=""}}')), want
                 ),
                 f"{record} in the global layer",
             )
@@ -350,25 +213,25 @@ async def test_gang_alerts_fire_in_the_global_layer_not_on_the_shards_and_node_a
 
         # a power-capped rank on node-b: a straggler against the job's median, seen only globally
         bed.nodes["node-b"].state = CAPPED
-        (straggler,) = await _until(
+        (straggler,) = await until(
             lambda: _global_firing(bed, "TrainingRankStraggler"), "straggler in vmalert"
         )
         assert straggler["labels"]["rank"] == "1" and straggler["labels"]["node"] == "node-b"
         firing = await bed.single.wait_for('ALERTS{alertname="TrainingRankStraggler",alertstate="firing"}')
         assert firing[0]["metric"]["rank"] == "1"
         for shard in bed.shards:  # one rank per shard: it is its own median
-            assert await _shard_alerts(shard, {"TrainingRankStraggler"}) == []
+            assert await shard_alerts(shard, {"TrainingRankStraggler"}) == []
 
         # rank 1 dies; rank 0 spins in the collective waiting for it (no tensor work, no traffic)
         bed.nodes["node-b"].state = HEALTHY
         bed.nodes["node-b"].rank_alive = False
         bed.nodes["node-a"].state = HUNG
-        (hung,) = await _until(lambda: _global_firing(bed, "TrainingJobHung"), "hung job in vmalert")
+        (hung,) = await until(lambda: _global_firing(bed, "TrainingJobHung"), "hung job in vmalert")
         assert hung["labels"]["training_job"] == "llama"
         await bed.single.wait_for('ALERTS{alertname="TrainingJobHung",alertstate="firing"}')
         # shard a sees one spinning rank, below the two ranks the rule asks for; shard b sees no rank
         for shard in bed.shards:
-            assert await _shard_alerts(shard, {"TrainingJobHung"}) == []
+            assert await shard_alerts(shard, {"TrainingJobHung"}) == []
 
         # the global layer goes away; node-b overheats and loses its GPU: the shard alone says so
         await bed.stop_global()
@@ -380,14 +243,4 @@ async def test_gang_alerts_fire_in_the_global_layer_not_on_the_shards_and_node_a
                 f'ALERTS{{alertname="{name}",alertstate="firing"}}', timeout_seconds=60
             )
             assert got[0]["metric"]["node"] == "node-b"
-        assert await _shard_alerts(bed.shards[0], {"GPUTemperatureHigh", "TrainingJobNodeFault"}) == []
-
-
-async def _value(got: Awaitable[list[dict[str, Any]]]) -> float | None:
-    result = await got
-    return float(result[0]["value"][1]) if len(result) == 1 else None
-
-
-async def _only_when(got: Awaitable[Any], want: Any) -> Any:
-    value = await got
-    return value if value == want else None
+        assert await shard_alerts(bed.shards[0], {"GPUTemperatureHigh", "TrainingJobNodeFault"}) == []

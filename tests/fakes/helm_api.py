@@ -77,6 +77,7 @@ RESOURCES: dict[str, list[Resource]] = {
         Resource("servicemonitors", "ServiceMonitor", True),
         Resource("podmonitors", "PodMonitor", True),
         Resource("prometheusrules", "PrometheusRule", True),
+        Resource("thanosrulers", "ThanosRuler", True),
     ],
     "monitoring.coreos.com/v1alpha1": [Resource("alertmanagerconfigs", "AlertmanagerConfig", True)],
 }

@@ -33,6 +33,7 @@ CRD_MODELS: dict[tuple[str, str], type[BaseModel]] = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"): v1.ServiceMonitor,
     ("monitoring.coreos.com/v1", "PodMonitor"): v1.PodMonitor,
     ("monitoring.coreos.com/v1", "PrometheusRule"): v1.PrometheusRule,
+    ("monitoring.coreos.com/v1", "ThanosRuler"): v1.ThanosRuler,
     ("monitoring.coreos.com/v1alpha1", "AlertmanagerConfig"): v1alpha1.AlertmanagerConfig,
 }
 
