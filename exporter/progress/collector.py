@@ -219,7 +219,7 @@ class ProgressCollector:
             last.add_metric(labels, got.changed_at)
             if got.interval_seconds is not None:
                 interval.add_metric(labels, got.interval_seconds)
-        errors = family(specs.GPU_TRAINING_PROGRESS_READ_ERRORS_TOTAL)
+        errors = family(specs.PROGRESS_READ_ERRORS_TOTAL)
         for (source, reason), count in sorted(self._errors.items()):
             errors.add_metric([source, reason], count)
         return [f for f in (steps, last, interval, errors) if len(f)]

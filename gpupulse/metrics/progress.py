@@ -47,8 +47,8 @@ GPU_TRAINING_PROGRESS_UPDATE_INTERVAL_SECONDS = gauge(
     PROGRESS_LABELS,
 )
 
-GPU_TRAINING_PROGRESS_READ_ERRORS_TOTAL = counter(
-    "gpu_training_progress_read_errors_total",
+PROGRESS_READ_ERRORS_TOTAL = counter(
+    "gpupulse_progress_read_errors_total",
     "",
     "Progress reads that failed, by source and reason (log: missing, unreadable, timeout, oversized; "
     "metric: timeout, refused, http_status, network, parse, no_metric).",
@@ -60,5 +60,5 @@ PROGRESS_METRICS: tuple[MetricSpec, ...] = (
     GPU_TRAINING_PROGRESS_STEPS_TOTAL,
     GPU_TRAINING_PROGRESS_LAST_STEP_TIMESTAMP_SECONDS,
     GPU_TRAINING_PROGRESS_UPDATE_INTERVAL_SECONDS,
-    GPU_TRAINING_PROGRESS_READ_ERRORS_TOTAL,
+    PROGRESS_READ_ERRORS_TOTAL,
 )
