@@ -288,3 +288,31 @@ def test_a_malformed_annotation_falls_back_to_the_logs(annotations: dict[str, st
     }
     got = progress_pod(pod)
     assert got is not None and got.metric is None and got.containers == ("main",)
+
+
+def _args(*argv: str) -> Any:
+    from exporter import registry
+    from exporter.cli import build_parser
+
+    plugins = registry.available_plugins()
+    return build_parser(plugins).parse_args(list(argv)), plugins
+
+
+def test_the_collector_is_off_without_a_node_name_and_on_with_one() -> None:
+    from exporter.progress import collector as module
+
+    args, _ = _args("--progress.node-name", "")
+    assert module.from_args(args) is None
+    args, _ = _args("--progress.node-name", NODE, "--progress.step-pattern", r"epoch \d+ batch (\d+)")
+    built = module.from_args(args)
+    assert built is not None and built.settings.patterns == (r"epoch \d+ batch (\d+)",)
+    assert module.from_args(_args("--no-collector.progress", "--progress.node-name", NODE)[0]) is None
+
+
+@pytest.mark.parametrize("pattern", [r"step \d+", r"step=(\d+"])
+def test_a_bad_step_pattern_is_a_clear_error_at_start(pattern: str) -> None:
+    from exporter.progress import collector as module
+
+    args, _ = _args("--progress.node-name", NODE, "--progress.step-pattern", pattern)
+    with pytest.raises(SystemExit, match=r"--progress\.step-pattern: step pattern"):
+        module.from_args(args)
