@@ -292,6 +292,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=_default_api_url(),
         help="Kubernetes API base URL for the pod watch (default: in-cluster service)",
     )
+    g.add_argument(
+        "--progress.kube-token-file",
+        dest="progress_kube_token_file",
+        default=str(ApiSettings.token_path),
+        help="bearer token file for --progress.kube-api-url, re-read before every request "
+        "(default: the pod's service-account token)",
+    )
 
 
 def _default_api_url() -> str:
@@ -317,5 +324,8 @@ def from_args(args: argparse.Namespace) -> ProgressCollector | None:
         compile_patterns(settings.patterns)
     except ConfigError as exc:
         raise SystemExit(f"--progress.step-pattern: {exc}") from exc
-    pods = ProgressPodSource(ApiSettings(args.progress_node_name, args.progress_kube_api_url))
+    api = ApiSettings(
+        args.progress_node_name, args.progress_kube_api_url, token_path=Path(args.progress_kube_token_file)
+    )
+    pods = ProgressPodSource(api)
     return ProgressCollector(settings, pods)
