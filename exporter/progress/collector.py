@@ -146,11 +146,6 @@ class ProgressCollector:
         root = self._logs_root
         if root is None or not sources:
             return
-        if not root.is_dir():
-            if not self._warned_root:
-                log.warning("no pod log directory %s (mount it from the host): step lines are not read", root)
-                self._warned_root = True
-            return
         by_key = {s.key: s for s in sources}
         for key, s in by_key.items():
             if key not in self._tails:
@@ -173,6 +168,11 @@ class ProgressCollector:
                 self._states[key] = observe(self._states.get(key), float(read.step.step), at)
         for exc in got.errors.values():
             self._count("log", "missing" if isinstance(exc, FileNotFoundError) else "unreadable")
+        missing = [e for e in got.errors.values() if isinstance(e, FileNotFoundError)]
+        if missing and len(missing) == len(by_key) and not self._warned_root:
+            # every rank's log missing at once: most likely the host's directory is not mounted
+            log.warning("no pod logs under %s (is it mounted from the host?): %s", root, missing[0])
+            self._warned_root = True
         for _ in got.unread:
             self._count("log", "timeout")
 

@@ -5,6 +5,7 @@ and the hostile endpoints and files."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -316,3 +317,31 @@ def test_a_bad_step_pattern_is_a_clear_error_at_start(pattern: str) -> None:
     args, _ = _args("--progress.node-name", NODE, "--progress.step-pattern", pattern)
     with pytest.raises(SystemExit, match=r"--progress\.step-pattern: step pattern"):
         module.from_args(args)
+
+
+class _HungRead:
+    """A log read stuck in the kernel (a hung mount) until released."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+
+    def read(self, patterns: Any) -> Any:
+        self.release.wait(30)
+        raise OSError("released")
+
+
+async def test_a_hung_log_read_costs_its_deadline_and_keeps_the_last_step(node: Node) -> None:
+    pod = rank_pod(node.api, "llama-worker-0", 0)
+    (log_dir(node.logs, pod) / "0.log").write_bytes(cri("step=10, skipped=0", 0))
+    collector = node.collector(log_timeout_seconds=0.3, log_item_timeout_seconds=0.1)
+    key = ("llama-worker-0", "main", "0", "log")
+    hung = _HungRead()
+    try:
+        await until(collector, lambda f: samples(f, STEPS))
+        collector._tails[(NS, "llama-worker-0", "main", "log")] = hung  # type: ignore[assignment]
+        fams = await asyncio.wait_for(collector.collect(NodeState()), collector.deadline_seconds)
+        assert samples(fams, ERRORS) == {("log", "timeout"): 1.0}
+        assert samples(fams, STEPS) == {key: 10.0}
+    finally:
+        hung.release.set()
+        await collector.close()
