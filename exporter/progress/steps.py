@@ -40,11 +40,15 @@ DEFAULT_PATTERNS: tuple[str, ...] = (
     r"\[batch=(\d+)/\d+\]",
 )
 DEFAULT_MAX_READ_BYTES = 64 * 1024
-MAX_STEP = 10**15  # a larger "step" is not one
+_MAX_STEP_DIGITS = 15  # a larger "step" is not one
 INTERVALS_KEPT = 9  # the update interval is the median of the last ones
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # torchtitan colours its step lines
 _CRI = re.compile(rb"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d)) (?:stdout|stderr) [PF] ")
 _MAX_LOG_FILES = 64  # a container directory holds its restarts' files and a few rotated ones
+
+
+def _is_step(text: str) -> bool:
+    return 0 < len(text) <= _MAX_STEP_DIGITS and text.isascii() and text.isdigit()
 
 
 def compile_patterns(patterns: Sequence[str]) -> tuple[re.Pattern[str], ...]:
@@ -95,9 +99,10 @@ def last_step(chunk: bytes, patterns: Sequence[re.Pattern[str]]) -> StepLine | N
         # a tqdm bar redraws itself with carriage returns: the last redraw is the latest step
         for segment in reversed(text.split("\r")):
             for pattern in patterns:
-                hits = [m for m in pattern.finditer(segment) if int(m.group(1)) < MAX_STEP]
+                # a capture that is no small whole number (letters, 5,000 digits) is no step
+                hits = [g for m in pattern.finditer(segment) if _is_step(g := m.group(1) or "")]
                 if hits:
-                    return StepLine(int(hits[-1].group(1)), line_time)
+                    return StepLine(int(hits[-1]), line_time)
     return None
 
 

@@ -83,6 +83,12 @@ def test_binary_garbage_and_absurd_numbers_are_no_step() -> None:
     assert last_step(garbage + absurd, PATTERNS) is None
 
 
+def test_a_capture_that_is_no_number_or_thousands_of_digits_is_no_step() -> None:
+    own = compile_patterns([r"phase=(\w+)", r"step=(\d+)"])
+    chunk = cri("phase=warmup") + cri("step=" + "9" * 5000) + cri("step=12") + cri("step=٣")
+    assert last_step(chunk, own) == StepLine(12, 1796119200.123456)
+
+
 def test_a_pattern_must_capture_exactly_the_step() -> None:
     with pytest.raises(ConfigError, match="one capture group"):
         compile_patterns([r"step \d+"])
