@@ -86,6 +86,9 @@ class Thresholds:
     training_no_kernel_ratio: float
     training_stalled_io_bytes_per_second: float
     training_wedged_cpu_cores: float
+    training_progress_update_intervals: float
+    training_progress_floor_seconds: float
+    training_progress_moving_seconds: float
 
 
 @dataclass(frozen=True)

@@ -74,6 +74,12 @@ def _pagecache() -> PluginModule:
     return collector
 
 
+def _progress() -> PluginModule:
+    from exporter.progress import collector
+
+    return collector
+
+
 @dataclass(frozen=True)
 class Plugin:
     """A plug-in collector: its --collector.<name> and how to import it."""
@@ -86,6 +92,7 @@ PLUGINS: tuple[Plugin, ...] = (
     Plugin("attribution", _attribution),
     Plugin("engines", _engines),
     Plugin("pagecache", _pagecache),
+    Plugin("progress", _progress),
 )
 
 

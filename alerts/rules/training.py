@@ -1,4 +1,5 @@
-"""Training alerts: a hung job, a straggling rank, a degraded job, a node fault under a job's rank.
+"""Training alerts: a hung job, a straggling rank, a degraded job, a node fault under a job's rank, a
+job whose steps stopped.
 
 Every rank of a distributed job is one GPU process; the exporter tells which job and rank it belongs to
 in `gpu_training_rank_info` (docs/design/training.md), and the rules join the per-GPU signals to it on
@@ -26,6 +27,8 @@ TRAINING_SERIES = (
     "gpu_process_io_read_bytes_total",
     "gpu_process_io_write_bytes_total",
     "gpu_process_state",
+    "gpu_training_progress_last_step_timestamp_seconds",
+    "gpu_training_progress_update_interval_seconds",
 )
 
 THROTTLE_REASONS = "sw_power_cap|hw_slowdown|sw_thermal_slowdown|hw_thermal_slowdown|hw_power_brake_slowdown"
@@ -48,6 +51,14 @@ IO_READ = "gpu_process_io_read_bytes_total"
 IO_WRITE = "gpu_process_io_write_bytes_total"
 PROCESS_STATE = "gpu_process_state"
 HOST_CPU = "gpu_process_host_cpu_seconds_total"
+PROGRESS_LAST = "gpu_training_progress_last_step_timestamp_seconds"
+PROGRESS_INTERVAL = "gpu_training_progress_update_interval_seconds"
+JOB_STALL = "training_job:gpu_training_progress_stall:seconds"
+JOB_INTERVAL = "training_job:gpu_training_progress_update_interval:seconds"
+JOB_MOVING = "training_job:gpu_training_progress_moving:bool"
+# the alerts that already say a job is hung, and the one that says so from its steps: one at a time
+SHAPE_HANGS = ("TrainingJobHung", "TrainingRankStalled", "TrainingJobNodeFault")
+NO_PROGRESS = "TrainingJobNoProgress"
 
 _JOB_TEXT = "{{ $labels.training_job_kind }} {{ $labels.namespace }}/{{ $labels.training_job }}"
 _RANK_TEXT = (
@@ -138,6 +149,50 @@ def _records(c: RulesConfig) -> tuple[Record, ...]:
             RANK_HOST_CPU,
             _per_rank(f"sum by (uuid) (rate({HOST_CPU}[{c.windows.training_stalled_rank_evidence}]))"),
         ),
+        *_progress_records(c),
+    )
+
+
+def _progress_records(c: RulesConfig) -> tuple[Record, ...]:
+    """A job's progress signal, where the exporter reads one (its log's step lines, or a counter it
+    serves): seconds since any of its ranks' steps changed, how often they change, and whether the
+    job is moving. Absent for a job without the signal: the GPU-shape rules alone judge it."""
+    t = c.thresholds
+    n, moving = num(t.training_progress_update_intervals), num(t.training_progress_moving_seconds)
+    return (
+        Record(JOB_STALL, f"time() - max by ({JOB_BY}) ({PROGRESS_LAST})"),
+        Record(JOB_INTERVAL, f"max by ({JOB_BY}) ({PROGRESS_INTERVAL})"),
+        # 1 while the step changed within n update intervals, and at most `moving` seconds ago (one
+        # change seen, no interval yet: within `moving`); 0 for a job whose steps stopped
+        Record(
+            JOB_MOVING,
+            f"(\n  {JOB_STALL} <= on({JOB_BY}) clamp_max({JOB_INTERVAL} * {n}, {moving})\n"
+            f"  or on({JOB_BY}) ({JOB_STALL} <= {moving} unless on({JOB_BY}) {JOB_INTERVAL})\n"
+            f") * 0 + 1\nor on({JOB_BY})\n{JOB_STALL} * 0",
+        ),
+    )
+
+
+def _not_moving(c: RulesConfig) -> str:
+    """What a GPU-shape hang alert adds where the job has a progress signal: its steps stopped too,
+    and no TrainingJobNoProgress already fires for it (one hang alert per job at a time)."""
+    return (
+        f"unless on({JOB_BY}) ({JOB_MOVING} == 1)\n"
+        f'unless on({JOB_BY}) max by ({JOB_BY}) (ALERTS{{alertname="{NO_PROGRESS}", alertstate="firing"}})'
+    )
+
+
+def _no_progress(c: RulesConfig) -> str:
+    """TrainingJobNoProgress: no step for n of the job's update intervals and at least the floor, where
+    no GPU-shape hang alert already names the job (pending or firing: it is the more precise one)."""
+    t = c.thresholds
+    n, floor = num(t.training_progress_update_intervals), num(t.training_progress_floor_seconds)
+    shape = "|".join(SHAPE_HANGS)
+    return (
+        f"(\n  {JOB_STALL} > on({JOB_BY}) clamp_min({JOB_INTERVAL} * {n}, {floor})\n"
+        # a job that changed its step once since the exporter started has no interval: the floor alone
+        f"  or on({JOB_BY}) ({JOB_STALL} > {floor} unless on({JOB_BY}) {JOB_INTERVAL})\n)\n"
+        f'unless on({JOB_BY}) max by ({JOB_BY}) (ALERTS{{alertname=~"{shape}", layer="training"}})'
     )
 
 
@@ -184,7 +239,7 @@ def _stalled(c: RulesConfig, ranks_of_lost: str) -> str:
         )
     )
     # a rank waiting on a lost GPU's rank is TrainingJobNodeFault's (its ladder cordons first)
-    return f"(\n{suspects}\n)\nunless on({JOB_BY}) max by ({JOB_BY}) (\n{ranks_of_lost}\n)"
+    return f"(\n{suspects}\n)\nunless on({JOB_BY}) max by ({JOB_BY}) (\n{ranks_of_lost}\n)\n{_not_moving(c)}"
 
 
 def ranks_in_incident(c: RulesConfig) -> str:
@@ -245,7 +300,9 @@ def training_file(c: RulesConfig) -> RuleFile:
                 f"and on({JOB_BY}) (min by ({JOB_BY}) (max by ({JOB_BY}, rank) ({RANK_BUSY_IDLE})) == 1)\n"
                 # the ranks that wait for a rank whose GPU is lost: TrainingJobNodeFault's, which also
                 # cordons the node (a restart alone would bring the job back onto it)
-                f"unless on({JOB_BY}) max by ({JOB_BY}) (\n{ranks_of_lost}\n)"
+                f"unless on({JOB_BY}) max by ({JOB_BY}) (\n{ranks_of_lost}\n)\n"
+                # a job whose steps still move is slow, not hung (where it gives a progress signal)
+                f"{_not_moving(c)}"
             ),
             severity="critical",
             layer="training",
@@ -334,6 +391,28 @@ def training_file(c: RulesConfig) -> RuleFile:
             description=(
                 f"{_RANK_TEXT} of {_JOB_TEXT} lost its GPU (XID 79, a reset-class XID, or gpu_up 0). "
                 "The job cannot continue on this node; it must restart elsewhere from its last checkpoint."
+            ),
+        ),
+        # last: it reads this evaluation's ALERTS of the GPU-shape hang alerts above
+        alert(
+            c,
+            NO_PROGRESS,
+            expr=_no_progress(c),
+            severity="critical",
+            layer="training",
+            fault_class="training_hang",
+            target_kind="job",
+            summary="A training job has logged or served no new step for many of its step intervals.",
+            description=(
+                f"{_JOB_TEXT} has given no new training step for "
+                "{{ $value | humanizeDuration }}: more than "
+                f"{num(t.training_progress_update_intervals)} of its update intervals (the median time "
+                "between its step changes) and more than "
+                f"{num(t.training_progress_floor_seconds)} s, then {c.for_(NO_PROGRESS)}. Its step "
+                "comes from its own log's step lines or the counter it serves "
+                "(gpu_training_progress_steps_total). Nothing on its GPUs names a suspect rank: the ranks "
+                "may all wait on their hosts (a shared mount, the data pipeline, a deadlock), or compute "
+                "without finishing a step. The job makes no progress."
             ),
         ),
     )

@@ -16,11 +16,14 @@ from gpupulse.metrics.engines import ENGINE_METRICS
 from gpupulse.metrics.exporter_self import SELF_METRICS
 from gpupulse.metrics.gpu import GPU_METRICS
 from gpupulse.metrics.pagecache import PAGECACHE_METRICS
+from gpupulse.metrics.progress import PROGRESS_METRICS
 from gpupulse.metrics.spec import MetricSpec, validate
 
 # The NVML collectors' families and the exporter's own: every simulated scenario exports them.
 CORE_SPECS: tuple[MetricSpec, ...] = GPU_METRICS + SELF_METRICS
-EXPORTER_SPECS: tuple[MetricSpec, ...] = CORE_SPECS + ENGINE_METRICS + ATTRIBUTION_METRICS + PAGECACHE_METRICS
+EXPORTER_SPECS: tuple[MetricSpec, ...] = (
+    CORE_SPECS + ENGINE_METRICS + ATTRIBUTION_METRICS + PAGECACHE_METRICS + PROGRESS_METRICS
+)
 CONTROLLER_SPECS: tuple[MetricSpec, ...] = CONTROLLER_METRICS
 ALL_SPECS: tuple[MetricSpec, ...] = EXPORTER_SPECS + CONTROLLER_SPECS
 

@@ -81,6 +81,8 @@ def validate(specs: Iterable[MetricSpec]) -> list[str]:
             problems.append(f"{spec.name}: no help text")
         if spec.buckets and (spec.type != "histogram" or list(spec.buckets) != sorted(set(spec.buckets))):
             problems.append(f"{spec.name}: buckets belong to histograms, strictly increasing")
-        if spec.name.startswith("gpu_") and spec.labels[:2] != GPU_LABELS and spec.collector != "attribution":
+        # attribution's and progress's series are per process, rank or pod: their labels say which
+        per_gpu = spec.collector not in ("attribution", "progress")
+        if spec.name.startswith("gpu_") and spec.labels[:2] != GPU_LABELS and per_gpu:
             problems.append(f"{spec.name}: per-GPU series start with the uuid and gpu labels")
     return problems

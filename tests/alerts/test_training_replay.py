@@ -17,6 +17,7 @@ controller): about 80 s on the shared 2 cores, where two replays of two cases to
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from pathlib import Path
 
@@ -150,4 +151,30 @@ async def test_a_job_hung_on_one_rank_stuck_on_a_mount_names_it_and_is_restarted
             "query", query=f'rank:gpu_process_io:bytes_per_second{{{selector}, rank="11"}}', time=str(first)
         )
         assert [float(s["value"][1]) for s in io["result"]] == [0.0]
+    print("\n".join(report))
+
+
+async def test_a_hung_job_that_logs_its_steps_is_named_once_its_steps_stopped(tmp_path: Path) -> None:
+    """The hang case with a progress signal: rank 0 prints DeepSpeed's step line every 5 s (scenario)
+    until rank 11 dies. TrainingJobHung waits for the steps to stop (5 update intervals), then its 1m:
+    one gang restart, TrainingJobNoProgress stays out of it."""
+    case = dataclasses.replace(CASES["hang"], progress_step_seconds=5.0)
+    report: list[str] = []
+    async with running_replay((case,), fast_profile(), tmp_path) as replay:
+        await _run_until_settled(replay)
+        await _check_case(replay, case, report)
+        first = await replay.first_firing(case, "TrainingJobHung")
+        assert first is not None
+        selector = f'namespace="{NAMESPACE}", training_job="{case.job}"'
+        steps = await replay.prom.api(
+            "query",
+            query=f"max_over_time(gpu_training_progress_steps_total{{{selector}}}[5m])",
+            time=str(first),
+        )
+        assert [float(s["value"][1]) for s in steps["result"]] == [11.0], steps  # steps 0-11 before 60 s
+        moving = await replay.prom.api(
+            "query", query=f"training_job:gpu_training_progress_moving:bool{{{selector}}}", time=str(first)
+        )
+        assert [float(s["value"][1]) for s in moving["result"]] == [0.0]
+        assert await replay.first_firing(case, "TrainingJobNoProgress") is None
     print("\n".join(report))

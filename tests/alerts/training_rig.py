@@ -31,7 +31,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +74,9 @@ class Case:
     # alerts the suspect GPU may hold pending (never firing within the replay): what its fault is
     # besides a training fault, e.g. a throttled GPU's temperature alerts, whose `for:` is longer
     side_alerts: frozenset[str] = frozenset()
+    # the job prints a step line (DeepSpeed's) every this many scenario seconds to rank 0's container
+    # log until its fault's onset, and the exporters read their node's pod logs; None: no progress signal
+    progress_step_seconds: float | None = None
 
     def owns(self, labels: Mapping[str, str]) -> bool:
         """An alert about this case: its job, one of its pods, or one of its nodes."""
@@ -472,6 +475,7 @@ async def _start_exporter(
         "--attribution.interval", interval,
         "--attribution.kubelet-refresh-interval", "1",
         *exporter_kube_flags(api, node, token),
+        *(_progress_flags(api, node, token, tmp, interval) if case.progress_step_seconds else []),
         "--web.listen-address", f"127.0.0.1:{port}",
         "--sampling.interval", interval,
         "--log.format", "text",
@@ -480,6 +484,45 @@ async def _start_exporter(
     proc = await stack.enter_async_context(child_process(args, log))
     processes = tuple(load_scenario(str(case.scenario(node))).processes)
     return Exporter(case, node, port, proc, log, procfs=tree.root, processes=processes)
+
+
+def _progress_flags(api: FakeKubeAPI, node: str, token: Path, tmp: Path, interval: str) -> list[str]:
+    """The progress collector on this node's pod logs (kubelet's /var/log/pods, here under tmp)."""
+    return [
+        "--progress.node-name", node,
+        "--progress.kube-api-url", api.url,
+        "--progress.kube-token-file", str(token),
+        "--progress.pod-logs-dir", str(tmp / f"{node}-logs"),
+        "--progress.interval", interval,
+    ]  # fmt: skip
+
+
+async def _play_steps(exporters: Sequence[Exporter], api: FakeKubeAPI, tmp: Path, speed: float) -> None:
+    """Rank 0 of each job with a progress signal prints DeepSpeed's step line, in kubelet's CRI format,
+    every progress_step_seconds of scenario time until its fault's onset, then nothing (it hangs)."""
+    written: dict[Path, int] = {}
+    while True:
+        now = time.time()
+        for e in exporters:
+            case, step_seconds = e.case, e.case.progress_step_seconds
+            if not step_seconds or e.node != case.nodes[0] or not e.started_unix:
+                continue
+            pod = api.pods.get((NAMESPACE, f"{case.job}-master-0"))
+            scenario_t = (now - e.started_unix) * speed
+            if pod is None or (case.fault_at is not None and scenario_t >= case.fault_at):
+                continue
+            meta = pod["metadata"]
+            log = tmp / f"{e.node}-logs" / f"{NAMESPACE}_{meta['name']}_{meta['uid']}" / "main" / "0.log"
+            step = int(scenario_t // step_seconds)
+            if written.get(log) != step:
+                log.parent.mkdir(parents=True, exist_ok=True)
+                stamp = datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+                with log.open("a") as f:
+                    f.write(
+                        f"{stamp} stderr F [Rank 0] step={step}, skipped=0, lr=[0.0003], mom=[(0.9, 0.95)]\n"
+                    )
+                written[log] = step
+        await asyncio.sleep(0.1)
 
 
 async def _play_host(exporters: Sequence[Exporter], speed: float) -> None:
@@ -565,6 +608,9 @@ async def running_replay(cases: Sequence[Case], profile: Profile, tmp: Path) -> 
             e.started_unix = started
         host = asyncio.create_task(_play_host(exporters, profile.speed))
         stack.callback(host.cancel)
+        if any(c.progress_step_seconds for c in cases):
+            steps = asyncio.create_task(_play_steps(exporters, api, tmp, profile.speed))
+            stack.callback(steps.cancel)
         t_start = time.time()
         config = _prometheus_config(exporters, rule_names, am.address, profile.interval_seconds)
         (prom.workdir / "prometheus.yml").write_text(config)

@@ -50,6 +50,7 @@ def test_all_specs_hold_every_part_and_the_controller() -> None:
         "engines",
         "attribution",
         "pagecache",
+        "progress",
         "controller",
     }
     assert set(catalog.CONTROLLER_SPECS).isdisjoint(catalog.EXPORTER_SPECS)
