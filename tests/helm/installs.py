@@ -90,3 +90,12 @@ def install_values(tls_dir: Path, namespace: str, values: JSON) -> Installed:
 
 def ci_namespace(values_file: Path) -> str:
     return "ci-" + values_file.name.removesuffix("-values.yaml")
+
+
+def watches_pods(exporter: dict[str, Any]) -> bool:
+    """Whether the chart's exporter watches its node's pods (the chart's gpupulse.exporter.watchesPods)."""
+    return bool(
+        exporter["engines"]["discoverPods"]
+        or exporter["trainingRanks"]["podWatch"]
+        or exporter["trainingProgress"]["enabled"]
+    )

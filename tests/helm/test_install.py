@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from tests.fakes.helm_api import RELEASE_SECRET_TYPE, FakeHelmAPI
-from tests.helm.installs import CHART, JSON, RELEASE, ROOT, Installed, install
+from tests.helm.installs import CHART, JSON, RELEASE, ROOT, Installed, install, watches_pods
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("helm_sdkpy") is None, reason="helm-sdkpy is not installed"
@@ -432,7 +432,7 @@ def test_exporter_rbac_equals_docs_rbac(inst: Installed) -> None:
     want = [
         r
         for r, on in (
-            (pods, exporter["engines"]["discoverPods"] or exporter["trainingRanks"]["podWatch"]),
+            (pods, watches_pods(exporter)),
             (slices, exporter["dra"]["enabled"]),
         )
         if on

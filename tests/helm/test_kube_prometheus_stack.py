@@ -21,7 +21,7 @@ import yaml
 from alerts.config import load_config
 from alerts.generate import render_rule_templates, render_rules
 from alerts.tunables import substitute
-from tests.helm.installs import CHART, JSON, ROOT, Installed, install_values
+from tests.helm.installs import CHART, JSON, ROOT, Installed, install_values, watches_pods
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -450,6 +450,27 @@ def test_the_training_pod_watch_switch_reaches_the_exporter(inst: Installed) -> 
         assert spec["automountServiceAccountToken"] is True  # the watch needs the token
 
 
+def test_training_progress_reads_the_node_pod_logs_read_only(inst: Installed) -> None:
+    exporter = inst.values["exporter"]
+    if not exporter["enabled"]:
+        pytest.skip("exporter disabled")
+    spec = inst.one("DaemonSet")["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    if not exporter["trainingProgress"]["enabled"]:
+        assert "--no-collector.progress" in container["args"]
+        assert "pod-logs" not in mounts and "pod-logs" not in volumes
+        return
+    assert "--progress.pod-logs-dir=/var/log/pods" in container["args"]
+    assert mounts["pod-logs"] == {"name": "pod-logs", "mountPath": "/var/log/pods", "readOnly": True}
+    assert volumes["pod-logs"]["hostPath"] == {
+        "path": exporter["trainingProgress"]["podLogsHostPath"],
+        "type": "Directory",
+    }
+    assert spec["automountServiceAccountToken"] is True  # its pod watch needs the token
+
+
 def test_otlp_values_become_flags_and_a_secret_header(inst: Installed) -> None:
     otlp = inst.values["exporter"]["otlp"]
     if not inst.values["exporter"]["enabled"]:
@@ -485,8 +506,8 @@ def test_exporter_may_list_and_watch_pods_and_resource_slices_and_nothing_else(i
     exporter = inst.values["exporter"]
     roles = [r for r in inst.of_kind("ClusterRole") if r["metadata"]["name"].endswith("-exporter")]
     want = []
-    if exporter["engines"]["discoverPods"] or exporter["trainingRanks"]["podWatch"]:
-        # exporter/engines/kube_pods.py and exporter/attribution/podmeta.py: one LIST, then
+    if watches_pods(exporter):
+        # exporter/engines/kube_pods.py, exporter/attribution/podmeta.py, exporter/progress: one LIST, then
         # WATCHes, of its node's pods
         want.append({"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]})
     if exporter["dra"]["enabled"]:

@@ -275,3 +275,11 @@ layer ("fleet") under prometheusRule.sharding; a group left without rules is lef
 {{- end }}
 {{- end }}
 {{- end }}
+
+{{/*
+"true" when the exporter watches its node's pods (engines by annotation, training ranks' jobs, training
+progress), "" when not: the RBAC, the token mount and the flags all follow this one answer.
+*/}}
+{{- define "gpupulse.exporter.watchesPods" -}}
+{{- if or .Values.exporter.engines.discoverPods .Values.exporter.trainingRanks.podWatch .Values.exporter.trainingProgress.enabled }}true{{- end }}
+{{- end }}
