@@ -27,7 +27,7 @@ from exporter.collectors.flags import add_procfs_argument
 from exporter.engines.derived import DerivedHistogram
 from exporter.engines.detect import NORMALIZERS, PREFIXES, WANTED, detect_kind
 from exporter.engines.exposition import LABEL_CACHE_MAX, Exposition, ExpositionParser
-from exporter.engines.gpumap import engine_gpus
+from exporter.engines.gpumap import engine_gpus, gpu_indexes
 from exporter.engines.reading import MIXED, ModelReading
 from exporter.engines.render import Budget, EndpointView, Families
 from exporter.engines.scrape import fetch_page
@@ -174,8 +174,9 @@ class EnginesCollector:
                 self._note_success(ep)
         budget = Budget(total=self.settings.max_series, per_endpoint=self.settings.max_series_per_endpoint)
         fams = Families(budget)
+        index = gpu_indexes(state)
         for ep in sorted(endpoints, key=lambda e: e.target.url):
-            fams.add(self._view(ep, state))
+            fams.add(self._view(ep, state, index))
         self._dropped_total += budget.dropped
         for url in sorted(set(fams.duplicates) - self._warned_duplicates):
             log.warning("engine endpoint %s has the same labels as another; give it a pod or pid", url)
@@ -356,7 +357,7 @@ class EnginesCollector:
         ):
             ep.cold_start_seconds = max(0.0, ep.first_success_at - ep.process_start)
 
-    def _view(self, ep: Endpoint, state: NodeState) -> EndpointView:
+    def _view(self, ep: Endpoint, state: NodeState, index: dict[str, str]) -> EndpointView:
         t = ep.target
         kind = ep.kind or (t.kind if t.kind != AUTO else "unknown")
         return EndpointView(
@@ -365,7 +366,7 @@ class EnginesCollector:
             namespace=t.namespace,
             pod=t.pod,
             models=t.model or ep.models,
-            gpus=engine_gpus(t, ep.tree, state),
+            gpus=engine_gpus(t, ep.tree, state, index),
             up=ep.up,
             duration_seconds=ep.duration_seconds,
             failures=dict(ep.failures),
