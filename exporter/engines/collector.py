@@ -193,12 +193,20 @@ class EnginesCollector:
 
         gpu_pids = sorted({p.pid for p in state.processes})
         known = dict(self._ancestors)
+        # A PID search (a scan of every process's fds) counts as tried when it starts, here on the
+        # loop: one that outlasts its deadline is set aside and its answer lost, and recording the
+        # try only from that answer started the scan afresh every round on a busy node.
+        scanning = set()
+        for url, ep in by_url.items():
+            if ep.pid is None and self._may_find_pid(ep.target, ep.pid_tried_at, now):
+                ep.pid_tried_at = now
+                scanning.add(url)
 
         def read(key: str) -> object:
             if key == _PARENTS:
                 # the GPU processes' ancestry, only when some endpoint has a process to look under
                 return procfs.parents_of(self.settings.procfs_path, gpu_pids, known) if found else {}
-            resolved = self._resolve_one(by_url[key], state, now)
+            resolved = self._resolve_one(by_url[key], state, now, key in scanning)
             if resolved.pid is not None:
                 found.append(resolved.pid)
             return resolved
@@ -222,15 +230,16 @@ class EnginesCollector:
             # else: keep the last known tree while the parent scan is late
         return True
 
-    def _resolve_one(self, ep: Endpoint, state: NodeState, now: float) -> _Resolved:
-        """Blocking, on the procfs thread: reads ep, never writes it (the loop applies the result)."""
+    def _resolve_one(self, ep: Endpoint, state: NodeState, now: float, scan: bool) -> _Resolved:
+        """Blocking, on the procfs thread: reads ep, never writes it (the loop applies the result).
+        `scan`: the loop has recorded this round's PID search (ep has no PID)."""
         root = self.settings.procfs_path
         pid, tried_at = ep.pid, ep.pid_tried_at
         if pid is not None and not procfs.alive(root, pid):
             pid, tried_at = ep.target.pid, None
             if pid is not None and not procfs.alive(root, pid):
                 pid = None
-        if pid is None and self._may_find_pid(ep.target, tried_at, now):
+        if pid is None and (scan or self._may_find_pid(ep.target, tried_at, now)):
             tried_at = now
             pid = self._find_pid(ep.target, state)
         start = None
