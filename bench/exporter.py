@@ -329,7 +329,10 @@ def _fake_proc(root: Path, pods_dir: Path, pids: Sequence[int]) -> None:
             "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod"
             f"{uid.replace('-', '_')}.slice/cri-containerd-{pid:064x}.scope\n"
         )
-        (d / "stat").write_text(f"{pid} (python3) S 1 {pid} {pid} 0 -1 0 0 0 0 0 {n * 7} {n} 0 0\n")
+        # all 52 fields, as the kernel writes them (starttime is field 22), and the I/O counters
+        head = f"{pid} (python3) S 1 {pid} {pid} 0 -1 4194304 10 0 0 0 {n * 7} {n} 0 0 20 0 24 0 {1000 + n}"
+        (d / "stat").write_text(head + " 8589934592 262144" + " 0" * 28 + "\n")
+        (d / "io").write_text(f"rchar: {n << 20}\nwchar: {n << 10}\nsyscr: 1\nsyscw: 1\n")
         (d / "maps").write_text("")
         pod_dir = pods_dir / uid
         if not pod_dir.exists():

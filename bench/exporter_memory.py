@@ -19,6 +19,11 @@ groups what is still allocated at each stage by the part of the code that alloca
 
 RSS and traced bytes are printed every 100 ticks: a leak shows as a rise between those rows. The
 simulated NVML lives in the measured process, so its memory is part of the totals (its own row).
+
+`--imports` prints what each import costs instead: one fresh interpreter imports the groups below
+in order and reads VmRSS after each, twice: as this checkout runs (this machine sets
+PYTHONDONTWRITEBYTECODE, so every module of ours is compiled in the measured process) and with
+bytecode caches written beforehand (in a temporary PYTHONPYCACHEPREFIX), as an installed image runs.
 """
 
 from __future__ import annotations
@@ -228,13 +233,67 @@ def _churn(tick: int, targets: Any, all_targets: list[Any], proc: Path, pids: li
         )
 
 
+# (group, modules): what an exporter with every collector imports, in the order it imports them, then
+# what only some configurations import on first use
+IMPORT_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("aiohttp (server and engine client; ssl, asyncio, http parsers)", ("aiohttp",)),
+    ("prometheus_client, yaml, orjson", ("prometheus_client", "yaml", "orjson")),
+    ("pynvml", ("pynvml",)),
+    ("exporter core: CLI, sampler, server, NVML collectors", ("exporter.cli", "exporter.registry")),
+    ("engines plug-in", ("exporter.engines.collector",)),
+    ("attribution plug-in (without grpc or protobuf)", ("exporter.attribution.collector",)),
+    ("page-cache plug-in", ("exporter.pagecache.collector",)),
+    ("OTLP push (--otlp.endpoint only)", ("exporter.otlp.push",)),
+    ("grpc.aio (first kubelet List; a kubelet socket only)", ("grpc.aio",)),
+    ("protobuf (fake kubelets only; the exporter decodes without it)", ("google.protobuf.json_format",)),
+    ("kubernetes_asyncio (API watches: pods, ResourceSlices)", ("kubernetes_asyncio.client",)),
+)
+
+
+def _imports_child() -> None:
+    import importlib
+
+    for group, modules in IMPORT_GROUPS:
+        before = _rss_mib()
+        for module in modules:
+            importlib.import_module(module)
+        print(json.dumps([group, before, _rss_mib()]))
+
+
+def _imports_table() -> None:
+    with tempfile.TemporaryDirectory() as cache:
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        cached = {k: v for k, v in env.items() if k != "PYTHONDONTWRITEBYTECODE"}
+        cached["PYTHONPYCACHEPREFIX"] = cache
+        cmd = [sys.executable, "-m", "bench.exporter_memory", "--imports-child"]
+        rows = []
+        for run_env in (env, cached, cached):  # the second run writes the caches, the third reads them
+            out = subprocess.run(cmd, cwd=ROOT, env=run_env, capture_output=True, text=True, check=True)
+            rows.append([json.loads(line) for line in out.stdout.splitlines() if line.startswith("[")])
+    plain, _, compiled = rows
+    print("RSS added by each import group, one fresh interpreter importing them in this order:\n")
+    print("| group | as run here (compiled at import), MiB | with bytecode caches, MiB | total with caches |")
+    print("|---|---|---|---|")
+    print(f"| interpreter | {plain[0][1]:.1f} | {compiled[0][1]:.1f} | {compiled[0][1]:.1f} |")
+    for (group, b0, a0), (_, b1, a1) in zip(plain, compiled, strict=True):
+        print(f"| {group} | +{a0 - b0:.1f} | +{a1 - b1:.1f} | {a1:.1f} |")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0] if __doc__ else None)
     parser.add_argument("--gpus", type=int, default=16)
     parser.add_argument("--ticks", type=int, default=600, help="sampling ticks (1 s of scenario time each)")
     parser.add_argument("--scrape-every", type=int, default=15, help="render + gzip every this many ticks")
+    parser.add_argument("--imports", action="store_true", help="only the RSS each import group adds")
     parser.add_argument("--one", choices=("rss", "trace"), help=argparse.SUPPRESS)
+    parser.add_argument("--imports-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.imports_child:
+        _imports_child()
+        return 0
+    if args.imports:
+        _imports_table()
+        return 0
     if args.one:
         print(json.dumps(_run(args.gpus, args.ticks, args.scrape_every, args.one == "trace")))
         return 0

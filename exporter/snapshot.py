@@ -16,7 +16,13 @@ from prometheus_client.registry import Collector
 
 from exporter.collectors.base import GpuRef
 from exporter.collectors.self import CollectorRound
-from exporter.collectors.series import SeriesFamily, escape_label_value, format_value, help_header
+from exporter.collectors.series import (
+    HistogramFamily,
+    SeriesFamily,
+    escape_label_value,
+    format_value,
+    help_header,
+)
 
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 
@@ -95,7 +101,7 @@ def render(families: Sequence[Metric]) -> bytes:
 
 def _render_family(family: Metric, out: list[str]) -> None:
     # The collectors' own families render from their rows, unless a consumer replaced the samples
-    if type(family) is SeriesFamily:
+    if type(family) is SeriesFamily or type(family) is HistogramFamily:
         if not family.materialized:
             family.render_into(out)
         else:

@@ -10,10 +10,18 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from prometheus_client.core import Metric
 
-from exporter.attribution.devices import allocation_map, allocations_from_pods, resolve, resource_matcher
+from exporter.attribution.devices import (
+    Allocation,
+    ResolvedAllocation,
+    allocation_map,
+    allocations_from_pods,
+    resolve,
+    resource_matcher,
+)
 from exporter.attribution.kubelet import (
     DEFAULT_SOCKET_PATH,
     PodResourcesClient,
@@ -23,6 +31,7 @@ from exporter.attribution.kubelet import (
 )
 from exporter.attribution.poddir import DEFAULT_PODS_DIR, PodDirectory
 from exporter.attribution.podmeta import PodMeta, PodMetadataSource
+from exporter.attribution.podresources_proto import PodResources
 from exporter.attribution.ranks import (
     DEFAULT_MAX_RANKS,
     EnvironCache,
@@ -33,10 +42,10 @@ from exporter.attribution.ranks import (
 )
 from exporter.attribution.resolve import PodResolver, ProcessDevices
 from exporter.attribution.slices import DEFAULT_DRIVERS, ResourceSliceSource, SliceDevice, SliceSettings
-from exporter.collectors.base import GpuProcess, NodeState, PodRef
+from exporter.collectors.base import GpuProcess, GpuRef, NodeState, PodRef
 from exporter.collectors.blocking import ItemReader
 from exporter.collectors.flags import add_procfs_argument, collector_enabled, csv_list
-from exporter.collectors.series import SeriesFamily, family
+from exporter.collectors.series import Series, SeriesFamily, family
 from exporter.errors import PartialCollectorError
 from exporter.host.procfs import DEFAULT_PROCFS, STATE_NAMES, ProcessInfo, Procfs
 from exporter.kube.client import ApiSettings
@@ -104,6 +113,24 @@ class AttributionSettings:
         return first + self.procfs_timeout_seconds + self.pod_lookup_timeout_seconds + 0.5
 
 
+_Allocations = tuple[tuple[Allocation, ...], tuple[ResolvedAllocation, ...], dict[str, tuple[PodRef, ...]]]
+# (kubelet answer, slice index, GPUs) -> what they gave
+_AllocationMemo = tuple[
+    tuple[PodResources, ...], dict[tuple[str, str, str], SliceDevice] | None, tuple[GpuRef, ...], _Allocations
+]
+
+
+class _HostSeries(NamedTuple):
+    """The host series of one GPU process, kept while it runs on the same GPU index in the same pod."""
+
+    gpu_index: str
+    pod: PodRef
+    cpu: Series
+    io_read: Series
+    io_write: Series
+    states: tuple[Series, ...]  # one per STATE_NAMES
+
+
 @dataclass(frozen=True)
 class _ProcfsRound:
     infos: dict[int, ProcessInfo]
@@ -163,6 +190,8 @@ class AttributionCollector:
         self._reader: ItemReader[int, ProcessInfo] = ItemReader("attribution-procfs")
         self._resolver_busy = False
         self._last_pid_pods: dict[int, PodRef] = {}
+        self._memo: _AllocationMemo | None = None
+        self._host_series: dict[tuple[str, int], _HostSeries] = {}
 
     @property
     def known_pod_uids(self) -> int:
@@ -201,9 +230,7 @@ class AttributionCollector:
         view, index, _ = await asyncio.gather(
             self._kubelet_view(), self._slice_index(), self._first_sync(self._pods)
         )
-        flat = allocations_from_pods(view.pods, self._matcher, index, self.settings.dra_drivers)
-        rows = resolve(flat, state.gpus)
-        allocations = allocation_map(rows)
+        flat, rows, allocations = self._allocations(view.pods, index, tuple(state.gpus))
         state.allocations = allocations
         processes = tuple(state.processes)
         s = self.settings
@@ -236,6 +263,24 @@ class AttributionCollector:
             why = "DRA name resolution is off" if self._slices is None else self._slices.error
             raise PartialCollectorError(f"{unnamed} DRA claim devices without a uuid: {why}", families)
         return families
+
+    def _allocations(
+        self,
+        pods: tuple[PodResources, ...],
+        index: dict[tuple[str, str, str], SliceDevice] | None,
+        gpus: tuple[GpuRef, ...],
+    ) -> _Allocations:
+        """Allocations of the kubelet's answer, remade only when an input changed: the answer is
+        refreshed every 10 s, the slice index on a watch event, while rounds come every 5 s."""
+        memo = self._memo
+        # the same objects: the tracker and the slice watch replace theirs whole on every change
+        if memo is not None and memo[0] is pods and memo[1] is index and memo[2] == gpus:
+            return memo[3]
+        flat = allocations_from_pods(pods, self._matcher, index, self.settings.dra_drivers)
+        rows = resolve(flat, gpus)
+        made = (flat, rows, allocation_map(rows))
+        self._memo = (pods, index, gpus, made)
+        return made
 
     async def _first_sync(self, source: Reflector | None) -> None:
         """Start a watch; the first round waits (kubelet_first_wait_seconds at most) for its LIST."""
@@ -367,20 +412,24 @@ class AttributionCollector:
         io_read = family(specs.GPU_PROCESS_IO_READ_BYTES_TOTAL)
         io_write = family(specs.GPU_PROCESS_IO_WRITE_BYTES_TOTAL)
         states = family(specs.GPU_PROCESS_STATE)
-        for uuid, pid in kept:
-            index, seconds = series[(uuid, pid)]
-            pod = procfs_round.pid_pods.get(pid, PodRef("", "", ""))
-            labels = [uuid, index, str(pid), pod.namespace, pod.pod, pod.container]
-            cpu.add_metric(labels, seconds)
-            info = procfs_round.infos[pid]
+        known, self._host_series = self._host_series, {}  # processes gone since last round are dropped
+        for key in kept:
+            index, seconds = series[key]
+            pod = procfs_round.pid_pods.get(key[1], _NO_POD)
+            got = known.get(key)
+            if got is None or got.gpu_index != index or got.pod != pod:
+                got = _host_series(cpu, io_read, io_write, states, key, index, pod)
+            self._host_series[key] = got
+            cpu.add(got.cpu, seconds)
+            info = procfs_round.infos[key[1]]
             if info.io_read_bytes is not None:
-                io_read.add_metric(labels, float(info.io_read_bytes))
+                io_read.add(got.io_read, float(info.io_read_bytes))
             if info.io_write_bytes is not None:
-                io_write.add_metric(labels, float(info.io_write_bytes))
+                io_write.add(got.io_write, float(info.io_write_bytes))
             if info.state is not None:
                 # every state 0 or 1 (kube-state-metrics' phase style): min_over_time reads "all along"
-                for name in STATE_NAMES:
-                    states.add_metric([*labels, name], 1.0 if name == info.state else 0.0)
+                for name, state_series in zip(STATE_NAMES, got.states, strict=True):
+                    states.add(state_series, 1.0 if name == info.state else 0.0)
         return cpu, io_read, io_write, states
 
     async def close(self) -> None:
@@ -393,6 +442,29 @@ class AttributionCollector:
             await self._pods.close()
         self._reader.close()
         self._environ.close()
+
+
+_NO_POD = PodRef("", "", "")
+
+
+def _host_series(
+    cpu: SeriesFamily,
+    io_read: SeriesFamily,
+    io_write: SeriesFamily,
+    states: SeriesFamily,
+    key: tuple[str, int],
+    index: str,
+    pod: PodRef,
+) -> _HostSeries:
+    labels = (key[0], index, str(key[1]), pod.namespace, pod.pod, pod.container)
+    return _HostSeries(
+        index,
+        pod,
+        cpu.table.series(*labels),
+        io_read.table.series(*labels),
+        io_write.table.series(*labels),
+        tuple(states.table.series(*labels, name) for name in STATE_NAMES),
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -16,7 +16,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import cast
 
-from prometheus_client.core import HistogramMetricFamily, Metric
+from prometheus_client.core import Metric
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
@@ -27,6 +27,7 @@ _TABLE_MAX_SERIES = 50_000  # series churn (processes come and go): a table star
 # Every this many families made from a table (ticks, for most), it forgets the series its latest
 # family did not use: pods and processes that came and went leave nothing behind.
 _SWEEP_FAMILIES = 256
+_CHILD_MAX_BOUNDS = 256  # bucket bounds kept per histogram child
 
 
 def format_value(value: float) -> str:
@@ -209,8 +210,136 @@ def family(spec: MetricSpec) -> SeriesFamily:
     return table(spec).family()
 
 
-def histogram_family(spec: MetricSpec) -> HistogramMetricFamily:
+class HistogramChild:
+    """One histogram child (label values): the text prefix of each of its lines, built once."""
+
+    __slots__ = ("buckets", "count", "key", "labels", "sum")
+
+    def __init__(self, name: str, labels: dict[str, str], key: tuple[str, ...]) -> None:
+        self.labels, self.key = labels, key
+        self.buckets: dict[float, tuple[str, str]] = {}  # upper bound -> (le text, line prefix)
+        own = ",".join(f'{k}="{escape_label_value(v)}"' for k, v in sorted(labels.items()))
+        self.count = f"{name}_count{{{own}}} " if own else f"{name}_count "
+        self.sum = f"{name}_sum{{{own}}} " if own else f"{name}_sum "
+
+    def bucket(self, name: str, bound: float) -> tuple[str, str]:
+        """(le text, `name_bucket{labels,le="..."} `) of one upper bound."""
+        found = self.buckets.get(bound)
+        if found is None:
+            if len(self.buckets) >= _CHILD_MAX_BOUNDS:  # bounds that keep changing (NaN never matches)
+                self.buckets.clear()
+            le = "+Inf" if bound == math.inf else repr(float(bound))
+            pairs = sorted([*self.labels.items(), ("le", le)])  # the exposition sorts label names
+            text = ",".join(f'{k}="{escape_label_value(v)}"' for k, v in pairs)
+            found = self.buckets[bound] = (le, f"{name}_bucket{{{text}}} ")
+        return found
+
+
+class HistogramTable:
+    """The histogram children of one catalog spec, made once per distinct label values."""
+
+    def __init__(self, spec: MetricSpec) -> None:
+        if spec.type != "histogram":
+            raise ValueError(f"{spec.name}: a {spec.type}, not a histogram")
+        self.spec = spec
+        self.header = help_header(spec.name, spec.help, "histogram")
+        self._children: dict[tuple[str, ...], HistogramChild] = {}
+        self._made = 0
+        self._latest: HistogramFamily | None = None
+
+    def child(self, values: tuple[str, ...]) -> HistogramChild:
+        """The child with these label values, in the spec's label order."""
+        found = self._children.get(values)
+        if found is None:
+            if len(self._children) >= _TABLE_MAX_SERIES:
+                self._children.clear()
+            labels = dict(zip(self.spec.labels, values, strict=True))
+            found = self._children[values] = HistogramChild(self.spec.name, labels, values)
+        return found
+
+    def __len__(self) -> int:
+        return len(self._children)
+
+    def family(self) -> HistogramFamily:
+        """An empty family for one round; every _SWEEP_FAMILIES of them, children unused are forgotten."""
+        self._made += 1
+        if self._made >= _SWEEP_FAMILIES:
+            self._made = 0
+            latest = self._latest
+            if latest is not None and len(self._children) > len(latest.rows):
+                self._children = {row[0].key: row[0] for row in latest.rows}
+        fam = self._latest = HistogramFamily(self)
+        return fam
+
+
+class HistogramFamily(Metric):
+    """A histogram family of (child, buckets, sum) rows: text from the children's prefixes, rendered
+    once; prometheus_client's `samples` (what HistogramMetricFamily would hold) built on first use."""
+
+    def __init__(self, table: HistogramTable) -> None:
+        self.name = table.spec.name
+        self.documentation = table.spec.help
+        self.unit = ""
+        self.type = "histogram"
+        self.table = table
+        self.rows: list[tuple[HistogramChild, Sequence[tuple[float, float]], float | None]] = []
+        self._samples: list[Sample] | None = None
+        self._text: str | None = None
+
+    def add_metric(
+        self, labels: Sequence[str], buckets: Sequence[tuple[float, float]], sum_value: float | None
+    ) -> None:
+        """Add one child: cumulative (upper bound, count) pairs, sorted and ending in +Inf, and its sum."""
+        self.rows.append((self.table.child(tuple(labels)), buckets, sum_value))
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @property
+    def materialized(self) -> bool:
+        """True once `samples` was read or set: from then on the samples are the truth."""
+        return self._samples is not None
+
+    @property
+    def samples(self) -> list[Sample]:
+        """The rows as prometheus_client samples, in HistogramMetricFamily's order (built once)."""
+        if self._samples is None:
+            name, out = self.name, []
+            for child, buckets, sum_value in self.rows:
+                for bound, value in buckets:
+                    le = child.bucket(name, bound)[0]
+                    out.append(Sample(name + "_bucket", {**child.labels, "le": le}, value, None, None))
+                if buckets and buckets[0][0] >= 0 and sum_value is not None:
+                    count = buckets[-1][1]
+                    out.append(Sample(name + "_count", dict(child.labels), count, None, None))
+                    out.append(Sample(name + "_sum", dict(child.labels), sum_value, None, None))
+            self._samples = out
+        return self._samples
+
+    @samples.setter
+    def samples(self, value: list[Sample]) -> None:
+        self._samples = list(value)
+
+    def render_into(self, out: list[str]) -> None:
+        """Append the family's exposition text (rendered on first use: a round's family never changes)."""
+        if self._text is None:
+            name, parts = self.name, [self.table.header]
+            for child, buckets, sum_value in self.rows:
+                for bound, value in buckets:
+                    parts.append(child.bucket(name, bound)[1] + format_value(value) + "\n")
+                if buckets and buckets[0][0] >= 0 and sum_value is not None:
+                    parts.append(child.count + format_value(buckets[-1][1]) + "\n")
+                    parts.append(child.sum + format_value(sum_value) + "\n")
+            self._text = "".join(parts)
+        out.append(self._text)
+
+
+_HISTOGRAM_TABLES: dict[str, HistogramTable] = {}
+
+
+def histogram_family(spec: MetricSpec) -> HistogramFamily:
     """An empty family of a histogram spec for one round."""
-    if spec.type != "histogram":
-        raise ValueError(f"{spec.name}: a {spec.type}, not a histogram")
-    return HistogramMetricFamily(spec.name, spec.help, labels=spec.labels)
+    found = _HISTOGRAM_TABLES.get(spec.name)
+    if found is None or found.spec is not spec:
+        found = _HISTOGRAM_TABLES[spec.name] = HistogramTable(spec)
+    return found.family()

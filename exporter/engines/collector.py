@@ -27,7 +27,7 @@ from exporter.collectors.flags import add_procfs_argument
 from exporter.engines.derived import DerivedHistogram
 from exporter.engines.detect import NORMALIZERS, PREFIXES, WANTED, detect_kind
 from exporter.engines.exposition import LABEL_CACHE_MAX, Exposition, ExpositionParser
-from exporter.engines.gpumap import engine_gpus
+from exporter.engines.gpumap import engine_gpus, gpu_indexes
 from exporter.engines.reading import MIXED, ModelReading
 from exporter.engines.render import Budget, EndpointView, Families
 from exporter.engines.scrape import fetch_page
@@ -174,8 +174,9 @@ class EnginesCollector:
                 self._note_success(ep)
         budget = Budget(total=self.settings.max_series, per_endpoint=self.settings.max_series_per_endpoint)
         fams = Families(budget)
+        index = gpu_indexes(state)
         for ep in sorted(endpoints, key=lambda e: e.target.url):
-            fams.add(self._view(ep, state))
+            fams.add(self._view(ep, state, index))
         self._dropped_total += budget.dropped
         for url in sorted(set(fams.duplicates) - self._warned_duplicates):
             log.warning("engine endpoint %s has the same labels as another; give it a pod or pid", url)
@@ -192,12 +193,20 @@ class EnginesCollector:
 
         gpu_pids = sorted({p.pid for p in state.processes})
         known = dict(self._ancestors)
+        # A PID search (a scan of every process's fds) counts as tried when it starts, here on the
+        # loop: one that outlasts its deadline is set aside and its answer lost, and recording the
+        # try only from that answer started the scan afresh every round on a busy node.
+        scanning = set()
+        for url, ep in by_url.items():
+            if ep.pid is None and self._may_find_pid(ep.target, ep.pid_tried_at, now):
+                ep.pid_tried_at = now
+                scanning.add(url)
 
         def read(key: str) -> object:
             if key == _PARENTS:
                 # the GPU processes' ancestry, only when some endpoint has a process to look under
                 return procfs.parents_of(self.settings.procfs_path, gpu_pids, known) if found else {}
-            resolved = self._resolve_one(by_url[key], state, now)
+            resolved = self._resolve_one(by_url[key], state, now, key in scanning)
             if resolved.pid is not None:
                 found.append(resolved.pid)
             return resolved
@@ -221,15 +230,16 @@ class EnginesCollector:
             # else: keep the last known tree while the parent scan is late
         return True
 
-    def _resolve_one(self, ep: Endpoint, state: NodeState, now: float) -> _Resolved:
-        """Blocking, on the procfs thread: reads ep, never writes it (the loop applies the result)."""
+    def _resolve_one(self, ep: Endpoint, state: NodeState, now: float, scan: bool) -> _Resolved:
+        """Blocking, on the procfs thread: reads ep, never writes it (the loop applies the result).
+        `scan`: the loop has recorded this round's PID search (ep has no PID)."""
         root = self.settings.procfs_path
         pid, tried_at = ep.pid, ep.pid_tried_at
         if pid is not None and not procfs.alive(root, pid):
             pid, tried_at = ep.target.pid, None
             if pid is not None and not procfs.alive(root, pid):
                 pid = None
-        if pid is None and self._may_find_pid(ep.target, tried_at, now):
+        if pid is None and (scan or self._may_find_pid(ep.target, tried_at, now)):
             tried_at = now
             pid = self._find_pid(ep.target, state)
         start = None
@@ -356,7 +366,7 @@ class EnginesCollector:
         ):
             ep.cold_start_seconds = max(0.0, ep.first_success_at - ep.process_start)
 
-    def _view(self, ep: Endpoint, state: NodeState) -> EndpointView:
+    def _view(self, ep: Endpoint, state: NodeState, index: dict[str, str]) -> EndpointView:
         t = ep.target
         kind = ep.kind or (t.kind if t.kind != AUTO else "unknown")
         return EndpointView(
@@ -365,7 +375,7 @@ class EnginesCollector:
             namespace=t.namespace,
             pod=t.pod,
             models=t.model or ep.models,
-            gpus=engine_gpus(t, ep.tree, state),
+            gpus=engine_gpus(t, ep.tree, state, index),
             up=ep.up,
             duration_seconds=ep.duration_seconds,
             failures=dict(ep.failures),

@@ -51,8 +51,8 @@ _SUFFIXES = {
 # A line longer than this is malformed; the rest of it is skipped without being held.
 MAX_LINE_CHARS = 64 * 1024
 MAX_NAMED_PROBLEMS = 20  # names of malformed families kept for the log
-# Parsed label blocks kept per endpoint between scrapes (they repeat verbatim); bounded so that a
-# page of ever-new label sets costs no more than the parse itself.
+# Parsed label blocks and sample heads kept per endpoint between scrapes (they repeat verbatim);
+# bounded so that a page of ever-new label sets costs no more than the parse itself.
 LABEL_CACHE_MAX = 4096
 GARBAGE_LINES = 1000  # unreadable lines before the first family after which a page is given up
 
@@ -197,7 +197,7 @@ class ExpositionParser:
         wanted: Collection[str] | None = None,
         max_samples: int | None = None,
         note_prefixes: tuple[str, ...] = (),
-        label_cache: dict[str, _LabelSet] | None = None,
+        label_cache: dict[str, _Cached] | None = None,
     ) -> None:
         self._label_cache = label_cache
         self._wanted = frozenset(wanted) if wanted is not None else None
@@ -265,6 +265,22 @@ class ExpositionParser:
         if line[0] == "#":
             self._comment(line)
             return
+        if line[-1] == "\r":
+            line = line[:-1]
+        cache = self._label_cache
+        space = line.rfind(" ")
+        if cache is not None and space > 0:
+            # A series seen on an earlier scrape of this endpoint, as `name{labels} value` with one
+            # space: only the value is new (a timestamp, tabs or two spaces take the path below).
+            head = cache.get(line[:space])
+            if type(head) is tuple and len(head) == 3:
+                try:
+                    value = _value(line[space + 1 :])
+                except ValueError:
+                    pass  # e.g. `value\ttimestamp`: the full parse decides
+                else:
+                    self._add(head[0], head[1], head[2], value)
+                    return
         m = _NAME.match(line)
         if m is None:
             self.expo.skipped_lines += 1  # names no family: costs nothing else
@@ -275,13 +291,24 @@ class ExpositionParser:
             fam = self._family_of(name)
         if not fam.keep or fam.broken:
             return
-        if line[-1] == "\r":
-            line = line[:-1]
         try:
-            raw, labels, value = _sample(line, m.end(), self._label_cache)
+            raw, labels, value = _sample(line, m.end(), cache)
         except ValueError:
             self._malformed(fam)
             return
+        if cache is not None and space == m.end() + len(raw) and len(cache) < LABEL_CACHE_MAX:
+            cache[line[:space]] = (name, raw, labels)
+        self._append(fam, name, raw, labels, value)
+
+    def _add(self, name: str, raw: str, labels: _LabelSet, value: float) -> None:
+        fam = self._current
+        if fam is None or name not in fam.members:
+            fam = self._family_of(name)
+        if not fam.keep or fam.broken:
+            return
+        self._append(fam, name, raw, labels, value)
+
+    def _append(self, fam: _Family, name: str, raw: str, labels: _LabelSet, value: float) -> None:
         fam.rows.append((fam.members[name], raw, labels, value))
         self.expo.samples += 1
         if self._max_samples is not None and self.expo.samples > self._max_samples:
@@ -289,6 +316,11 @@ class ExpositionParser:
             self.stopped = True
 
     def _comment(self, line: str) -> None:
+        cache = self._label_cache
+        got = cache.get(line) if cache is not None else None
+        if type(got) is tuple and len(got) == 2:  # a TYPE line seen on an earlier scrape
+            self._current = self._open(got[0], got[1])
+            return
         parts = line.split(None, 3)
         if len(parts) < 3 or parts[1] not in ("HELP", "TYPE"):
             return  # a plain comment
@@ -305,7 +337,10 @@ class ExpositionParser:
         if kind not in _TYPES:
             self.expo.skipped_lines += 1
             return
-        self._current = self._open(name, "untyped" if kind == "unknown" else kind)
+        kind = "untyped" if kind == "unknown" else kind
+        if cache is not None and len(cache) < LABEL_CACHE_MAX:
+            cache[line] = (name, kind)
+        self._current = self._open(name, kind)
 
     def _open(self, wire: str, kind: str) -> _Family:
         canon = canonical_name(wire)
@@ -391,9 +426,14 @@ class _LabelSet:
     le: str | None  # the histogram bucket bound, when there is one
     rest: dict[str, str]  # labels without `le`
     key: tuple[tuple[str, str], ...]  # sorted items of rest: a histogram child's identity
+    bound: float | None = None  # le as a number; None when absent or not a number
 
 
 _NO_LABELS = _LabelSet({}, None, {}, ())
+# What a parser keeps per endpoint between scrapes, in one bounded dict: parsed label blocks by their
+# text (keys start with "{"), (name, label text, labels) by a sample line's text before its value
+# (keys start with the metric name), and (name, type) by a TYPE line (keys start with "#").
+_Cached = _LabelSet | tuple[str, str, _LabelSet] | tuple[str, str]
 
 
 def _label_set(raw: str) -> _LabelSet:
@@ -422,10 +462,16 @@ def _label_set(raw: str) -> _LabelSet:
         raise ValueError("text after the label set")
     le = labels.get("le")
     rest = {k: v for k, v in labels.items() if k != "le"} if le is not None else labels
-    return _LabelSet(labels, le, rest, tuple(sorted(rest.items())))
+    bound = None
+    if le is not None:
+        try:
+            bound = _value(le)
+        except ValueError:
+            pass  # a bucket of this label set makes its family malformed
+    return _LabelSet(labels, le, rest, tuple(sorted(rest.items())), bound)
 
 
-def _sample(line: str, pos: int, cache: dict[str, _LabelSet] | None) -> tuple[str, _LabelSet, float]:
+def _sample(line: str, pos: int, cache: dict[str, _Cached] | None) -> tuple[str, _LabelSet, float]:
     """(raw label text, labels, value) of a sample line whose name ends at pos; ValueError if malformed."""
     raw = ""
     labels = _NO_LABELS
@@ -435,7 +481,7 @@ def _sample(line: str, pos: int, cache: dict[str, _LabelSet] | None) -> tuple[st
         end = line.rfind("}") + 1
         raw = line[pos:end]
         got = cache.get(raw) if cache is not None else None
-        if got is None:
+        if not isinstance(got, _LabelSet):
             got = _label_set(raw)
             if cache is not None and len(cache) < LABEL_CACHE_MAX:
                 cache[raw] = got
@@ -467,12 +513,9 @@ def _histogram_children(rows: list[tuple[str, str, _LabelSet, float]]) -> list[H
         if child is None:
             child = groups[ls.key] = _Child(ls.rest)
         if suffix == "_bucket":
-            if ls.le is None:
-                return None
-            try:
-                child.buckets.append((_value(ls.le), value))
-            except ValueError:
-                return None
+            if ls.bound is None:
+                return None  # no le, or one that is not a number
+            child.buckets.append((ls.bound, value))
         elif suffix == "_sum":
             child.sum = value
         elif suffix == "_count":

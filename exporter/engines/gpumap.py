@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from exporter.collectors.base import NodeState
 from exporter.engines.targets import Target
 
 
-def _index_of(state: NodeState) -> dict[str, str]:
+def gpu_indexes(state: NodeState) -> dict[str, str]:
     """GPU UUID -> NVML index, also resolving MIG UUIDs to their parent GPU's UUID key."""
     out: dict[str, str] = {}
     for g in state.gpus:
@@ -25,8 +25,12 @@ def _parent_uuid(device_id: str, state: NodeState) -> str:
     return device_id
 
 
-def engine_gpus(target: Target, pids: Iterable[int], state: NodeState) -> list[tuple[str, str]]:
-    """Sorted (gpu index, uuid) pairs; first by the engine's process tree, then by its pod."""
+def engine_gpus(
+    target: Target, pids: Iterable[int], state: NodeState, index: Mapping[str, str] | None = None
+) -> list[tuple[str, str]]:
+    """Sorted (gpu index, uuid) pairs; first by the engine's process tree, then by its pod.
+
+    `index` is gpu_indexes(state), made once per round by a caller with several engines."""
     pidset = set(pids)
     uuids = {p.uuid for p in state.processes if p.pid in pidset}
     if not uuids and target.pod:
@@ -40,6 +44,7 @@ def engine_gpus(target: Target, pids: Iterable[int], state: NodeState) -> list[t
             if p.namespace == target.namespace and p.pod == target.pod
         }
         uuids = {p.uuid for p in state.processes if p.pid in pod_pids}
-    index = _index_of(state)
+    if index is None:
+        index = gpu_indexes(state)
     pairs = [(index.get(u, ""), u) for u in uuids]
     return sorted(pairs, key=lambda iu: (int(iu[0]) if iu[0].isdigit() else 1 << 30, iu[1]))

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from prometheus_client.core import Metric
 
 from exporter.collectors.series import family, histogram_family
-from exporter.engines.reading import Histogram, ModelReading
+from exporter.engines.reading import ModelReading
 from gpupulse.metrics import engines as spec
 from gpupulse.metrics.attribution import SERIES_DROPPED_TOTAL
 
@@ -54,10 +53,6 @@ class Budget:
         self.used[endpoint] = mine + n
         self.used_total += n
         return True
-
-
-def _hist_buckets(h: Histogram) -> list[tuple[str, float]]:
-    return [("+Inf" if b == math.inf else repr(float(b)), v) for b, v in h.buckets]
 
 
 def _series_of(r: ModelReading, gpus: int) -> int:
@@ -168,12 +163,12 @@ class Families:
         batch_added = False
         for phase, h in sorted(r.batch.items()):
             if take(ep.endpoint, len(h.buckets) + 2):
-                self.batch.add_metric([*labels, phase], _hist_buckets(h), h.sum)
+                self.batch.add_metric([*labels, phase], h.buckets, h.sum)
                 batch_added = True
         for key, hist_family in self.hists.items():
             h = getattr(r, key)
             if h is not None and take(ep.endpoint, len(h.buckets) + 2):
-                hist_family.add_metric(labels, _hist_buckets(h), h.sum)
+                hist_family.add_metric(labels, h.buckets, h.sum)
         if batch_added and r.batch_source is not None:
             # Names the source of a histogram that is served; a series of its own under the caps.
             key3 = (ep.kind, r.batch_source.source, "true" if r.batch_source.proxy else "false")

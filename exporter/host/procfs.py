@@ -30,6 +30,8 @@ PROCESS_STATES: dict[str, str] = {
     "I": "idle",  # an idle kernel thread
 }
 STATE_OTHER = "other"
+_START_FIELD = 19  # starttime (field 22 of /proc/<pid>/stat) in stat_fields, which start at field 3
+_MAX_KEPT_CGROUPS = 4096
 STATE_NAMES = PROCESS_STATE_NAMES
 
 
@@ -52,6 +54,7 @@ class Procfs:
     def __init__(self, root: str = DEFAULT_PROCFS, clock_ticks_per_second: int | None = None) -> None:
         self.root = root
         self._ticks = float(clock_ticks_per_second or os.sysconf("SC_CLK_TCK"))
+        self._pod_cgroups: dict[int, tuple[str, CgroupIdentity]] = {}  # pid -> (start time, its pod)
 
     def _read(self, pid: int, name: str) -> str | None:
         try:
@@ -61,15 +64,33 @@ class Procfs:
             return None
 
     def process(self, pid: int) -> ProcessInfo:
-        """Cgroup identity, CPU seconds, I/O bytes and state of one process; missing parts are None."""
-        text = self._read(pid, "cgroup")
+        """Cgroup identity, CPU seconds, I/O bytes and state of one process; missing parts are None.
+
+        The cgroup of a process in a pod is read once: the container runtime puts it there before it
+        runs, and it stays. It is kept by (PID, start time), so a reused PID is read afresh, and a
+        process outside any pod (a runtime may move it in later) is read every time.
+        """
         stat = self._read(pid, "stat")
         fields = stat_fields(stat) if stat is not None else []
+        start = fields[_START_FIELD] if len(fields) > _START_FIELD else None
+        known = self._pod_cgroups.get(pid)
+        identity: CgroupIdentity | None
+        if known is not None and start is not None and known[0] == start:
+            readable, identity = True, known[1]
+        else:
+            text = self._read(pid, "cgroup")
+            readable, identity = text is not None, parse_cgroup(text) if text is not None else None
+            if identity is not None and start is not None:
+                if len(self._pod_cgroups) >= _MAX_KEPT_CGROUPS:
+                    self._pod_cgroups.clear()  # PIDs come and go: start over rather than grow
+                self._pod_cgroups[pid] = (start, identity)
+            else:
+                self._pod_cgroups.pop(pid, None)
         read_bytes, write_bytes = self.io_bytes(pid)
         return ProcessInfo(
             pid=pid,
-            cgroup_readable=text is not None,
-            identity=parse_cgroup(text) if text is not None else None,
+            cgroup_readable=readable,
+            identity=identity,
             cpu_seconds=self._cpu_of(fields),
             io_read_bytes=read_bytes,
             io_write_bytes=write_bytes,

@@ -68,14 +68,17 @@ class ProcfsTree:
         stime_ticks: int = 0,
         comm: str = "python3",
         maps: Sequence[str] = (),
+        start_ticks: int = 1000,
     ) -> None:
-        """Create (or overwrite) /proc/<pid>."""
+        """Create (or overwrite) /proc/<pid>; start_ticks is its start time (a reused PID starts later)."""
         d = self.root / str(pid)
         d.mkdir(exist_ok=True)
         (d / "cgroup").write_text(cgroup)
         # After comm: state ppid pgrp session tty_nr tpgid flags minflt cminflt majflt cmajflt utime stime
+        # cutime cstime priority nice num_threads itrealvalue starttime vsize rss
         ticks = f"{utime_ticks} {stime_ticks}"
-        (d / "stat").write_text(f"{pid} ({comm}) S 1 {pid} {pid} 0 -1 4194304 10 0 0 0 {ticks} 0 0\n")
+        tail = f"0 0 20 0 1 0 {start_ticks} 1000000 100"
+        (d / "stat").write_text(f"{pid} ({comm}) S 1 {pid} {pid} 0 -1 4194304 10 0 0 0 {ticks} {tail}\n")
         lines = [
             f"7f00000{i:05x}000-7f00000{i + 1:05x}000 r--s 00000000 fd:01 {1000 + i} {p}"
             for i, p in enumerate(maps)

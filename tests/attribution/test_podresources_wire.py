@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from exporter.attribution.podresources_proto import (
@@ -9,6 +11,7 @@ from exporter.attribution.podresources_proto import (
     ClaimResource,
     ContainerDevices,
     ContainerResources,
+    DynamicResource,
     PodResources,
     decode_list_response,
     encode_list_response,
@@ -95,3 +98,92 @@ def test_a_kubelet_without_dynamic_resources_gives_none() -> None:
     container = _ldv(1, b"c") + _ldv(2, _ldv(1, b"nvidia.com/gpu") + _ldv(2, b"GPU-a"))
     (pod,) = decode_list_response(_ldv(1, _ldv(1, b"p") + _ldv(2, b"ns") + _ldv(3, container)))
     assert pod.containers[0].dynamic_resources == ()
+
+
+def _reference(data: bytes) -> tuple[PodResources, ...] | None:
+    """protobuf's own decoding of the same bytes (None where it refuses them)."""
+    from google.protobuf import json_format
+    from google.protobuf.message import DecodeError
+
+    from exporter.attribution.podresources_proto import _message_class
+
+    message = _message_class("v1.ListPodResourcesResponse")()
+    try:
+        message.ParseFromString(data)
+    except DecodeError:
+        return None
+    # the typed records protobuf's view gives, via the encoder's own field names
+    as_dict = json_format.MessageToDict(message, preserving_proto_field_name=True)
+    return tuple(
+        PodResources(
+            p.get("name", ""),
+            p.get("namespace", ""),
+            tuple(
+                ContainerResources(
+                    c.get("name", ""),
+                    tuple(
+                        ContainerDevices(d.get("resource_name", ""), tuple(d.get("device_ids", ())))
+                        for d in c.get("devices", ())
+                    ),
+                    tuple(
+                        DynamicResource(
+                            r.get("claim_name", ""),
+                            r.get("claim_namespace", ""),
+                            tuple(
+                                ClaimResource(
+                                    cr.get("driver_name", ""),
+                                    cr.get("pool_name", ""),
+                                    cr.get("device_name", ""),
+                                    tuple(x.get("name", "") for x in cr.get("cdi_devices", ())),
+                                    cr.get("share_id"),
+                                )
+                                for cr in r.get("claim_resources", ())
+                            ),
+                        )
+                        for r in c.get("dynamic_resources", ())
+                    ),
+                )
+                for c in p.get("containers", ())
+            ),
+        )
+        for p in as_dict.get("pod_resources", ())
+    )
+
+
+def _ours(data: bytes) -> tuple[PodResources, ...] | None:
+    try:
+        return decode_list_response(data)
+    except PodResourcesDecodeError:
+        return None
+
+
+def test_our_reader_decodes_truncated_and_mangled_answers_as_protobuf_does() -> None:
+    # The exporter decodes with its own wire reader; protobuf (which the fake kubelets encode with)
+    # is the reference for every cut and every flipped byte of a real answer, ünïcode included.
+    claim = ClaimResource("gpu.nvidia.com", "node-a", "gpu-0", ("cdi/gpu=0",), share_id="")
+    pods = (
+        PodResources(
+            "llama-ü",
+            "serving",
+            (
+                ContainerResources(
+                    "vllm",
+                    (ContainerDevices("nvidia.com/gpu", ("GPU-a", "GPU-b")),),
+                    (DynamicResource("claim-0", "serving", (claim,)),),
+                ),
+                ContainerResources("sidecar", ()),
+            ),
+        ),
+        PodResources("b" * 200, "ns2", ()),  # a length of two varint bytes
+    )
+    data = encode_list_response(pods)
+    assert decode_list_response(data) == pods == _reference(data)
+    rng = random.Random(26)
+    cases = [data[:cut] for cut in range(len(data))]
+    for _ in range(2000):
+        mangled = bytearray(data)
+        for _ in range(rng.randint(1, 3)):
+            mangled[rng.randrange(len(mangled))] = rng.randrange(256)
+        cases.append(bytes(mangled))
+    disagree = [c for c in cases if _ours(c) != _reference(c)]
+    assert disagree == []

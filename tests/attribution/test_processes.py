@@ -275,3 +275,71 @@ async def test_a_hung_proc_read_costs_only_its_pid_and_keeps_its_pod(
     finally:
         hanging.release.set()
         await collector.close()
+
+
+def test_a_pod_process_cgroup_is_read_once_and_a_reused_pid_afresh(procfs: ProcfsTree) -> None:
+    reader = Procfs(str(procfs.root), clock_ticks_per_second=CLOCK_TICKS)
+    procfs.add(4001, cgroup_v2_systemd(UIDS[0], CIDS[0]), utime_ticks=100, start_ticks=5000)
+    first = reader.process(4001)
+    assert first.identity is not None and first.identity.pod_uid == UIDS[0]
+    cgroup = procfs.root / "4001" / "cgroup"
+    cgroup.unlink()  # read once: the next rounds do not open it again, and CPU still moves
+    procfs_stat = procfs.root / "4001" / "stat"
+    procfs_stat.write_text(procfs_stat.read_text().replace(" 100 0 ", " 150 0 ", 1))
+    again = reader.process(4001)
+    assert again.identity == first.identity and again.cgroup_readable
+    assert again.cpu_seconds == 150 / CLOCK_TICKS
+    # the PID is reused by a process of another pod, which started later
+    procfs.add(4001, cgroup_v2_systemd(UIDS[1], CIDS[1]), start_ticks=9000)
+    reused = reader.process(4001)
+    assert reused.identity is not None and reused.identity.pod_uid == UIDS[1]
+
+
+def test_a_process_outside_any_pod_is_read_each_time_so_a_later_move_into_one_shows(
+    procfs: ProcfsTree,
+) -> None:
+    reader = Procfs(str(procfs.root), clock_ticks_per_second=CLOCK_TICKS)
+    procfs.add(4002, cgroup_host(), start_ticks=7000)
+    assert reader.process(4002).identity is None
+    (procfs.root / "4002" / "cgroup").write_text(cgroup_v2_systemd(UIDS[2], CIDS[2]))  # same process
+    moved = reader.process(4002)
+    assert moved.identity is not None and moved.identity.pod_uid == UIDS[2]
+
+
+def test_a_stat_without_start_time_never_serves_a_kept_cgroup(procfs: ProcfsTree) -> None:
+    reader = Procfs(str(procfs.root), clock_ticks_per_second=CLOCK_TICKS)
+    procfs.add(4003, cgroup_v2_systemd(UIDS[0], CIDS[0]))
+    reader.process(4003)
+    (procfs.root / "4003" / "stat").write_text("4003 (python3) S 1 4003 4003 0 -1 0 0 0 0 0 1 1 0 0\n")
+    (procfs.root / "4003" / "cgroup").write_text(cgroup_v2_systemd(UIDS[3], CIDS[3]))
+    info = reader.process(4003)
+    assert info.identity is not None and info.identity.pod_uid == UIDS[3]
+
+
+async def test_a_new_kubelet_answer_moves_allocations_and_process_series_in_the_next_round(
+    kubelet: FakeKubelet, procfs: ProcfsTree, tmp_path: Path, gpus: list[GpuRef]
+) -> None:
+    # Rounds reuse what an unchanged kubelet answer gave and each process's series: a new answer,
+    # a process moving to another GPU, and a process leaving must each show in the very next round.
+    kubelet.pods = (pod("serving", "llama-0", {"vllm": {"nvidia.com/gpu": [GPU_UUIDS[0]]}}),)
+    procfs.add(4001, cgroup_v2_systemd(UIDS[0], CIDS[0]), utime_ticks=100)
+    procfs.add(4002, cgroup_host(), utime_ticks=100)
+    state = NodeState(gpus=gpus, processes=[proc(0, 4001), proc(1, 4002)])
+    collector = make_collector(kubelet, procfs, tmp_path)
+    try:
+        first = await collector.collect(state)
+        again = await collector.collect(state)
+        kubelet.pods = (pod("serving", "llama-1", {"vllm": {"nvidia.com/gpu": [GPU_UUIDS[0]]}}),)
+        assert collector.tracker is not None
+        await collector.tracker.refresh_once()
+        state.processes = [proc(2, 4001)]  # 4001 moved to GPU 2; 4002 left the GPUs
+        moved = await collector.collect(state)
+    finally:
+        await collector.close()
+    rows = ("pid", "gpu", "pod")
+    assert label_rows(first, CPU_TOTAL, *rows) == {("4001", "0", "llama-0"), ("4002", "1", "")}
+    assert label_rows(again, CPU_TOTAL, *rows) == label_rows(first, CPU_TOTAL, *rows)
+    assert state.allocations == {GPU_UUIDS[0]: (PodRef("serving", "llama-1", "vllm"),)}
+    assert label_rows(moved, "gpu_allocation_info", "pod") == {("llama-1",)}
+    assert label_rows(moved, CPU_TOTAL, *rows) == {("4001", "2", "")}
+    assert label_rows(moved, "gpu_process_state", "pid") == {("4001",)}

@@ -10,7 +10,7 @@ import tracemalloc
 import pytest
 
 from exporter.engines.detect import NORMALIZERS, PREFIXES, WANTED, detect_kind
-from exporter.engines.exposition import ExpositionParser, parse_exposition
+from exporter.engines.exposition import LABEL_CACHE_MAX, ExpositionParser, parse_exposition
 from exporter.errors import ExpositionError
 
 from .conftest import load_fixture
@@ -205,3 +205,45 @@ def test_a_page_of_garbage_is_given_up_early_not_read_to_the_byte_cap() -> None:
     ok = ExpositionParser(WANTED, None, PREFIXES)
     ok.feed(VLLM + "<div>oops</div>\n" * 2000)
     assert not ok.stopped and "vllm:prefix_cache_hits" in ok.finish().counters
+
+
+def _scrape(text: str, cache: dict[str, object]) -> ExpositionParser:
+    parser = ExpositionParser(WANTED, None, PREFIXES, cache)  # type: ignore[arg-type]
+    parser.feed(text)
+    return parser
+
+
+def test_scrapes_sharing_a_cache_read_what_each_page_says() -> None:
+    # The per-endpoint cache keeps label blocks, sample heads and TYPE lines between scrapes; each
+    # scrape must still read its own values, timestamps, separators and malformed lines.
+    cache: dict[str, object] = {}
+    first = parse_exposition(VLLM, WANTED, None, PREFIXES)
+    assert _scrape(VLLM, cache).finish().gauges == first.gauges
+    assert len(cache) > 0
+    line = f'vllm:num_requests_waiting{{engine="0",model_name="{LLAMA}"}}'
+    waiting = next(row for row in VLLM.splitlines() if row.startswith(line + " "))
+    for written, value in (
+        (f"{line} 42.0", 42.0),  # a new value
+        (f"{line} 43.0 1700000000000", 43.0),  # now with a timestamp
+        (f"{line}\t44.0", 44.0),  # a tab
+        (f"{line}  45.0", 45.0),  # two spaces
+    ):
+        expo = _scrape(VLLM.replace(waiting, written), cache).finish()
+        assert [s.value for s in expo.gauge("vllm:num_requests_waiting")] == [value], written
+    expo = _scrape(VLLM.replace(waiting, f"{line} forty-six"), cache).finish()
+    assert expo.malformed_families == ["vllm:num_requests_waiting"]
+    # a histogram's bucket whose bound turns into garbage drops that family, as on a first scrape
+    bucket = next(row for row in VLLM.splitlines() if "time_to_first_token_seconds_bucket" in row)
+    expo = _scrape(VLLM.replace(bucket, bucket.replace('le="', 'le="x', 1)), cache).finish()
+    assert "vllm:time_to_first_token_seconds" in expo.malformed_families
+    # the same family under another type on a later page is read as that type
+    typed = "# TYPE vllm:num_requests_waiting gauge"
+    assert typed in VLLM
+    expo = _scrape(VLLM.replace(typed, "# TYPE vllm:num_requests_waiting counter"), cache).finish()
+    assert "vllm:num_requests_waiting" not in expo.gauges
+
+
+def test_a_full_cache_changes_nothing_a_scrape_reads() -> None:
+    full: dict[str, object] = {f'{{junk="{i}"}}': None for i in range(LABEL_CACHE_MAX)}
+    assert _scrape(VLLM, full).finish().gauges == parse_exposition(VLLM, WANTED, None, PREFIXES).gauges
+    assert len(full) == LABEL_CACHE_MAX

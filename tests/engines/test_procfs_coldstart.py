@@ -103,3 +103,41 @@ def test_the_same_process_seen_through_proc_later_is_not_a_restart() -> None:
     assert ep.cold_start_seconds == 3.5
     collector._note_process_start(ep, 1050.0, "procfs")  # a restart, seen by /proc
     assert ep.cold_start_seconds is None
+
+
+async def test_a_pid_lookup_that_outlasts_its_deadline_is_not_started_again_every_round(
+    fake_engines: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Finding the PID behind a local port scans every process's fds; on a busy node the scan can
+    # outlast the per-item deadline and is set aside. It must count as this round's try (next one
+    # after pid_retry_seconds), not be started afresh by every round once it returns.
+    import threading
+
+    from exporter.engines import collector as engines_collector
+
+    scans: list[int] = []
+    release = threading.Event()
+
+    def slow_scan(root: object, port: int, candidates: object = None) -> int | None:
+        scans.append(port)
+        release.wait(5)
+        return None
+
+    monkeypatch.setattr(engines_collector.procfs, "pid_for_port", slow_scan)
+    clock = FakeClock(BOOT + 100.0)
+    settings = EngineSettings(procfs_path=ROOT, procfs_item_timeout_seconds=0.05, pid_retry_seconds=60.0)
+    url = fake_engines.replace("localhost", "127.0.0.1") + "/vllm-0.33.0"
+    collector = EnginesCollector([ListSource([Target(url, model="m")])], settings, clock)
+    try:
+        await collector.collect(NodeState())  # the scan starts, outlasts 50 ms, is set aside
+        release.set()  # it returns before the next round
+        for _ in range(3):
+            clock.now += 5.0
+            await collector.collect(NodeState())
+        assert len(scans) == 1
+        clock.now += 60.0  # the retry interval: one more try
+        await collector.collect(NodeState())
+        assert len(scans) == 2
+    finally:
+        release.set()
+        await collector.close()

@@ -6,14 +6,23 @@ import math
 
 import pytest
 from prometheus_client import generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 
-from exporter.collectors.series import _SWEEP_FAMILIES, SeriesTable
+from exporter.collectors.series import _SWEEP_FAMILIES, HistogramTable, SeriesTable
 from exporter.snapshot import render
 from gpupulse.metrics.spec import MetricSpec
 
 GAUGE = MetricSpec("gpu_test_ratio", "gauge", "ratio", ("uuid", "note"), "A test gauge.", "device")
+HISTOGRAM = MetricSpec(
+    "inference_test_latency_seconds",
+    "histogram",
+    "seconds",
+    ("model", "phase"),
+    "A test histogram.",
+    "engines",
+)
 COUNTER = MetricSpec("gpu_test_events_total", "counter", "", ("uuid",), "A test counter.", "health")
 VALUES = [0.0, -0.0, 1.0, 0.5, 1e-9, 123456789.0, math.inf, -math.inf, math.nan, 42.0]
 NOTES = ["plain", 'quote"d', "back\\slash", "new\nline", "", "ünïcode", "a", "b", "c", "d"]
@@ -155,3 +164,53 @@ def test_series_of_gone_processes_are_forgotten_while_live_ones_keep_their_text(
         assert f'note="gone-{2 * tick + 1}"' in text and 'note="pid-1"' in text
     assert len(table) <= 2 * _SWEEP_FAMILIES + 3  # at most one sweep period of churn, not 1,536
     assert table.series("GPU-0", "pid-1") is staying  # still listed: the same series, its text kept
+
+
+# (labels, cumulative buckets, sum): escaping, an integral bound, -0.0 and NaN values, a negative
+# first bound (prometheus_client then writes no _count and _sum), no sum at all
+HISTOGRAM_ROWS: list[tuple[list[str], list[tuple[float, float]], float | None]] = [
+    (["m", "prefill"], [(0.005, 0.0), (0.1, 3.0), (1.0, 7.0), (math.inf, 9.0)], 2.25),
+    (['q"uote', "new\nline"], [(1.0, -0.0), (2.0, math.nan), (math.inf, 4.0)], 0.0),
+    (["neg", "decode"], [(-1.0, 1.0), (math.inf, 2.0)], 1.5),
+    (["nosum", "mixed"], [(0.5, 1.0), (math.inf, 1.0)], None),
+]
+
+
+def _reference_histogram(rows: list[tuple[list[str], list[tuple[float, float]], float | None]]) -> Metric:
+    family = HistogramMetricFamily(HISTOGRAM.name, HISTOGRAM.help, labels=list(HISTOGRAM.labels))
+    for labels, buckets, sum_value in rows:
+        as_text = [("+Inf" if b == math.inf else repr(b), v) for b, v in buckets]
+        family.add_metric(labels, as_text, sum_value)
+    return family
+
+
+def _comparable(samples: list[Sample]) -> list[tuple[object, ...]]:
+    return [(s.name, s.labels, repr(s.value), s.timestamp, s.exemplar) for s in samples]  # NaN != NaN
+
+
+def test_histogram_text_and_samples_match_prometheus_client_across_rounds() -> None:
+    table = HistogramTable(HISTOGRAM)
+    for shift in (0.0, 1.0, 0.0):  # the children's prefixes are reused from the second round on
+        rows = [(labels, [(b, v + shift) for b, v in buckets], s) for labels, buckets, s in HISTOGRAM_ROWS]
+        ours = table.family()
+        for labels, buckets, sum_value in rows:
+            ours.add_metric(labels, buckets, sum_value)
+        reference = _reference_histogram(rows)
+        assert render([ours]) == generate_latest(_One(reference))
+        assert _comparable(ours.samples) == _comparable(reference.samples)
+
+
+def test_histogram_children_of_gone_endpoints_are_forgotten() -> None:
+    table = HistogramTable(HISTOGRAM)
+    for round_ in range(3 * _SWEEP_FAMILIES):
+        family = table.family()
+        family.add_metric(["staying", "mixed"], [(math.inf, float(round_))], 1.0)
+        family.add_metric([f"gone-{round_}", "mixed"], [(math.inf, 1.0)], 1.0)
+        text = render([family]).decode()
+        assert f'model="gone-{round_}"' in text and f'{{model="staying",phase="mixed"}} {round_}.0' in text
+    assert len(table) <= _SWEEP_FAMILIES + 2  # at most one sweep period of churn, not 768
+
+
+def test_histogram_tables_are_for_histograms_only() -> None:
+    with pytest.raises(ValueError, match="not a histogram"):
+        HistogramTable(GAUGE)
