@@ -708,17 +708,28 @@ class FakeKubeAPI:
 
     @staticmethod
     def _check_preconditions(obj: JSON, options: JSON | None) -> None:
+        # worded as the real server's storage layer words it, for a delete and an eviction alike
+        # (tests/kube/test_shared_behaviour.py runs the same calls against both)
         pre = (options or {}).get("preconditions") or {}
         meta = obj["metadata"]
+        what = f'Operation cannot be fulfilled on {obj.get("kind", "Pod")} "{meta["name"]}"'
         if pre.get("uid") and pre["uid"] != meta["uid"]:
             raise ApiError(
                 409,
                 "Conflict",
-                f"Precondition failed: UID in precondition: {pre['uid']}, UID in object meta: {meta['uid']}",
+                f"{what}: the UID in the precondition ({pre['uid']}) does not match the UID in record "
+                f"({meta['uid']}). The object might have been deleted and then recreated",
                 {"name": meta["name"], "kind": "pods"},
             )
         if pre.get("resourceVersion") and pre["resourceVersion"] != meta["resourceVersion"]:
-            raise ApiError(409, "Conflict", "Precondition failed: resourceVersion", {"name": meta["name"]})
+            raise ApiError(
+                409,
+                "Conflict",
+                f"{what}: the ResourceVersion in the precondition ({pre['resourceVersion']}) does not "
+                f"match the ResourceVersion in record ({meta['resourceVersion']}). "
+                "The object might have been modified",
+                {"name": meta["name"]},
+            )
 
     def _remove_pod(self, pod: JSON, via: str) -> None:
         meta = pod["metadata"]

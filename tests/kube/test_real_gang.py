@@ -174,12 +174,12 @@ def restarted(serve: Serve) -> JSON:
     return entry
 
 
-def child_job(namespace: str, jobset: JSON, index: int, node: str) -> JSON:
+def child_job(namespace: str, jobset: JSON, index: int, node: str, label: str = "") -> JSON:
     """A child Job as the JobSet controller builds it: `<jobset>-<replicatedJob>-<index>`, Indexed,
-    labelled and controlled by the JobSet."""
+    labelled (with another JobSet's name as `label`, when given) and controlled by the JobSet."""
     name = jobset["metadata"]["name"]
     labels = {
-        "jobset.sigs.k8s.io/jobset-name": name,
+        "jobset.sigs.k8s.io/jobset-name": label or name,
         "jobset.sigs.k8s.io/replicatedjob-name": "workers",
         "jobset.sigs.k8s.io/job-index": str(index),
     }
