@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -23,10 +24,12 @@ import pytest
 
 from gpupulse.clock import SystemClock
 from remediation.backends.kubernetes import KubernetesBackend
-from remediation.errors import KubeConflict, KubeInvalid, KubeTooManyRequests, PermanentError
+from remediation.errors import KubeConflict, KubeInvalid, KubeNotFound, KubeTooManyRequests, PermanentError
 from remediation.kube.client import KubeClient, KubeClientSettings
+from remediation.kube.incidents import MAX_STATUS_BYTES, IncidentStore, IncidentStoreSettings
 from remediation.kube.lease import LeaseRecord, LeaseStore
 from remediation.model import Target
+from remediation.replication import IncidentSnapshot, Snapshot
 from tests.fakes.kube_api import FakeKubeAPI
 from tests.kube.conftest import backend_settings
 from tests.kube.realapi import (
@@ -454,3 +457,73 @@ async def test_a_gang_restart_takes_every_child_job_of_the_jobset_and_only_those
             Target(kind="job", namespace=ns, training_job_kind="JobSet.jobset.x-k8s.io", training_job="gone"),
             "hang",
         )
+
+
+def _incident_body(name: str, rv: str, entries: int) -> JSON:
+    return {
+        "apiVersion": "remediation.gpupulse.io/v1",
+        "kind": "GpuIncident",
+        "metadata": {"name": name, "resourceVersion": rv},
+        "status": {"entries": [{"kind": "note", "text": "x" * 1000} for _ in range(entries)]},
+    }
+
+
+# aiohttp warns before sending any body over 1 MiB in one piece; sending one is the point here
+@pytest.mark.filterwarnings("ignore:Sending a large body:ResourceWarning")
+async def test_an_object_past_etcds_or_the_servers_limit_is_refused_as_invalid(world: World) -> None:
+    """About 1.7 MB: etcd refuses (500, no reason); about 3.3 MB: the API server refuses the body
+    (413). Both are KubeInvalid: the same write fails every time, so it is not retried."""
+    group, version, plural = INCIDENTS
+    name = f"shared-large-{world.name}-{world.namespace()}"
+    body = {"apiVersion": f"{group}/{version}", "kind": "GpuIncident", "metadata": {"name": name},
+            "spec": {"schemaVersion": 1, "id": 1}}  # fmt: skip
+    created = await world.client.create_custom_object(group, version, CONTROLLER_NS, plural, body)
+    rv = created["metadata"]["resourceVersion"]
+    try:
+        seen = []
+        for entries in (1700, 3200):
+            with pytest.raises(KubeInvalid) as refused:
+                await world.client.replace_custom_object_status(
+                    group, version, CONTROLLER_NS, plural, name, _incident_body(name, rv, entries)
+                )
+            seen.append(refused.value.status)
+        assert seen == [500, 413]
+        # just below the bound the store keeps a status to: stored
+        await world.client.replace_custom_object_status(
+            group, version, CONTROLLER_NS, plural, name, _incident_body(name, rv, MAX_STATUS_BYTES // 1030)
+        )
+    finally:
+        await world.client.delete_custom_object(group, version, CONTROLLER_NS, plural, name)
+
+
+@pytest.mark.filterwarnings("ignore:Sending a large body:ResourceWarning")
+async def test_an_incident_whose_history_outgrows_etcd_is_written_without_its_oldest_entries(
+    world: World,
+) -> None:
+    """200 ledger entries of 10 kB each (2 MB, past etcd's 1.5 MiB): the store leaves out the oldest
+    entries until the status fits, and the write is accepted, where it used to be refused on every
+    write by every later leader. The newest entry, the row and the newest diagnosis stay."""
+    # an object name of this test's own in the controller's namespace, which every test shares
+    incident_id = 900_000 + int(world.namespace().rsplit("-", 1)[1])
+    store = IncidentStore(
+        world.client, IncidentStoreSettings(namespace=CONTROLLER_NS, identity="ctl-0"), may_act=lambda: True
+    )
+    row = {"id": incident_id, "key": "k", "state": "open", "signature": "gpu-memory-leak"}
+    entries = [{"id": i, "kind": "note", "summary": f"entry {i}", "text": "x" * 10_000} for i in range(200)]
+    diagnoses = [{"id": i, "headline": "d", "evidence": "y" * 20_000} for i in range(3)]
+    handled = [{"key": f"h{i}", "at": 200 - i} for i in range(200)]
+    snapshot = Snapshot((IncidentSnapshot(incident_id, row, entries, handled, [], diagnoses),), None)
+    group, version, plural = INCIDENTS
+    name = f"incident-{incident_id}"
+    try:
+        await store.write(snapshot)
+        stored = await world.client.get_custom_object(group, version, CONTROLLER_NS, plural, name)
+    finally:
+        with contextlib.suppress(KubeNotFound):
+            await world.client.delete_custom_object(group, version, CONTROLLER_NS, plural, name)
+    status = stored["status"]
+    kept = [e["id"] for e in status["entries"]]
+    assert 0 < len(kept) < 200 and kept == list(range(200 - len(kept), 200)), "the newest, in order"
+    assert status["row"] == row and status["diagnoses"] == diagnoses and status["handled"] == handled
+    assert len(json.dumps(status).encode()) <= MAX_STATUS_BYTES + 200  # the writer field on top
+    assert store.counts.trimmed == 1
