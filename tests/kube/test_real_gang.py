@@ -351,7 +351,9 @@ def test_indexed_job_restart_has_the_real_job_controller_bring_back_every_index(
     real_cluster: RealCluster, kubeconfig: Path, tmp_path: Path
 ) -> None:
     """The pods of an Indexed Job are deleted by its controller-uid label; the real Job controller
-    recreates a pod for each index, and the Job itself is untouched."""
+    recreates a pod for each index, and the Job itself is untouched. Each deleted rank counts as a
+    failed pod against backoffLimit, and the controller waits its failure backoff (10 s, doubling)
+    before the new pods: about 40 s here after three."""
     kube = real_cluster.kube
     with training_namespace(real_cluster) as (ns, (node,)):
         jobs = f"/apis/batch/v1/namespaces/{ns}/jobs"
@@ -384,3 +386,4 @@ def test_indexed_job_restart_has_the_real_job_controller_bring_back_every_index(
         after = kube.get(f"{jobs}/ddp")
         assert after["metadata"]["uid"] == job["metadata"]["uid"]
         assert not after["metadata"].get("deletionTimestamp")
+        assert after["status"].get("failed") == 3, "every restarted rank counted against backoffLimit"
