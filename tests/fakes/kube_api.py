@@ -620,6 +620,8 @@ class FakeKubeAPI:
         }
         if api_version == "batch/v1":  # the API server defaults and requires these on every Job
             body.setdefault("completionMode", "NonIndexed")
+            if "backoffLimitPerIndex" not in body:
+                body.setdefault("backoffLimit", 6)
             body.setdefault(
                 "template", {"spec": {"containers": [{"name": "main", "image": "registry.example/train:1"}]}}
             )

@@ -17,6 +17,12 @@ from typing import Any
 import pytest
 
 from bench.proofs.harness import TOKEN, Serve, alert, notification, post
+from gpupulse.clock import SystemClock
+from remediation.backends.kubernetes import KubernetesBackend
+from remediation.errors import PermanentError
+from remediation.kube.client import KubeClient
+from remediation.model import Target
+from tests.kube.conftest import backend_settings
 from tests.kube.realapi import (
     CRDS,
     JSON,
@@ -33,7 +39,9 @@ from tests.kube.realapi import (
     wait_for,
 )
 from tests.kube.test_real_apiserver import (
+    CONTROLLER_NS,
     chart,
+    controller_client,
     controller_token,
     kubeconfig,
     refused_actions,
@@ -42,7 +50,7 @@ from tests.kube.test_real_apiserver import (
 
 pytestmark = [pytest.mark.real_apiserver, pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
 # session and module fixtures, imported so that pytest finds them here
-__all__ = ["chart", "controller_token", "kubeconfig", "real_cluster"]
+__all__ = ["chart", "controller_client", "controller_token", "kubeconfig", "real_cluster"]
 
 # the CRDs our gang restart reads or writes (remediation/kube/jobs.py OWNER_KINDS), vendored verbatim
 CRD_FILES = (
@@ -387,3 +395,57 @@ def test_indexed_job_restart_has_the_real_job_controller_bring_back_every_index(
         assert after["metadata"]["uid"] == job["metadata"]["uid"]
         assert not after["metadata"].get("deletionTimestamp")
         assert after["status"].get("failed") == 3, "every restarted rank counted against backoffLimit"
+
+
+def indexed_job(namespace: str, name: str, ranks: int, node: str, backoff_limit: int) -> JSON:
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"completionMode": "Indexed", "completions": ranks, "parallelism": ranks,
+                 "backoffLimit": backoff_limit, "template": {"spec": container_spec(node)}},
+    }  # fmt: skip
+
+
+def job_failed(job: JSON) -> str:
+    """The reason of the Job's Failed condition ("" while it has none)."""
+    for c in (job.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "Failed" and c.get("status") == "True":
+            return str(c.get("reason", ""))
+    return ""
+
+
+def test_deleting_more_ranks_of_an_indexed_job_than_its_backoff_limit_fails_the_job(
+    real_cluster: RealCluster,
+) -> None:
+    """Why the gang restart of an Indexed Job counts its backoff budget first: the real Job controller
+    takes every deleted running pod as a failure, and past backoffLimit it fails the whole Job."""
+    kube = real_cluster.kube
+    with training_namespace(real_cluster) as (ns, (node,)):
+        jobs = f"/apis/batch/v1/namespaces/{ns}/jobs"
+        kube.post(jobs, indexed_job(ns, "ddp", 4, node, backoff_limit=2))
+        wait_for(lambda: sum(map(is_ready, pods_in(kube, ns))) == 4, 60, "4 ranks running")
+        for pod in pods_in(kube, ns):
+            kube.delete(f"/api/v1/namespaces/{ns}/pods/{pod['metadata']['name']}")
+        wait_for(lambda: bool(job_failed(kube.get(f"{jobs}/ddp"))), 60, "the Job controller to fail the Job")
+        assert job_failed(kube.get(f"{jobs}/ddp")) == "BackoffLimitExceeded"
+
+
+async def test_an_indexed_job_restart_that_would_exceed_its_backoff_limit_is_refused_on_the_real_job(
+    real_cluster: RealCluster, controller_client: KubeClient
+) -> None:
+    """The budget is read from the Job as the real server holds it (backoffLimit 2, 4 ranks): the
+    restart is refused before any pod is deleted and the Job keeps running."""
+    kube = real_cluster.kube
+    with training_namespace(real_cluster) as (ns, (node,)):
+        kube.post(f"/apis/batch/v1/namespaces/{ns}/jobs", indexed_job(ns, "ddp", 4, node, backoff_limit=2))
+        wait_for(lambda: sum(map(is_ready, pods_in(kube, ns))) == 4, 60, "4 ranks running")
+        uids = {p["metadata"]["uid"] for p in pods_in(kube, ns)}
+        backend = KubernetesBackend(
+            controller_client, backend_settings(namespace=CONTROLLER_NS, identity="ctl-0"), SystemClock()
+        )
+        target = Target(kind="job", namespace=ns, training_job_kind="Job.batch", training_job="ddp")
+        with pytest.raises(PermanentError, match=r"4 pod\(s\) of Job .*/ddp would fail it.*backoffLimit 2"):
+            await backend.restart(target, "hang")
+        assert {p["metadata"]["uid"] for p in pods_in(kube, ns) if is_ready(p)} == uids
+        assert not job_failed(kube.get(f"/apis/batch/v1/namespaces/{ns}/jobs/ddp"))
