@@ -419,14 +419,31 @@ def test_deleting_more_ranks_of_an_indexed_job_than_its_backoff_limit_fails_the_
     real_cluster: RealCluster,
 ) -> None:
     """Why the gang restart of an Indexed Job counts its backoff budget first: the real Job controller
-    takes every deleted running pod as a failure, and past backoffLimit it fails the whole Job."""
+    takes every deleted running pod as a failure, and past backoffLimit it fails the whole Job. A
+    plain delete marks no DisruptionTarget condition (an eviction does), so a podFailurePolicy rule
+    that ignores disruptions does not spare the restarted ranks."""
     kube = real_cluster.kube
     with training_namespace(real_cluster) as (ns, (node,)):
         jobs = f"/apis/batch/v1/namespaces/{ns}/jobs"
         kube.post(jobs, indexed_job(ns, "ddp", 4, node, backoff_limit=2))
         wait_for(lambda: sum(map(is_ready, pods_in(kube, ns))) == 4, 60, "4 ranks running")
-        for pod in pods_in(kube, ns):
-            kube.delete(f"/api/v1/namespaces/{ns}/pods/{pod['metadata']['name']}")
+        real_cluster.kubelet.hung_nodes.add(node)  # the deleted pods stay Terminating to be read
+        first, second, *rest = pods_in(kube, ns)
+        path = f"/api/v1/namespaces/{ns}/pods"
+        kube.delete(f"{path}/{first['metadata']['name']}")
+        kube.post(f"{path}/{second['metadata']['name']}/eviction",
+                  {"apiVersion": "policy/v1", "kind": "Eviction",
+                   "metadata": {"name": second["metadata"]["name"], "namespace": ns}})  # fmt: skip
+
+        def disrupted(pod: JSON) -> bool:
+            now = kube.get(f"{path}/{pod['metadata']['name']}")
+            return any(c.get("type") == "DisruptionTarget" for c in now["status"].get("conditions") or [])
+
+        assert kube.get(f"{path}/{first['metadata']['name']}")["metadata"]["deletionTimestamp"]
+        assert not disrupted(first) and disrupted(second)
+        real_cluster.kubelet.hung_nodes.discard(node)
+        for pod in rest:
+            kube.delete(f"{path}/{pod['metadata']['name']}")
         wait_for(lambda: bool(job_failed(kube.get(f"{jobs}/ddp"))), 60, "the Job controller to fail the Job")
         assert job_failed(kube.get(f"{jobs}/ddp")) == "BackoffLimitExceeded"
 
