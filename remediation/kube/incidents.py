@@ -13,6 +13,7 @@ errors are retried with backoff until the write deadline (the renew deadline), t
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -42,6 +43,9 @@ SWITCHES_NAME = "controller"
 SCHEMA_VERSION = 1
 LABELS = {"app.kubernetes.io/managed-by": "gpupulse-remediation"}
 CLOSED_STATES = ("closed", "ignored")
+# etcd refuses a request past 1.5 MiB (its default --max-request-bytes) and kube-apiserver answers 500,
+# the same for every later write: a status is kept below this, leaving room for metadata and spec
+MAX_STATUS_BYTES = 1_048_576
 
 
 def incident_name(incident_id: int) -> str:
@@ -65,6 +69,7 @@ class IncidentStoreSettings:
     write_deadline_seconds: float = 10.0  # the renew deadline: past it the lease may be someone else's
     retry_initial_seconds: float = 0.05
     retry_max_seconds: float = 1.0
+    max_status_bytes: int = MAX_STATUS_BYTES  # past it the oldest history goes (bounded_status)
 
 
 @dataclass
@@ -76,6 +81,7 @@ class StoreCounts:
     conflicts: int = 0
     retries: int = 0
     deletes: int = 0
+    trimmed: int = 0  # status writes that left out old history to stay below max_status_bytes
 
     @property
     def writes(self) -> int:
@@ -165,6 +171,15 @@ class IncidentStore:
                 "alerts": [dict(a) for a in inc.alerts],
                 "diagnoses": [dict(d) for d in inc.diagnoses],
             }
+            status, dropped = bounded_status(status, self._s.max_status_bytes)
+            if dropped:
+                self.counts.trimmed += 1
+                log.warning(
+                    "incident %d: its status is over %d bytes; left out the oldest %s",
+                    inc.id,
+                    self._s.max_status_bytes,
+                    ", ".join(f"{n} {what}" for what, n in dropped.items()),
+                )
             await self._write(INCIDENTS, "GpuIncident", incident_name(inc.id), spec, status)
         if snapshot.switches is not None:
             await self._write(
@@ -270,6 +285,33 @@ class IncidentStore:
             self._rv.pop((INCIDENTS, name), None)
             deleted += 1
         return deleted
+
+
+def _json_bytes(value: Any) -> int:
+    return len(json.dumps(value, separators=(",", ":"), default=str).encode())
+
+
+def bounded_status(status: JSON, max_bytes: int) -> tuple[JSON, dict[str, int]]:
+    """`status` with its oldest history left out until it encodes to at most `max_bytes`: ledger
+    entries first (oldest first), then diagnoses but the newest, then the oldest handled keys. The row
+    and the alert states always stay (a status still too large is refused as before). Returns the
+    status and how many of each were left out."""
+    size = _json_bytes(status)
+    if size <= max_bytes:
+        return status, {}
+    out = dict(status)
+    dropped: dict[str, int] = {}
+    # (field, index of the item to drop next: entries and diagnoses are oldest first, handled newest
+    # first, as replication.collect reads them; how many must stay)
+    for name, at, keep in (("entries", 0, 0), ("diagnoses", 0, 1), ("handled", -1, 0)):
+        items = list(out.get(name) or [])
+        while size > max_bytes and len(items) > keep:
+            size -= _json_bytes(items.pop(at)) + (1 if items else 0)  # the item and its comma
+            dropped[name] = dropped.get(name, 0) + 1
+        out[name] = items
+        if size <= max_bytes:
+            break
+    return out, dropped
 
 
 def _snapshot_of(obj: JSON) -> IncidentSnapshot | None:

@@ -15,8 +15,11 @@ How each supported owner restarts (read from each project's source and docs; doc
   controller kills every pod, counts a retry and recreates them, as its RestartJob policy does.
 - Indexed Job (batch/v1, completionMode Indexed): the Job controller recreates the pod of every index
   that has none; we delete every pod of the Job (label batch.kubernetes.io/controller-uid). Each
-  deleted pod counts against backoffLimit (or backoffLimitPerIndex) unless the Job's podFailurePolicy
-  ignores DisruptionTarget. A Job a JobSet controls is restarted as its JobSet.
+  deleted running pod counts as a failure against backoffLimit (or its index's backoffLimitPerIndex;
+  a plain delete sets no DisruptionTarget condition for a podFailurePolicy to ignore), and past it the
+  Job controller fails the whole Job (tests/kube/test_real_gang.py shows both on the real one): a
+  restart that would go past it is refused, so the ladder pages. A Job a JobSet controls is
+  restarted as its JobSet.
 
 Anything else (LeaderWorkerSet, StatefulSet, a CRD we do not know) is a PermanentError: the ladder pages.
 """
@@ -34,6 +37,8 @@ from remediation.kube.pods import PodRef, controller_owner
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 PYTORCHJOB_NAME_LABEL = "training.kubeflow.org/job-name"
 JOB_CONTROLLER_UID_LABEL = "batch.kubernetes.io/controller-uid"
+JOB_INDEX_FAILURES_ANNOTATION = "batch.kubernetes.io/job-index-failure-count"
+JOB_DEFAULT_BACKOFF_LIMIT = 6  # batch/v1 defaults backoffLimit to 6 when backoffLimitPerIndex is unset
 
 Method = Literal["delete_child_jobs", "delete_pods", "volcano_command"]
 
@@ -157,8 +162,46 @@ async def restart_job(
         for p in await client.list_pods(namespace, selector)
         if (controller_owner(p) or {}).get("uid") == uid
     ]
+    if owner.kind == "Job.batch":
+        check_backoff_budget(obj, pods)
     deleted, gone = await _delete_all(pods, lambda ns, n, u: client.delete_pod(ns, n, u), guard)
     return JobRestart(owner.kind, name, uid, owner.method, deleted, gone)
+
+
+def check_backoff_budget(job: JSON, pods: list[JSON]) -> None:
+    """PermanentError when deleting `pods` would make the Job controller fail the Job: each one is a
+    failure against backoffLimit (failed > backoffLimit fails the Job) or, with backoffLimitPerIndex,
+    against its index's limit (the pod's job-index-failure-count annotation counts earlier ones)."""
+    spec, status, meta = job.get("spec") or {}, job.get("status") or {}, job.get("metadata") or {}
+    where = f"Job {meta.get('namespace', '')}/{meta.get('name', '')}"
+    per_index = spec.get("backoffLimitPerIndex")
+    if per_index is not None:
+        over = sorted(
+            str(notes.get("batch.kubernetes.io/job-completion-index", "?"))
+            for notes in (((p.get("metadata") or {}).get("annotations") or {}) for p in pods)
+            if _int(notes.get(JOB_INDEX_FAILURES_ANNOTATION)) + 1 > _int(per_index)
+        )
+        if over:
+            raise PermanentError(
+                f"restarting {where} would fail its index(es) {', '.join(over)}: each deleted pod counts "
+                f"against backoffLimitPerIndex {per_index}"
+            )
+        return
+    limit = _int(spec.get("backoffLimit", JOB_DEFAULT_BACKOFF_LIMIT))
+    failed = _int(status.get("failed"))
+    if failed + len(pods) > limit:
+        raise PermanentError(
+            f"restarting the {len(pods)} pod(s) of {where} would fail it: each deleted pod counts as a "
+            f"failure against its backoffLimit {limit} ({failed} failed so far); a larger backoffLimit "
+            "or backoffLimitPerIndex lets gpupulse restart it"
+        )
+
+
+def _int(value: Any) -> int:
+    try:
+        return int(value or 0)
+    except (TypeError, ValueError):
+        return 0
 
 
 async def _delete_all(

@@ -56,6 +56,11 @@ JSON = dict[str, Any]
 Key = tuple[str, str]
 
 MERGE_PATCH_TYPES = ("application/merge-patch+json", "application/strategic-merge-patch+json")
+# the real server's size limits (tests/kube/test_real_apiserver.py measures both): kube-apiserver
+# refuses a request body past 3 MiB with 413; etcd refuses to store past 1.5 MiB (--max-request-bytes)
+# and kube-apiserver passes that on as a 500 with no reason
+API_MAX_REQUEST_BYTES = 3 * 1024 * 1024
+ETCD_MAX_REQUEST_BYTES = 1536 * 1024
 
 # (group/version, plural) -> kind of the workload objects served besides the core ones
 SERVED: dict[tuple[str, str], str] = {
@@ -313,7 +318,8 @@ class FakeKubeAPI:
 
     async def start(self, port: int = 0) -> str:
         """Serve on 127.0.0.1 (a free port unless `port` is given)."""
-        app = web.Application(middlewares=[self._middleware])
+        # aiohttp's own 1 MiB body limit would answer first, without a Status body
+        app = web.Application(middlewares=[self._middleware], client_max_size=2 * API_MAX_REQUEST_BYTES)
         r = app.router
         r.add_get("/api/v1/pods", self._list_all_pods)
         r.add_get("/api/v1/namespaces/{ns}/{resource:pods}", self._list_namespaced)
@@ -614,6 +620,8 @@ class FakeKubeAPI:
         }
         if api_version == "batch/v1":  # the API server defaults and requires these on every Job
             body.setdefault("completionMode", "NonIndexed")
+            if "backoffLimitPerIndex" not in body:
+                body.setdefault("backoffLimit", 6)
             body.setdefault(
                 "template", {"spec": {"containers": [{"name": "main", "image": "registry.example/train:1"}]}}
             )
@@ -662,6 +670,9 @@ class FakeKubeAPI:
         if auth != f"Bearer {self.token}":
             return web.json_response(status_body(401, "Unauthorized", "Unauthorized"), status=401)
         raw = await request.read()
+        if len(raw) > API_MAX_REQUEST_BYTES:
+            message = f"Request entity too large: limit is {API_MAX_REQUEST_BYTES}"
+            return web.json_response(status_body(413, "RequestEntityTooLarge", message), status=413)
         body = json.loads(raw) if raw else None
         self.requests.append(
             Recorded(request.method, request.path, dict(request.query), body, request.content_type)
@@ -708,17 +719,28 @@ class FakeKubeAPI:
 
     @staticmethod
     def _check_preconditions(obj: JSON, options: JSON | None) -> None:
+        # worded as the real server's storage layer words it, for a delete and an eviction alike
+        # (tests/kube/test_shared_behaviour.py runs the same calls against both)
         pre = (options or {}).get("preconditions") or {}
         meta = obj["metadata"]
+        what = f'Operation cannot be fulfilled on {obj.get("kind", "Pod")} "{meta["name"]}"'
         if pre.get("uid") and pre["uid"] != meta["uid"]:
             raise ApiError(
                 409,
                 "Conflict",
-                f"Precondition failed: UID in precondition: {pre['uid']}, UID in object meta: {meta['uid']}",
+                f"{what}: the UID in the precondition ({pre['uid']}) does not match the UID in record "
+                f"({meta['uid']}). The object might have been deleted and then recreated",
                 {"name": meta["name"], "kind": "pods"},
             )
         if pre.get("resourceVersion") and pre["resourceVersion"] != meta["resourceVersion"]:
-            raise ApiError(409, "Conflict", "Precondition failed: resourceVersion", {"name": meta["name"]})
+            raise ApiError(
+                409,
+                "Conflict",
+                f"{what}: the ResourceVersion in the precondition ({pre['resourceVersion']}) does not "
+                f"match the ResourceVersion in record ({meta['resourceVersion']}). "
+                "The object might have been modified",
+                {"name": meta["name"]},
+            )
 
     def _remove_pod(self, pod: JSON, via: str) -> None:
         meta = pod["metadata"]
@@ -1082,7 +1104,7 @@ class FakeKubeAPI:
         if (api_version, plural) in WITH_STATUS:  # the status subresource: a create does not set status
             obj.pop("status", None)
             obj["metadata"]["generation"] = 1
-        self.objects[(api_version, plural, ns, name)] = obj
+        self._store_object((api_version, plural, ns, name), obj)
         return web.json_response(obj, status=201)
 
     def _check_update(self, key: ObjKey, current: JSON, body: JSON) -> None:
@@ -1121,7 +1143,7 @@ class FakeKubeAPI:
         }
         if body.get("spec") != current.get("spec"):
             new["metadata"]["generation"] = current["metadata"].get("generation", 1) + 1
-        self.objects[key] = new
+        self._store_object(key, new)
         return web.json_response(new)
 
     async def _replace_object_status(self, request: web.Request) -> web.Response:
@@ -1131,8 +1153,14 @@ class FakeKubeAPI:
         new = copy.deepcopy(current)  # a status write changes only status
         new["status"] = body.get("status") or {}
         new["metadata"]["resourceVersion"] = self.next_rv()
-        self.objects[key] = new
+        self._store_object(key, new)
         return web.json_response(new)
+
+    def _store_object(self, key: ObjKey, obj: JSON) -> None:
+        """Keep `obj` unless etcd would refuse it as too large (500, as kube-apiserver passes it on)."""
+        if len(json.dumps(obj).encode()) > ETCD_MAX_REQUEST_BYTES:
+            raise ApiError(500, "", "etcdserver: request is too large")
+        self.objects[key] = obj
 
     async def _delete_object(self, request: web.Request) -> web.Response:
         key, obj = self._object(request)

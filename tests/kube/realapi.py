@@ -574,3 +574,53 @@ def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealClust
     finally:
         kubelet.stop()
         plane.stop()
+
+
+# --- CustomResourceDefinitions of other projects (tests/fixtures/crds), for the gang-restart tests
+
+CRDS = Path(__file__).resolve().parents[1] / "fixtures" / "crds"
+
+
+def apply_crd(kube: RealKube, path: Path, within_seconds: float = 60.0) -> JSON:
+    """Create the CRD in the YAML file `path` (409 when a module did already) and wait until the
+    server serves it (condition Established)."""
+    import yaml  # a test dependency; realapi itself reads only JSON
+
+    doc = yaml.safe_load(path.read_text())
+    name = str(doc["metadata"]["name"])
+    with contextlib.suppress(KubeHTTPError):
+        kube.post("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", doc)
+    where = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}"
+
+    def established() -> bool:
+        conditions = (kube.get(where).get("status") or {}).get("conditions") or []
+        return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
+
+    wait_for(established, within_seconds, f"the CRD {name} to be established")
+    return kube.get(where)
+
+
+def pods_in(kube: RealKube, namespace: str, selector: str = "") -> list[JSON]:
+    """The namespace's pods (matching a label selector), being deleted or not."""
+    query = f"?{urllib.parse.urlencode({'labelSelector': selector})}" if selector else ""
+    return list(kube.get(f"/api/v1/namespaces/{namespace}/pods{query}").get("items") or [])
+
+
+def is_ready(pod: JSON) -> bool:
+    """Ready and not being deleted."""
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return not pod["metadata"].get("deletionTimestamp") and any(
+        c.get("type") == "Ready" and c.get("status") == "True" for c in conditions
+    )
+
+
+def controller_ref(obj: Mapping[str, Any]) -> JSON:
+    """A controller ownerReference to `obj` as its controller writes it (blocking a foreground delete)."""
+    return {
+        "apiVersion": obj["apiVersion"],
+        "kind": obj["kind"],
+        "name": obj["metadata"]["name"],
+        "uid": obj["metadata"]["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
