@@ -4,7 +4,8 @@
 Prometheus, Alertmanager or API server rather than on the CPU, so a 2-core machine runs several at
 once. A session fixture that starts something expensive (a control plane, a backfilled TSDB, every
 chart install) would be started once per worker; the tests that use it are kept on one worker, and
-so are the tests that share one image store.
+so are the tests of a module whose module-scoped fixture starts something (a Prometheus with data, a
+controller), and the tests that share one image store.
 """
 
 from __future__ import annotations
@@ -33,4 +34,9 @@ def _group_of(item: pytest.Item) -> str | None:
     for directory in _SHARED_DIRS:
         if "tests" in parts and directory in parts[parts.index("tests") + 1 : parts.index("tests") + 2]:
             return directory
+    info = getattr(item, "_fixtureinfo", None)
+    if info is not None:
+        for name in names:
+            if any(d.scope == "module" for d in info.name2fixturedefs.get(name, ())):
+                return str(item.path)  # once per module, on one worker
     return None

@@ -4,12 +4,9 @@ promtool fails too (tests/test_generated.py: the committed files match their sou
 
 from __future__ import annotations
 
-import functools
-import os
 import re
 import subprocess
 from collections import defaultdict
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -42,23 +39,14 @@ def test_there_are_unit_test_files() -> None:
     assert len(unit_test_paths()) >= 5
 
 
-@functools.cache
-def _unit_test_results() -> dict[tuple[str, str], subprocess.CompletedProcess[str]]:
-    """Every unit-test file on every line, run at once on as many cores as there are (each run is one
-    promtool process, mostly single-threaded): the wall time of the slowest, not of the sum."""
-    jobs = [(line_name, p.name) for line_name in LINES for p in unit_test_paths()]
-    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
-        futures = {job: pool.submit(_run, job[0], "test", "rules", job[1], cwd=TESTS_DIR) for job in jobs}
-        return {job: future.result() for job, future in futures.items()}
-
-
 @pytest.mark.parametrize("name", [p.name for p in unit_test_paths()])
 @pytest.mark.parametrize("line_name", LINES)
 # memory-leak.test.yaml (production windows, days of 5 m samples) took 257 s on 3.16 and 286 s on 2.42,
-# run side by side at load 7-10 on 2 cores; the first of these tests waits for all of the runs
+# run side by side at load 7-10 on 2 cores. One promtool process per test: scripts/test's workers run
+# them side by side (a batch shared in one process would be run again by every worker).
 @pytest.mark.timeout(900)
 def test_promtool_unit_tests_pass(line_name: str, name: str) -> None:
-    result = _unit_test_results()[(line_name, name)]
+    result = _run(line_name, "test", "rules", name, cwd=TESTS_DIR)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.count("SUCCESS") == 1, result.stdout
 
