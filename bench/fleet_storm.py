@@ -72,6 +72,7 @@ class StormRun:
     twice_examples: list[str] = field(default_factory=list)
     pages: int = 0
     page_keys: int = 0
+    last_page: str = ""  # the last page's summary, shortened
     api_requests: int = 0
     api_writes: int = 0
     events: int = 0
@@ -258,6 +259,7 @@ async def _storm(
             print(f"serve exited {code}: {serve.log_tail()}", file=sys.stderr)
         run.pages = len(sink.pages)
         run.page_keys = len({str(p.get("dedup_key")) for p in sink.pages})
+        run.last_page = str(sink.pages[-1].get("summary", ""))[:200] if sink.pages else ""
         await sink.stop()
         try:
             log = await asyncio.to_thread(api.requests)
@@ -354,7 +356,7 @@ def print_runs(runs: list[StormRun], group_interval: str) -> None:
         ),
         ("failed notifications 0 / 1", [" / ".join(f"{v:,.0f}" for v in r.am_failed) for r in runs]),
         (
-            "inbox rows (deliveries) / distinct alerts",
+            "inbox rows / distinct alerts",
             [f"{r.inbox_rows:,} / {r.inbox_alerts:,}" for r in runs],
         ),
         ("incidents", [f"{r.incidents:,}" for r in runs]),
@@ -367,6 +369,10 @@ def print_runs(runs: list[StormRun], group_interval: str) -> None:
         (
             "Kubernetes API requests / writes (of them Events)",
             [f"{r.api_requests:,} / {r.api_writes:,} ({r.events:,})" for r in runs],
+        ),
+        (
+            "delivered twice (both replicas notified), absorbed by the controller",
+            [f"{sum(r.am_notified) - r.inbox_alerts:,.0f}" for r in runs],
         ),
         ("pages sent / distinct dedup keys", [f"{r.pages} / {r.page_keys}" for r in runs]),
         ("first post -> inbox drained", [f"{r.drained_seconds:.1f} s" for r in runs]),
@@ -381,6 +387,8 @@ def print_runs(runs: list[StormRun], group_interval: str) -> None:
     for r in runs:
         if r.timed_out:
             print(f"\n{r.scenario} x {r.alerts}: {r.timed_out}")
+        if r.last_page:
+            print(f"\n{r.scenario} x {r.alerts}, last page: {r.last_page}")
         if r.twice_examples:
             print(f"\n{r.scenario} x {r.alerts}, written twice: {', '.join(r.twice_examples)}")
 
