@@ -331,15 +331,16 @@ def _last_durations(samples: Samples) -> dict[str, float]:
     }
 
 
-def figures(proc: Proc, before: Samples, after: Samples, seconds: float) -> Figures:
-    """A process' figures from two readings of its /metrics `seconds` apart."""
-    f = Figures(proc.name, proc.kind)
+def figures(name: str, kind: str, before: Samples, after: Samples, seconds: float) -> Figures:
+    """A process' figures (its kind: prometheus, victoriametrics, vmalert) from two readings of its
+    /metrics `seconds` apart."""
+    f = Figures(name, kind)
     f.rss_bytes = one(after, "process_resident_memory_bytes")
     f.heap_bytes = one(after, "go_memstats_heap_inuse_bytes")
     f.cpu_cores = (
         one(after, "process_cpu_seconds_total") - one(before, "process_cpu_seconds_total")
     ) / seconds
-    if proc.kind == "prometheus":
+    if kind == "prometheus":
         f.series = one(after, "prometheus_tsdb_head_series")
         appended = "prometheus_tsdb_head_samples_appended_total"
         f.samples_per_second = (one(after, appended) - one(before, appended)) / seconds
@@ -348,12 +349,12 @@ def figures(proc: Proc, before: Samples, after: Samples, seconds: float) -> Figu
         sent = one(after, "prometheus_remote_storage_queue_highest_sent_timestamp_seconds")
         if sent:
             f.remote_write_lag_seconds = highest - sent
-    elif proc.kind == "victoriametrics":
+    elif kind == "victoriametrics":
         f.series = one(after, "vm_cache_entries", type="storage/hour_metric_ids")
         f.samples_per_second = (
             one(after, "vm_rows_inserted_total") - one(before, "vm_rows_inserted_total")
         ) / seconds
-    elif proc.kind == "vmalert":
+    elif kind == "vmalert":
         # the mean evaluation of each group over the window, from its summary's sum and count
         def per_group(samples: Samples, name: str) -> dict[str, float]:
             return {lab.get("group", ""): v for lab, v in samples.get(name, [])}
@@ -551,7 +552,7 @@ async def run_layout(
                 after = {p.name: await read_metrics(session, p.url) for p in started}
                 seconds = time.monotonic() - t0
                 for p in started:
-                    f = figures(p, before[p.name], after[p.name], seconds)
+                    f = figures(p.name, p.kind, before[p.name], after[p.name], seconds)
                     if rounds[p.name]:
                         f.rule_seconds = {
                             g: statistics.median(r[g] for r in rounds[p.name] if g in r)
