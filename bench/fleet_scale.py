@@ -318,6 +318,8 @@ class Figures:
     targets_up: float = math.nan
     targets: float = math.nan
     remote_write_lag_seconds: float = math.nan
+    # group evaluations skipped in the window because a round ran past the interval (nan: not read)
+    rule_rounds_missed: float = math.nan
 
 
 def _group_name(label: str) -> str:
@@ -345,6 +347,8 @@ def figures(name: str, kind: str, before: Samples, after: Samples, seconds: floa
         appended = "prometheus_tsdb_head_samples_appended_total"
         f.samples_per_second = (one(after, appended) - one(before, appended)) / seconds
         f.rule_seconds = _last_durations(after)
+        missed = "prometheus_rule_group_iterations_missed_total"
+        f.rule_rounds_missed = one(after, missed) - one(before, missed)
         highest = one(after, "prometheus_remote_storage_highest_timestamp_in_seconds")
         sent = one(after, "prometheus_remote_storage_queue_highest_sent_timestamp_seconds")
         if sent:
@@ -630,6 +634,7 @@ def print_runs(runs: Sequence[Run], s: Settings) -> None:
             "its eval ms",
             "all groups ms",
             "rw lag s",
+            "rounds missed",
         ]
         print("| " + " | ".join(header) + " |")
         print("|" + "---:|" * len(header))
@@ -656,6 +661,7 @@ def print_runs(runs: Sequence[Run], s: Settings) -> None:
                             "-"
                             if math.isnan(f.remote_write_lag_seconds)
                             else f"{f.remote_write_lag_seconds:.1f}",
+                            _fmt(f.rule_rounds_missed),
                         ],
                     )
                 )

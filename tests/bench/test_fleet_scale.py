@@ -67,8 +67,9 @@ async def test_pages_come_gzipped_when_asked_plain_otherwise_and_an_unknown_node
 
 
 def test_rates_and_memory_come_from_two_readings_of_a_prometheus() -> None:
-    def reading(appended: float, cpu: float, duration: float) -> Samples:
+    def reading(appended: float, cpu: float, duration: float, missed: float = 0.0) -> Samples:
         return {
+            "prometheus_rule_group_iterations_missed_total": [({"rule_group": "a;b"}, missed)],
             "prometheus_tsdb_head_series": [({}, 1000.0)],
             "prometheus_tsdb_head_samples_appended_total": [({"type": "float"}, appended)],
             "process_cpu_seconds_total": [({}, cpu)],
@@ -78,10 +79,13 @@ def test_rates_and_memory_come_from_two_readings_of_a_prometheus() -> None:
             ],
         }
 
-    f = figures("shard-0", "prometheus", reading(1_000, 10.0, 0.1), reading(7_000, 13.0, 0.4), 60.0)
+    f = figures(
+        "shard-0", "prometheus", reading(1_000, 10.0, 0.1), reading(7_000, 13.0, 0.4, missed=3.0), 60.0
+    )
     assert f.samples_per_second == 100.0 and f.cpu_cores == 0.05
     assert f.series == 1000.0 and f.rss_bytes == 5e8
     assert f.rule_seconds == {"gpupulse.hardware": 0.4}
+    assert f.rule_rounds_missed == 3.0  # rounds skipped within the window, not since the start
 
 
 def test_the_fit_is_the_per_node_slope() -> None:
