@@ -368,7 +368,14 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "Elect a leader on a Lease; only the leader acts. Required whenever replicas may overlap.",
         boolean=True,
     ),
-    Flag("kube.lease-name", str, _K.lease_name, "Name of the leader Lease."),
+    Flag("kube.lease-name", str, _K.lease_name, "Name of the leader Lease (the chart: one per release)."),
+    Flag(
+        "kube.instance",
+        str,
+        _K.instance,
+        "The release this controller belongs to: labels and names its GpuIncident objects, so releases"
+        " in one namespace share none ('' = the unlabelled names of earlier versions).",
+    ),
     Flag(
         "kube.lease-duration",
         parse_flag_duration,
@@ -614,6 +621,7 @@ def kube_settings_from_values(v: Mapping[str, Any], environ: Mapping[str, str]) 
         ledger=v["kube_ledger"],
         incident_keep=v["kube_incident_keep"],
         incident_retention_seconds=v["kube_incident_retention"],
+        instance=v["kube_instance"],
     )
 
 

@@ -17,6 +17,7 @@ remediation/backends/kubernetes.py, read from --kube.backend-config.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -36,6 +37,9 @@ DB_FILENAME = "gpupulse.db"
 # the inbox has its own file: SQLite allows one writer per file, and sharing the engine's file made
 # every webhook commit wait behind engine transactions (measured: ack p99 0.3-0.7 s at 500 alerts/s)
 INBOX_FILENAME = "inbox.db"
+
+# --kube.instance: a label value that also prefixes object names (a DNS-1123 label)
+_INSTANCE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 EngineBackendKind = Literal["local", "kubernetes", "none"]
 EnginePagerKind = Literal["webhook", "pagerduty", "slack", "none"]
@@ -282,6 +286,7 @@ class KubeSettings:
     request_timeout_seconds: float = 10.0
     # on whenever more than one replica may run at once (rollouts included); see docs/reliability.md
     leader_election: bool = False
+    # the chart names it per release; node lock Leases (gpupulse-node-<node>) are shared on purpose
     lease_name: str = "gpupulse-remediation-leader"
     lease_duration_seconds: int = 15
     renew_deadline_seconds: float = 10.0
@@ -295,6 +300,10 @@ class KubeSettings:
     incident_keep: int = 1000
     incident_retention_seconds: float = 30 * 86400.0
     incident_prune_interval_seconds: float = 600.0
+    # the release this controller belongs to: its GpuIncident and GpuRemediationState objects are
+    # labelled and named by it, so two releases in one namespace share none ("" = the unlabelled names
+    # of earlier versions; remediation/kube/incidents.py). The chart sets the release's name.
+    instance: str = ""
 
 
 @dataclass(frozen=True)
@@ -396,6 +405,13 @@ class Settings:
             raise ConfigError("--backend=kubernetes needs --kube.identity (or POD_NAME)")
         if kube.request_timeout_seconds <= 0:
             raise ConfigError("--kube.request-timeout must be positive")
+        if kube.instance and not _INSTANCE.fullmatch(kube.instance):
+            raise ConfigError(
+                f"--kube.instance {kube.instance!r}: lowercase letters, digits and '-', starting and"
+                " ending with a letter or digit, at most 63 (it is a label value)"
+            )
+        if kube.instance == "controller":  # the unnamed instance's switches object is called that
+            raise ConfigError("--kube.instance cannot be 'controller' (the unnamed instance's object name)")
         if kube.leader_election and not (
             kube.lease_duration_seconds > kube.renew_deadline_seconds > kube.retry_period_seconds > 0
         ):

@@ -301,13 +301,22 @@ class KubeClient:
     # --- custom resources (remediation.gpupulse.io: incidents and the controller's switches)
 
     async def list_custom_objects(
-        self, group: str, version: str, namespace: str, plural: str, limit: int = 500
+        self,
+        group: str,
+        version: str,
+        namespace: str,
+        plural: str,
+        limit: int = 500,
+        label_selector: str = "",
     ) -> list[JSON]:
-        """Every object of one kind in the namespace, read in pages of `limit` (continue tokens)."""
+        """Every object of one kind in the namespace (those `label_selector` matches), read in pages
+        of `limit` (continue tokens)."""
         items: list[JSON] = []
         token = ""
         while True:
             kwargs: dict[str, Any] = {"limit": limit, "_request_timeout": self._timeout}
+            if label_selector:
+                kwargs["label_selector"] = label_selector
             if token:
                 kwargs["_continue"] = token
             page = await self._call(

@@ -1,9 +1,17 @@
 """Incidents as GpuIncident custom resources: the shared ledger of cluster mode (docs/design/ha.md).
 
-One object per incident (`incident-<id>`), its spec fixed at creation (what `kubectl get` prints:
-target, signature), its status rewritten by each decision that touches it (the full ledger row, the
-newest entries, handled dedup keys, alert states) through the status subresource with the
-resourceVersion last seen. The operator switches live in one GpuRemediationState, `controller`.
+One object per incident (`incident-<id>`; `<instance>-incident-<id>` for a named instance), its spec
+fixed at creation (what `kubectl get` prints: target, signature), its status rewritten by each
+decision that touches it (the full ledger row, the newest entries, handled dedup keys, alert states)
+through the status subresource with the resourceVersion last seen. The operator switches live in
+one GpuRemediationState, `controller` (`<instance>`).
+
+Instances: two releases in one namespace keep apart by `--kube.instance` (the chart sets the release's
+name). A named instance labels its objects `gpupulse.io/instance=<instance>` and lists only those; the
+unnamed one (today's names) lists only objects with no such label. A named instance whose switches
+object does not exist yet adopts the unlabelled objects once: it copies them under its own names
+(the switches object last, as the mark that adoption finished; an adoption cut short is redone, each
+copy an idempotent create-or-rewrite) and leaves the originals in place, unread.
 
 Every status carries `writer` (holder, lease term). A 409 re-reads the object: written under a newer
 term means we were deposed (Fenced); otherwise the write is retried on the new version. API server
@@ -38,7 +46,8 @@ GROUP = "remediation.gpupulse.io"
 VERSION = "v1"
 INCIDENTS = "gpuincidents"
 SWITCHES = "gpuremediationstates"
-SWITCHES_NAME = "controller"
+SWITCHES_NAME = "controller"  # the unnamed instance's; a named instance's is its name
+INSTANCE_LABEL = "gpupulse.io/instance"
 # the layout of spec and status; readers accept older and newer objects (see restore's column rule)
 SCHEMA_VERSION = 1
 LABELS = {"app.kubernetes.io/managed-by": "gpupulse-remediation"}
@@ -48,9 +57,19 @@ CLOSED_STATES = ("closed", "ignored")
 MAX_STATUS_BYTES = 1_048_576
 
 
-def incident_name(incident_id: int) -> str:
+def incident_name(incident_id: int, instance: str = "") -> str:
     """The object name of an incident."""
-    return f"incident-{incident_id}"
+    return f"{instance}-incident-{incident_id}" if instance else f"incident-{incident_id}"
+
+
+def switches_name(instance: str = "") -> str:
+    """The object name of an instance's switches (GpuRemediationState)."""
+    return instance or SWITCHES_NAME
+
+
+def instance_selector(instance: str = "") -> str:
+    """The label selector of an instance's objects: its label, or for the unnamed one no label."""
+    return f"{INSTANCE_LABEL}={instance}" if instance else f"!{INSTANCE_LABEL}"
 
 
 def _target(row: Mapping[str, Any]) -> str:
@@ -70,6 +89,7 @@ class IncidentStoreSettings:
     retry_initial_seconds: float = 0.05
     retry_max_seconds: float = 1.0
     max_status_bytes: int = MAX_STATUS_BYTES  # past it the oldest history goes (bounded_status)
+    instance: str = ""  # the release this controller belongs to; "" = the unnamed one (module doc)
 
 
 @dataclass
@@ -107,6 +127,7 @@ class IncidentStore:
         # the failure that ended this store's writes (the serving loop steps down on it)
         self.lost: ReplicationLost | None = None
         self.lost_event = asyncio.Event()
+        self.adopted = 0  # unlabelled incidents copied into this instance by load()
 
     def may_act(self) -> bool:
         """The fencing rule: effects and writes only while the lease is renewed within its deadline."""
@@ -115,27 +136,59 @@ class IncidentStore:
     # -- reading back -----------------------------------------------------------------------------
 
     async def load(self) -> Snapshot:
-        """Every incident and the switches, as the cluster holds them (a new leader's starting point)."""
-        objs = await self._client.list_custom_objects(GROUP, VERSION, self._s.namespace, INCIDENTS)
+        """Every incident and the switches of this instance, as the cluster holds them (a new leader's
+        starting point); a named instance without a switches object adopts the unlabelled ones first."""
+        instance = self._s.instance
+        if instance:
+            try:
+                await self._client.get_custom_object(
+                    GROUP, VERSION, self._s.namespace, SWITCHES, switches_name(instance)
+                )
+            except KubeNotFound:
+                await self._adopt_unlabelled()
+        return await self._read(instance)
+
+    async def _adopt_unlabelled(self) -> None:
+        legacy = await self._read("")
+        # the switches go last: their object is the mark that adoption is done
+        await self.write(Snapshot(legacy.incidents, None))
+        await self.write(Snapshot((), legacy.switches))
+        self.adopted = len(legacy.incidents)
+        log.info(
+            "instance %s adopted %d unlabelled GpuIncident object(s) and the switches of %s",
+            self._s.instance,
+            self.adopted,
+            SWITCHES_NAME,
+        )
+
+    async def _read(self, instance: str) -> Snapshot:
+        """The objects of `instance` (this store's, or the unnamed one's when adopting)."""
+        own = instance == self._s.instance
+        objs = await self._client.list_custom_objects(
+            GROUP, VERSION, self._s.namespace, INCIDENTS, label_selector=instance_selector(instance)
+        )
         incidents: list[IncidentSnapshot] = []
         for obj in objs:
             name = str(obj["metadata"]["name"])
-            self._rv[(INCIDENTS, name)] = str(obj["metadata"]["resourceVersion"])
+            if own:
+                self._rv[(INCIDENTS, name)] = str(obj["metadata"]["resourceVersion"])
             snap = _snapshot_of(obj)
             if snap is None:  # created, but its first status write never landed: no decision behind it
                 log.info("incident object %s has no status yet; skipped", name)
                 continue
             incidents.append(snap)
-        switches: dict[str, Any] = {}
+        state: dict[str, Any] = {}
         try:
-            obj = await self._client.get_custom_object(
-                GROUP, VERSION, self._s.namespace, SWITCHES, SWITCHES_NAME
-            )
-            self._rv[(SWITCHES, SWITCHES_NAME)] = str(obj["metadata"]["resourceVersion"])
-            switches = dict((obj.get("status") or {}).get("switches") or {})
+            name = switches_name(instance)
+            obj = await self._client.get_custom_object(GROUP, VERSION, self._s.namespace, SWITCHES, name)
+            # read by name, so check the label as the lists do: an object of that name may be another's
+            if ((obj.get("metadata") or {}).get("labels") or {}).get(INSTANCE_LABEL, "") == instance:
+                if own:
+                    self._rv[(SWITCHES, name)] = str(obj["metadata"]["resourceVersion"])
+                state = dict((obj.get("status") or {}).get("switches") or {})
         except KubeNotFound:
             pass
-        return Snapshot(tuple(sorted(incidents, key=lambda i: i.id)), switches)
+        return Snapshot(tuple(sorted(incidents, key=lambda i: i.id)), state)
 
     # -- writing through --------------------------------------------------------------------------
 
@@ -180,12 +233,12 @@ class IncidentStore:
                     self._s.max_status_bytes,
                     ", ".join(f"{n} {what}" for what, n in dropped.items()),
                 )
-            await self._write(INCIDENTS, "GpuIncident", incident_name(inc.id), spec, status)
+            await self._write(INCIDENTS, "GpuIncident", incident_name(inc.id, self._s.instance), spec, status)
         if snapshot.switches is not None:
             await self._write(
                 SWITCHES,
                 "GpuRemediationState",
-                SWITCHES_NAME,
+                switches_name(self._s.instance),
                 {"schemaVersion": SCHEMA_VERSION},
                 {"switches": {k: dict(v) for k, v in snapshot.switches.items()}},
             )
@@ -230,10 +283,13 @@ class IncidentStore:
             delay = min(delay * 2, self._s.retry_max_seconds)
 
     async def _create(self, plural: str, kind: str, name: str, spec: JSON) -> str:
+        labels = dict(LABELS)
+        if self._s.instance:
+            labels[INSTANCE_LABEL] = self._s.instance
         body = {
             "apiVersion": f"{GROUP}/{VERSION}",
             "kind": kind,
-            "metadata": {"name": name, "namespace": self._s.namespace, "labels": dict(LABELS)},
+            "metadata": {"name": name, "namespace": self._s.namespace, "labels": labels},
             "spec": spec,
         }
         try:
@@ -264,7 +320,9 @@ class IncidentStore:
     async def prune(self, now: float, retention_seconds: float, keep: int) -> int:
         """Delete closed incidents closed longer ago than retention_seconds or beyond the newest
         `keep` closed ones; open incidents are never pruned. Returns how many were deleted."""
-        objs = await self._client.list_custom_objects(GROUP, VERSION, self._s.namespace, INCIDENTS)
+        objs = await self._client.list_custom_objects(
+            GROUP, VERSION, self._s.namespace, INCIDENTS, label_selector=instance_selector(self._s.instance)
+        )
         closed: list[tuple[int, float, str]] = []
         for obj in objs:
             row = ((obj.get("status") or {}).get("row")) or {}

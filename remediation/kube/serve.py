@@ -172,6 +172,7 @@ async def open_cluster_ledger(
             identity=kube.identity,
             term=elector.term if elector is not None else 0,
             write_deadline_seconds=kube.renew_deadline_seconds,
+            instance=kube.instance,
         ),
         may_act=(lambda: elector.is_leader) if elector is not None else (lambda: True),
     )
