@@ -125,6 +125,12 @@ class KubeConflict(KubeError):
 class KubeTooManyRequests(KubeError):
     """429: an eviction blocked by a PodDisruptionBudget, or API rate limiting."""
 
+    @property
+    def retry_after_seconds(self) -> float:
+        """details.retryAfterSeconds of the 429 Status (what the Retry-After header also says), else 0."""
+        value = (self.body.get("details") or {}).get("retryAfterSeconds")
+        return float(value) if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0.0
+
 
 class KubeForbidden(KubeError):
     """401/403: our credentials or RBAC do not allow this call."""

@@ -76,7 +76,7 @@ async def evict_pods(
                 except KubeTooManyRequests as exc:
                     last = _refusal(exc)
                     # the server's own hint (a budget it has not computed yet says 10 s) is a floor
-                    delay = max(delay, _retry_after_seconds(exc))
+                    delay = max(delay, exc.retry_after_seconds)
                 except KubeUnavailable as exc:
                     if exc.status == 500 and _SEVERAL_PDBS in exc.message:
                         report.misconfigured[pod.key] = exc.message
@@ -128,9 +128,3 @@ def _refusal(exc: KubeTooManyRequests) -> str:
     causes = (exc.body.get("details") or {}).get("causes") or []
     said = [str(c.get("message")) for c in causes if isinstance(c, dict) and c.get("message")]
     return "; ".join([exc.message or "429 TooManyRequests", *said])
-
-
-def _retry_after_seconds(exc: KubeTooManyRequests) -> float:
-    """details.retryAfterSeconds of a 429 Status (what the Retry-After header also says), else 0."""
-    value = (exc.body.get("details") or {}).get("retryAfterSeconds")
-    return float(value) if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0.0

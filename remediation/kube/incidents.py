@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -137,7 +138,27 @@ class IncidentStore:
 
     async def load(self) -> Snapshot:
         """Every incident and the switches of this instance, as the cluster holds them (a new leader's
-        starting point); a named instance without a switches object adopts the unlabelled ones first."""
+        starting point); a named instance without a switches object adopts the unlabelled ones first.
+
+        A 429 or 5xx is retried for as long as this replica leads (a server still initializing the
+        CRD's storage answers 429 "storage is (re)initializing"; a throttled or restarting API server
+        must not take the leader down): backoff doubling to retry_max_seconds with jitter, the
+        server's Retry-After as a floor. Fenced once the lease is lost."""
+        delay = self._s.retry_initial_seconds
+        while True:
+            if not self._may_act():
+                raise Fenced(f"{self._s.identity}: lease not renewed in time; not loading incidents")
+            try:
+                return await self._load_once()
+            except (KubeUnavailable, KubeTooManyRequests) as exc:
+                floor = exc.retry_after_seconds if isinstance(exc, KubeTooManyRequests) else 0.0
+                wait = max(floor, delay * random.uniform(0.5, 1.0))
+                log.warning("loading incidents: %s; retrying in %.2f s", exc, wait)
+                self.counts.retries += 1
+                await self._clock.sleep(wait)
+                delay = min(delay * 2, self._s.retry_max_seconds)
+
+    async def _load_once(self) -> Snapshot:
         instance = self._s.instance
         if instance:
             try:

@@ -313,3 +313,31 @@ async def test_diagnoses_survive_a_takeover(rig: ClusterRig) -> None:
     await rig.lose_node()
     after = rig.engine.get_incident(1)
     assert after is not None and after["diagnosis"] == before["diagnosis"]
+
+
+async def test_a_new_leader_retries_a_load_the_server_is_not_ready_for(rig: ClusterRig) -> None:
+    """kube-apiserver answers 429 "storage is (re)initializing" while a CRD's storage starts, and 5xx
+    while etcd recovers: the next leader waits it out and rebuilds, it does not exit."""
+    await rig.engine.handle(rig.event(LEAK))
+    await rig.engine.wait_idle()
+    path = rf"/apis/{GROUP}/{VERSION}/namespaces/{NS}/{INCIDENTS}$"
+    rig.api.fail("GET", path, 429, "TooManyRequests", times=2, message="storage is (re)initializing")
+    rig.api.fail("GET", path, 503, "ServiceUnavailable")
+    await rig.lose_node()
+    assert rig.store.counts.retries == 3
+    assert [inc.id for inc in (await rig.store.load()).incidents] == [1]
+
+
+async def test_a_load_retried_past_the_lease_is_fenced(rig: ClusterRig) -> None:
+    path = rf"/apis/{GROUP}/{VERSION}/namespaces/{NS}/{INCIDENTS}$"
+    rig.api.fail("GET", path, 429, "TooManyRequests", times=1000)
+
+    def lease_lost(method: str, request_path: str) -> None:  # the lease ends while the server refuses
+        if method == "GET" and request_path.endswith(f"/{INCIDENTS}"):
+            rig.leading = False
+
+    rig.api.before.append(lease_lost)
+    asked = len(rig.api.calls("GET", path))
+    with pytest.raises(Fenced):
+        await rig.store.load()
+    assert len(rig.api.calls("GET", path)) == asked + 1  # refused once, then not asked again
