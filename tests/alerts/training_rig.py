@@ -8,10 +8,12 @@ rules' windows and `for:` scaled to match) and bench/proofs/training.py (real sp
 Each case is two scenario files, exporter/scenarios/training-<case>-{a,b}.yaml. Attribution is real:
 a fake kubelet per node lists the pods' GPUs, a fake /proc holds each rank's cgroup and its launcher
 environment (RANK, WORLD_SIZE, ...), and the exporter's pod watch reads the pods' labels and owner from
-the API server. The training operator is played here (`_recreate_deleted_ranks`): a deleted rank pod
-comes back at once under the same name with a new UID, as training-operator recreates missing
-replicas. The scheduler is not played: a pod comes back on the node it left, cordoned or not, because
-the simulated processes cannot move, and the simulator keeps playing its fault after the restart.
+the API server. Training-operator, the scheduler and the kubelet around a restart are played by
+`StandIn`: for the scenarios with hand-written curves a deleted rank pod comes back at once under the
+same name with a new UID on the node it left, and the simulator keeps playing its fault after the
+restart; for the scenarios whose ranks a `jobs` section plays (tests/alerts/test_training_lifecycle.py)
+the restarted gang's pods come back on free GPUs after the scenario's `scheduler.delay_seconds` with
+new UIDs and PIDs, and each simulated node plays the job's next run (exporter/sim/lifecycle.py).
 
 Times: a fault's onset is a scenario time (Case.fault_at). The exporter's simulated clock starts before
 its first log line, so onset (unix) = that line's timestamp + fault_at / speed, at most a few
