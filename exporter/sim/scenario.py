@@ -429,11 +429,11 @@ class _Parser:
         takes = _EVENT_FIELDS[kind]
         for key in d:
             if key not in ("at", "kind", "attempt", *takes):
-                raise self.fail(f"{path}.{key}", f"a {kind} event does not take {key} (it takes: "
+                raise self.fail(f"{path}.{key}", f"an event of kind {kind} does not take {key} (it takes: "
                                 f"{', '.join(('at', 'attempt', *takes))})")  # fmt: skip
         for key in _EVENT_REQUIRED[kind]:
             if key not in d:
-                raise self.fail(f"{path}.{key}", f"a {kind} event needs {key}")
+                raise self.fail(f"{path}.{key}", f"an event of kind {kind} needs {key}")
         at = self.num(d["at"], f"{path}.at", low=0)
         until = self.opt_time(d, "until", path, INF)
         if until <= at:
