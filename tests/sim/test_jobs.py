@@ -366,3 +366,40 @@ def test_job_fields_are_validated_strictly(doc: dict[str, Any], field_path: str,
     assert err.field_path == field_path
     assert words in err.problem
     assert str(err).startswith(f"bad.yaml: {field_path}: ")
+
+
+def test_events_listed_out_of_order_play_as_sorted() -> None:
+    exit_ = {"at": 60, "kind": "exit", "rank": 3}
+    stall = {"at": 20, "kind": "stall", "rank": 0, "until": 40}
+    ordered = parse_scenario(_doc(stall, exit_)).gpus[1].utilization.points
+    assert parse_scenario(_doc(exit_, stall)).gpus[1].utilization.points == ordered
+    assert [t for t, _ in ordered] == [0.0, 20.0, 20.0, 40.0, 40.0, 60.0, 60.0]
+
+
+def test_the_same_restart_posted_twice_is_applied_once(
+    sim: Installer, clock: ManualClock, tmp_path: Path
+) -> None:
+    nv = sim(_doc())
+    clock.set(100)
+    path = tmp_path / "inbox.jsonl"
+    command = {"op": "restart_gang", "job": "llama", "deleted_at": 100, "start_at": 100,
+               "ranks": [{"rank": 0, "gpu": 0, "pid": 700}, {"rank": 1, "gpu": 1, "pid": 701}]}  # fmt: skip
+    path.write_text(json.dumps(command) + "\n" + json.dumps(command) + "\n")
+    inbox = Inbox(nv, str(path))
+    inbox.poll()
+    assert (inbox.applied, inbox.rejected) == (1, 1)  # the repeat names PIDs that are in use
+    assert nv.state.job_attempts == {"llama": 1}
+    clock.set(110)
+    assert _pids(0) == [700] and _pids(1) == [701]
+
+
+def test_a_process_due_after_the_restart_never_starts(sim: Installer, clock: ManualClock) -> None:
+    # rank 1's container is between its exit and its restart when the gang is deleted
+    restart = {"at": 60, "kind": "container_restart", "rank": 1, "pid": 201, "after_seconds": 30}
+    nv = sim(_doc(restart))
+    clock.set(70)
+    restart_gang(nv, "llama", 70.0, 100.0, {0: (0, 1000), 1: (1, 1001)})
+    clock.set(95)
+    assert _pids(1) == []  # not 201: its pod was deleted before it came back
+    clock.set(110)
+    assert _pids(1) == [1001]
