@@ -23,17 +23,25 @@ import logging
 import os
 import threading
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from exporter.errors import InterventionError
 from exporter.sim.curve import Curve
 from exporter.sim.jobs import JOB_CURVES, idle_shape, plan_attempt
-from exporter.sim.scenario_types import INF, ClockEventWindow, JobSpec
-
-if TYPE_CHECKING:
-    from exporter.sim.library import SimulatedNvml
+from exporter.sim.runtime import SimState
+from exporter.sim.scenario_types import INF, ClockEventWindow, JobSpec, Scenario
+from gpupulse.clock import Clock
 
 log = logging.getLogger(__name__)
+
+
+class Simulation(Protocol):
+    """What a restart changes of an installed simulation (exporter.sim.library.SimulatedNvml)."""
+
+    scenario: Scenario
+    clock: Clock
+    state: SimState
+
 
 # How often the inbox file is looked at (real seconds); a restart is applied at its own scenario time
 INBOX_POLL_SECONDS = 0.05
@@ -57,7 +65,7 @@ def _clip(windows: tuple[ClockEventWindow, ...], at: float) -> list[ClockEventWi
 
 
 def restart_gang(
-    sim: SimulatedNvml,
+    sim: Simulation,
     job_name: str,
     deleted_at: float,
     start_at: float,
@@ -123,7 +131,7 @@ def restart_gang(
     return attempt
 
 
-def _job(sim: SimulatedNvml, name: str) -> JobSpec:
+def _job(sim: Simulation, name: str) -> JobSpec:
     for job in sim.scenario.jobs:
         if job.name == name:
             return job
@@ -131,7 +139,7 @@ def _job(sim: SimulatedNvml, name: str) -> JobSpec:
     raise InterventionError(f"no job {name!r} in this scenario (jobs: {known})")
 
 
-def apply_command(sim: SimulatedNvml, command: Any) -> int:
+def apply_command(sim: Simulation, command: Any) -> int:
     """Carry out one inbox command (a parsed JSON object); raises InterventionError naming the field."""
     if not isinstance(command, dict):
         raise InterventionError("a command is a JSON object")
@@ -165,7 +173,7 @@ def apply_command(sim: SimulatedNvml, command: Any) -> int:
 class Inbox:
     """Reads commands appended to a file and applies them to a simulation, on its own thread."""
 
-    def __init__(self, sim: SimulatedNvml, path: str) -> None:
+    def __init__(self, sim: Simulation, path: str) -> None:
         self.sim = sim
         self.path = path
         self.applied = 0
