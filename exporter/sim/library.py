@@ -24,6 +24,7 @@ from exporter.sim import (
     sym_topology,
 )
 from exporter.sim.clock import ManualClock, RealClock
+from exporter.sim.lifecycle import Inbox
 from exporter.sim.registry import (
     GPU_IS_LOST,
     INVALID_ARGUMENT,
@@ -82,6 +83,7 @@ class SimulatedNvml:
         self._functions: dict[str, Callable[..., Any]] = {}
         self._saved: dict[str, Any] = {}
         self._installed = False
+        self.inbox: Inbox | None = None
 
     # ---- public ------------------------------------------------------------------------------
     @property
@@ -96,6 +98,8 @@ class SimulatedNvml:
             if not self._installed:
                 return
             self.state.release()
+            if self.inbox is not None:
+                self.inbox.stop()
             if isinstance(self.clock, ManualClock):
                 self.clock.remove_listener(self.state.wake)
             for name, value in self._saved.items():
@@ -127,6 +131,9 @@ class SimulatedNvml:
                 self.clock.add_listener(self.state.wake)
             self._installed = True
             _installed = self
+        if self.scenario.scheduler.inbox is not None:
+            self.inbox = Inbox(self, self.scenario.scheduler.inbox)
+            self.inbox.start()
 
     def _lookup(self, name: str) -> Callable[..., Any]:
         fn = self._functions.get(name)

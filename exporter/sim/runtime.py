@@ -93,7 +93,7 @@ class SimGpu:
             for inst in spec.mig:
                 procs = [p for p in processes if p.mig_instance == inst.index]
                 self.mig_devices.append(SimMig(self, inst, handle + 1 + inst.index, procs))
-        self._reasons = self._reason_table(spec)
+        self._build_reason_tables()
         corr = unc = 0
         corr_pts: list[tuple[float, int]] = []
         unc_pts: list[tuple[float, int]] = []
@@ -105,14 +105,25 @@ class SimGpu:
         self._ecc_corrected = _Series(corr_pts)
         self._ecc_uncorrected = _Series(unc_pts)
         self._remap_ts = [r.at_seconds for r in spec.remapped_rows]
+
+    def _build_reason_tables(self) -> None:
+        # both set before either is read again: a reader sees the old pair or, after, the new one
+        reasons = self._reason_table(self.spec)
         # Accumulated time per clock-event bit: a 0/1 step curve built from the merged mask table
-        self._reason_time: dict[int, Curve] = {}
+        reason_time: dict[int, Curve] = {}
         for bit in (0x4, 0x10, 0x20, 0x40, 0x80):
             pts: list[tuple[float, float]] = []
-            for start, mask in self._reasons.points():
+            for start, mask in reasons.points():
                 before = pts[-1][1] if pts else 0.0
                 pts += [(start, before), (start, 1.0 if mask & bit else 0.0)]
-            self._reason_time[bit] = Curve(pts)
+            reason_time[bit] = Curve(pts)
+        self._reasons, self._reason_time = reasons, reason_time
+
+    def replace_spec(self, spec: GpuSpec) -> None:
+        """Play `spec` from now on (its history before now must match the old one: energy and the
+        clock-event times integrate from t = 0); rebuilds the clock-event tables."""
+        self.spec = spec
+        self._build_reason_tables()
 
     @staticmethod
     def _reason_table(spec: GpuSpec) -> _Series:
@@ -231,6 +242,8 @@ class SimState:
                 self.by_handle[mig.handle] = mig
                 self.by_uuid[mig.spec.uuid.encode()] = mig
         self.process_names = {p.pid: p.name for p in scenario.processes}
+        # job name -> its run now (0: the scenario's own; n: after the n-th gang restart)
+        self.job_attempts: dict[str, int] = {}
         self.event_sets: dict[int, EventSetState] = {}
         self.gpm_samples: dict[int, GpmSampleState | None] = {}
         self._ids = itertools.count(1)

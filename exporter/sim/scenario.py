@@ -17,6 +17,7 @@ import yaml
 
 from exporter.errors import ScenarioError
 from exporter.sim.curve import Curve
+from exporter.sim.jobs import JOB_CURVES, plan_attempt
 from exporter.sim.library import implemented_symbols
 from exporter.sim.models import (
     ALIASES,
@@ -32,16 +33,22 @@ from exporter.sim.models import (
 )
 from exporter.sim.scenario_types import (
     INF,
+    JOB_EVENT_KINDS,
     ClockEventWindow,
     EccIncrement,
     FaultSpec,
     GpuSpec,
+    JobEvent,
+    JobSpec,
     MigInstanceSpec,
     NvLinkPeer,
     NvLinkSpec,
     ProcessSpec,
+    RankSpec,
     RemapState,
     Scenario,
+    SchedulerSpec,
+    WorkShape,
     XidEvent,
 )
 from gpupulse.metrics.attribution import PROCESS_STATE_NAMES as STATE_NAMES
@@ -102,6 +109,29 @@ FAULT_ERRORS: dict[str, int] = {
     "TIMEOUT": 10,
 }
 FAULT_KINDS = ("hang", "slow", "error")
+
+# A training job's GPU while it computes and while it spins in a collective: the H100 SXM5 numbers of
+# the training scenarios (an all-reduce over NVLink at ~110 GB/s each way; PCIe to the NICs and loader)
+DEFAULT_COMPUTE = WorkShape(0.99, 0.82, 0.48, 640.0, 110e9, 11e9, 13e9)
+DEFAULT_SPIN = WorkShape(0.97, 0.15, 0.0, 230.0, 200e3, 100e3, 100e3)
+_SHAPE_FIELDS = tuple(WorkShape.__dataclass_fields__)
+# what each job event kind takes besides at, kind and attempt; and what it must have
+_EVENT_FIELDS: dict[str, tuple[str, ...]] = {
+    "exit": ("rank",),
+    "stall": ("rank", "until", "host_state", "host_cpu_cores", "io_bytes_per_second"),
+    "slow": ("rank", "until", "ratio", "sm_clock_hertz", "reasons"),
+    "container_restart": ("rank", "pid", "after_seconds"),
+    "new_process": ("rank", "pid", "until", "memory_bytes", "host_cpu_cores"),
+    "complete": (),
+}
+_EVENT_REQUIRED: dict[str, tuple[str, ...]] = {
+    "exit": ("rank",),
+    "stall": ("rank",),
+    "slow": ("rank", "ratio"),
+    "container_restart": ("rank", "pid"),
+    "new_process": ("rank", "pid"),
+    "complete": (),
+}
 PROCESS_TYPES = ("compute", "graphics", "mps")
 
 _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(B|KiB|MiB|GiB|TiB|KB|MB|GB|TB)\s*$")
@@ -269,7 +299,7 @@ class _Parser:
     def scenario(self, data: Any, default_name: str) -> Scenario:
         top = (
             "name", "description", "duration_seconds", "node", "driver_version", "cuda_driver_version",
-            "gpu_models", "gpus", "processes", "events", "faults", *FOREIGN_SECTIONS,
+            "gpu_models", "gpus", "processes", "events", "faults", "jobs", "scheduler", *FOREIGN_SECTIONS,
         )  # fmt: skip
         d = self.mapping(data, "", top, required=("gpus",))
         name = self.string(d["name"], "name") if "name" in d else default_name
@@ -300,12 +330,189 @@ class _Parser:
             for i, f in enumerate(self.seq(d.get("faults"), "faults"))
         ]
         extra = {k: d[k] for k in FOREIGN_SECTIONS if k in d}
+        jobs = tuple(self.job(j, gpus, f"jobs[{i}]") for i, j in enumerate(self.seq(d.get("jobs"), "jobs")))
+        self.check_unique([j.name for j in jobs], "jobs", "name")
+        gpus, processes = self.apply_jobs(jobs, gpus, gpu_items, processes)
         return Scenario(
             name=name, description=description, duration_seconds=duration, node=node,
             driver_version=driver, cuda_driver_version=cuda, gpus=tuple(gpus), processes=tuple(processes),
             events=tuple(sorted(events, key=lambda e: e.at_seconds)), faults=tuple(faults), extra=extra,
-            source=self.source,
+            source=self.source, jobs=jobs, scheduler=self.scheduler(d.get("scheduler"), "scheduler"),
         )  # fmt: skip
+
+    # ---- training jobs (exporter/sim/jobs.py plays them) ------------------------------------
+    def scheduler(self, value: Any, path: str) -> SchedulerSpec:
+        if value is None:
+            return SchedulerSpec(20.0, None)
+        d = self.mapping(value, path, ("delay_seconds", "inbox"))
+        delay = self.num(d.get("delay_seconds", 20.0), f"{path}.delay_seconds", low=0, high=3600)
+        inbox = None
+        if d.get("inbox") is not None:
+            text = self.string(d["inbox"], f"{path}.inbox")
+            base = Path(self.source).parent if self.source != "<memory>" else Path.cwd()
+            inbox = str(base / text)  # relative to the scenario file; an absolute path stays
+        return SchedulerSpec(delay, inbox)
+
+    def shape(self, value: Any, path: str, default: WorkShape) -> WorkShape:
+        if value is None:
+            return default
+        d = self.mapping(value, path, _SHAPE_FIELDS)
+        values: dict[str, float] = {}
+        for name in WorkShape.__dataclass_fields__:
+            if name not in d:
+                values[name] = getattr(default, name)
+            elif name.endswith("_bytes_per_second"):
+                values[name] = self.size(d[name], f"{path}.{name}")
+            elif name == "power_watts":
+                values[name] = self.num(d[name], f"{path}.{name}", low=0, high=5000)
+            else:
+                values[name] = self.num(d[name], f"{path}.{name}", low=0, high=1)
+        return WorkShape(**values)
+
+    def job(self, value: Any, gpus: list[GpuSpec], path: str) -> JobSpec:
+        allowed = (
+            "name", "coupled", "world_size", "ranks", "compute", "spin", "memory_bytes", "process_name",
+            "rendezvous_seconds", "rendezvous_memory_bytes", "events",
+        )  # fmt: skip
+        d = self.mapping(value, path, allowed, required=("name", "ranks", "world_size"))
+        name = self.string(d["name"], f"{path}.name")
+        world = self.integer(d["world_size"], f"{path}.world_size", low=1, high=100_000)
+        ranks: list[RankSpec] = []
+        for i, item in enumerate(self.seq(d["ranks"], f"{path}.ranks")):
+            p = f"{path}.ranks[{i}]"
+            r = self.mapping(item, p, ("rank", "gpu", "pid"), required=("rank", "gpu", "pid"))
+            rank = self.integer(r["rank"], f"{p}.rank", low=0, high=world - 1)
+            gpu = self.integer(r["gpu"], f"{p}.gpu", low=0, high=len(gpus) - 1)
+            if gpus[gpu].mig is not None:
+                raise self.fail(f"{p}.gpu", f"GPU {gpu} is in MIG mode; a rank takes a whole GPU here")
+            ranks.append(RankSpec(rank, gpu, self.integer(r["pid"], f"{p}.pid", low=1)))
+        if not ranks:
+            raise self.fail(f"{path}.ranks", "a job needs at least one rank on this node")
+        self.check_unique([str(r.rank) for r in ranks], f"{path}.ranks", "rank")
+        self.check_unique([str(r.gpu) for r in ranks], f"{path}.ranks", "gpu")
+        events = tuple(
+            sorted(
+                (
+                    self.job_event(e, world, f"{path}.events[{i}]")
+                    for i, e in enumerate(self.seq(d.get("events"), f"{path}.events"))
+                ),
+                key=lambda e: (e.attempt, e.at_seconds),
+            )
+        )
+        return JobSpec(
+            name=name,
+            coupled=self.boolean(d.get("coupled", True), f"{path}.coupled"),
+            world_size=world,
+            ranks=tuple(ranks),
+            compute=self.shape(d.get("compute"), f"{path}.compute", DEFAULT_COMPUTE),
+            spin=self.shape(d.get("spin"), f"{path}.spin", DEFAULT_SPIN),
+            memory_bytes=self.size(d.get("memory_bytes", "70GiB"), f"{path}.memory_bytes"),
+            process_name=self.string(d.get("process_name", "python -u train.py"), f"{path}.process_name"),
+            rendezvous_seconds=self.num(
+                d.get("rendezvous_seconds", 5.0), f"{path}.rendezvous_seconds", low=0, high=3600
+            ),
+            rendezvous_memory_bytes=self.size(
+                d.get("rendezvous_memory_bytes", "512MiB"), f"{path}.rendezvous_memory_bytes"
+            ),
+            events=events,
+        )
+
+    def job_event(self, value: Any, world: int, path: str) -> JobEvent:
+        allowed = (
+            "at", "kind", "rank", "until", "pid", "after_seconds", "ratio", "sm_clock_hertz", "reasons",
+            "host_state", "host_cpu_cores", "io_bytes_per_second", "memory_bytes", "attempt",
+        )  # fmt: skip
+        d = self.mapping(value, path, allowed, required=("at", "kind"))
+        kind = d["kind"]
+        if kind not in JOB_EVENT_KINDS:
+            raise self.fail(f"{path}.kind", f"expected one of {', '.join(JOB_EVENT_KINDS)}, got {kind!r}")
+        takes = _EVENT_FIELDS[kind]
+        for key in d:
+            if key not in ("at", "kind", "attempt", *takes):
+                raise self.fail(f"{path}.{key}", f"an event of kind {kind} does not take {key} (it takes: "
+                                f"{', '.join(('at', 'attempt', *takes))})")  # fmt: skip
+        for key in _EVENT_REQUIRED[kind]:
+            if key not in d:
+                raise self.fail(f"{path}.{key}", f"an event of kind {kind} needs {key}")
+        at = self.num(d["at"], f"{path}.at", low=0)
+        until = self.opt_time(d, "until", path, INF)
+        if until <= at:
+            raise self.fail(f"{path}.until", f"must be after at ({until:g} <= {at:g})")
+        reasons: list[str] = []
+        mask = 0
+        for j, r in enumerate(self.seq(d.get("reasons"), f"{path}.reasons")):
+            if r not in CLOCK_EVENT_REASONS:
+                raise self.fail(
+                    f"{path}.reasons[{j}]", f"unknown reason {r!r} (known: {', '.join(CLOCK_EVENT_REASONS)})"
+                )
+            reasons.append(r)
+            mask |= CLOCK_EVENT_REASONS[r]
+        host_state = d.get("host_state", "sleeping")
+        if host_state not in STATE_NAMES:
+            raise self.fail(
+                f"{path}.host_state", f"expected one of {', '.join(STATE_NAMES)}, got {host_state!r}"
+            )
+        clock = (
+            self.num(d["sm_clock_hertz"], f"{path}.sm_clock_hertz", low=0) if "sm_clock_hertz" in d else None
+        )
+        return JobEvent(
+            at_seconds=at, kind=kind,
+            rank=self.integer(d["rank"], f"{path}.rank", low=0, high=world - 1) if "rank" in d else None,
+            until_seconds=until,
+            pid=self.integer(d["pid"], f"{path}.pid", low=1) if "pid" in d else None,
+            after_seconds=self.num(d.get("after_seconds", 10.0), f"{path}.after_seconds", low=0, high=3600),
+            ratio=self.num(d.get("ratio", 1.0), f"{path}.ratio", low=0.01, high=1.0),
+            sm_clock_hertz=clock,
+            reasons=tuple(reasons), reasons_mask=mask, host_state=str(host_state),
+            host_cpu_cores=self.num(d.get("host_cpu_cores", 0.0), f"{path}.host_cpu_cores", low=0, high=1024),
+            io_bytes_per_second=self.size(d.get("io_bytes_per_second", 0), f"{path}.io_bytes_per_second"),
+            memory_bytes=self.size(d.get("memory_bytes", "512MiB"), f"{path}.memory_bytes"),
+            attempt=self.integer(d.get("attempt", 0), f"{path}.attempt", low=0, high=1000),
+        )  # fmt: skip
+
+    def apply_jobs(
+        self,
+        jobs: tuple[JobSpec, ...],
+        gpus: list[GpuSpec],
+        gpu_items: list[Any],
+        processes: list[ProcessSpec],
+    ) -> tuple[list[GpuSpec], list[ProcessSpec]]:
+        """The GPUs of every job's ranks with the job's curves, and the job's processes added."""
+        owner: dict[int, str] = {}
+        pids: dict[int, str] = {p.pid: "processes" for p in processes}
+        out_gpus = list(gpus)
+        out_procs = list(processes)
+        models = {g.index: g.model for g in gpus}
+        for i, job in enumerate(jobs):
+            path = f"jobs[{i}]"
+            for k, r in enumerate(job.ranks):
+                if r.gpu in owner:
+                    raise self.fail(
+                        f"{path}.ranks[{k}].gpu", f"GPU {r.gpu} already holds a rank of {owner[r.gpu]}"
+                    )
+                owner[r.gpu] = job.name
+                given = [
+                    c for c in JOB_CURVES if isinstance(gpu_items[r.gpu], dict) and c in gpu_items[r.gpu]
+                ]
+                if given:
+                    raise self.fail(
+                        f"gpus[{r.gpu}].{given[0]}",
+                        f"GPU {r.gpu} holds rank {r.rank} of job {job.name}, whose curves the job makes",
+                    )
+            plan = plan_attempt(job, 0, 0.0, {r.rank: (r.gpu, r.pid) for r in job.ranks}, models)
+            for proc in plan.processes:
+                if proc.pid in pids:
+                    raise self.fail(path, f"pid {proc.pid} is used twice (also in {pids[proc.pid]})")
+                pids[proc.pid] = path
+            for gpu_index, gp in plan.gpus.items():
+                spec = out_gpus[gpu_index]
+                windows = tuple(
+                    sorted((*spec.clock_event_reasons, *gp.clock_windows), key=lambda w: w.from_seconds)
+                )
+                changes: dict[str, Any] = {**gp.curves, "clock_event_reasons": windows}
+                out_gpus[gpu_index] = dataclasses.replace(spec, **changes)
+            out_procs += plan.processes
+        return out_gpus, out_procs
 
     def gpu_models(self, value: Any, path: str) -> dict[str, GpuModel]:
         """GPU models outside the built-in table, each starting from a built-in one (`like`)."""

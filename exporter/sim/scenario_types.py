@@ -141,6 +141,9 @@ class ProcessSpec:
     io_write_bytes_per_second: Curve = field(default_factory=lambda: Curve.constant(0.0))
     # scheduler state (/proc/<pid>/stat field 3, by name) from each time on; "sleeping" before the first
     host_state: tuple[tuple[float, str], ...] = ()
+    # the training job and rank this process is (a `jobs` entry made it), else None
+    job: str | None = None
+    rank: int | None = None
 
     def host_cpu_seconds(self, t: float) -> float:
         """Host CPU seconds the process has used by scenario time t."""
@@ -200,6 +203,95 @@ class FaultSpec:
 
 
 @dataclass(frozen=True)
+class WorkShape:
+    """What a rank's GPU shows in one state: kernel residency, SM and tensor activity, power, traffic."""
+
+    utilization: float
+    sm_active: float
+    tensor_active: float
+    power_watts: float
+    nvlink_bytes_per_second: float  # each way, all links
+    pcie_tx_bytes_per_second: float
+    pcie_rx_bytes_per_second: float
+
+    def mix(self, other: WorkShape, share: float) -> WorkShape:
+        """`share` of the time like self, the rest like other (a step that computes, then waits)."""
+        names = self.__dataclass_fields__
+        values = {n: share * getattr(self, n) + (1.0 - share) * getattr(other, n) for n in names}
+        return WorkShape(**values)
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    """One rank of a job on this node: its GPU and its first process."""
+
+    rank: int
+    gpu: int
+    pid: int
+
+
+# Job event kinds; `rank` is any rank of the job (on this node or another) except for `complete`
+JOB_EVENT_KINDS = ("exit", "stall", "slow", "container_restart", "new_process", "complete")
+
+
+@dataclass(frozen=True)
+class JobEvent:
+    """Something that happens to a job or one rank at `at_seconds` (until `until_seconds` for stall/slow).
+
+    exit: the rank's process dies. stall: alive with no GPU work (`host_state`, `host_cpu_cores`, I/O
+    as given). slow: the rank steps at `ratio` of the others' speed (its SM clock at `sm_clock_hertz`,
+    held by `reasons`). container_restart: its process exits, `pid` starts `after_seconds` later in the
+    same pod and waits in rendezvous (no kernel) for a collective the others never leave. new_process:
+    `pid` starts beside the rank's process on its GPU. complete: every rank exits (the job finished).
+    """
+
+    at_seconds: float
+    kind: str
+    rank: int | None = None
+    until_seconds: float = INF
+    pid: int | None = None
+    after_seconds: float = 0.0
+    ratio: float = 1.0
+    sm_clock_hertz: float | None = None
+    reasons: tuple[str, ...] = ()
+    reasons_mask: int = 0
+    host_state: str = "sleeping"
+    host_cpu_cores: float = 0.0
+    io_bytes_per_second: float = 0.0
+    memory_bytes: float = 0.0
+    attempt: int = 0
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A training job's ranks on this node, and how they behave together (see exporter/sim/jobs.py)."""
+
+    name: str
+    coupled: bool
+    world_size: int
+    ranks: tuple[RankSpec, ...]
+    compute: WorkShape
+    spin: WorkShape
+    memory_bytes: float
+    process_name: str
+    rendezvous_seconds: float
+    rendezvous_memory_bytes: float
+    events: tuple[JobEvent, ...]
+
+    def events_of(self, attempt: int) -> tuple[JobEvent, ...]:
+        """The events of one run of the job (0: as the scenario starts; n: after its n-th gang restart)."""
+        return tuple(e for e in self.events if e.attempt == attempt)
+
+
+@dataclass(frozen=True)
+class SchedulerSpec:
+    """The scheduler stand-in: how long a gang restart takes, and where the world posts restarts."""
+
+    delay_seconds: float
+    inbox: str | None  # a file the sim reads restart commands from (exporter/sim/lifecycle.py), or None
+
+
+@dataclass(frozen=True)
 class Scenario:
     """A whole validated scenario file."""
 
@@ -215,3 +307,5 @@ class Scenario:
     faults: tuple[FaultSpec, ...]
     extra: dict[str, Any] = field(default_factory=dict)
     source: str = "<memory>"
+    jobs: tuple[JobSpec, ...] = ()
+    scheduler: SchedulerSpec = SchedulerSpec(20.0, None)

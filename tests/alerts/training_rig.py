@@ -8,10 +8,12 @@ rules' windows and `for:` scaled to match) and bench/proofs/training.py (real sp
 Each case is two scenario files, exporter/scenarios/training-<case>-{a,b}.yaml. Attribution is real:
 a fake kubelet per node lists the pods' GPUs, a fake /proc holds each rank's cgroup and its launcher
 environment (RANK, WORLD_SIZE, ...), and the exporter's pod watch reads the pods' labels and owner from
-the API server. The training operator is played here (`_recreate_deleted_ranks`): a deleted rank pod
-comes back at once under the same name with a new UID, as training-operator recreates missing
-replicas. The scheduler is not played: a pod comes back on the node it left, cordoned or not, because
-the simulated processes cannot move, and the simulator keeps playing its fault after the restart.
+the API server. Training-operator, the scheduler and the kubelet around a restart are played by
+`StandIn`: for the scenarios with hand-written curves a deleted rank pod comes back at once under the
+same name with a new UID on the node it left, and the simulator keeps playing its fault after the
+restart; for the scenarios whose ranks a `jobs` section plays (tests/alerts/test_training_lifecycle.py)
+the restarted gang's pods come back on free GPUs after the scenario's `scheduler.delay_seconds` with
+new UIDs and PIDs, and each simulated node plays the job's next run (exporter/sim/lifecycle.py).
 
 Times: a fault's onset is a scenario time (Case.fault_at). The exporter's simulated clock starts before
 its first log line, so onset (unix) = that line's timestamp + fault_at / speed, at most a few
@@ -21,6 +23,7 @@ milliseconds late; a detection latency is the first ALERTS{alertstate="firing"} 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import json
 import os
@@ -41,12 +44,19 @@ import yaml
 from alerts.config import load_config
 from alerts.generate import render_rules
 from demo.configs import alertmanager_config
+from exporter.sim.jobs import place_gang, plan_attempt, restart_count
 from exporter.sim.scenario import load_scenario
-from exporter.sim.scenario_types import ProcessSpec
+from exporter.sim.scenario_types import ProcessSpec, Scenario
 from gpupulse.durations import parse_duration
 from tests.alerts.children import child_process, wait_http
 from tests.alerts.ruleset import TESTS_DIR
-from tests.attribution.helpers import ProcfsTree, advance_host_cpu, procfs_from_scenario
+from tests.attribution.helpers import (
+    ProcfsTree,
+    advance_host_cpu,
+    cgroup_v2_systemd,
+    procfs_from_scenario,
+    write_pod_dir,
+)
 from tests.fakes.alertmanager_process import AlertmanagerHandle, running_alertmanager
 from tests.fakes.kube_api import JSON, FakeKubeAPI
 from tests.fakes.kubelet import FakeKubelet, pods_from_scenario
@@ -77,6 +87,9 @@ class Case:
     # the job prints a step line (DeepSpeed's) every this many scenario seconds to rank 0's container
     # log until its fault's onset, and the exporters read their node's pod logs; None: no progress signal
     progress_step_seconds: float | None = None
+    # alerts any of the case's GPUs or its job may hold pending (never firing within the replay): the
+    # backstops a slow detection keeps pending until its alert fires and folds them in
+    may_pend: frozenset[str] = frozenset()
 
     def owns(self, labels: Mapping[str, str]) -> bool:
         """An alert about this case: its job, one of its pods, or one of its nodes."""
@@ -87,8 +100,8 @@ class Case:
         )
 
     def excused(self, labels: Mapping[str, str]) -> bool:
-        """A pending side alert on the suspect GPU."""
-        return (
+        """A pending side alert on the suspect GPU, or one the case may hold pending anywhere."""
+        return labels.get("alertname") in self.may_pend or (
             labels.get("alertname") in self.side_alerts
             and labels.get("node") == self.suspect.get("node")
             and labels.get("gpu") == self.suspect.get("gpu")
@@ -141,6 +154,26 @@ STALLED = Case(
     action="restart",
     suspect={"rank": "11", "gpu": "3", "node": "training-stalled-b", "evidence": "disk_sleep"},
 )
+
+
+# pods that live and die (scenarios with `jobs`, tests/alerts/test_training_lifecycle.py): a hang the
+# gang restart fixes, a job that finishes, one rank's container restarted into a rendezvous nobody joins
+RESTARTED = Case("restart", 60.0, frozenset({"TrainingJobHung"}), action="restart")
+FINISHED = Case("finish", None, frozenset())
+FINISHED_AT = 120.0  # scenario seconds: every rank of llama-finish exits, its pods complete
+REJOINED = Case(
+    "rendezvous",
+    60.0,
+    frozenset({"TrainingRankStalled"}),
+    action="restart",
+    suspect={"rank": "11", "gpu": "3", "node": "training-rendezvous-b", "evidence": "blocked"},
+    # through the 15-minute window (asleep, no I/O) every GPU of the job looks idle (the spinning ones
+    # at 0.15 SM activity too) and the job's tensor work is gone: GPUIdleWhileAllocated (30m) and
+    # TrainingJobDegraded (15m) stay pending for more than half their `for:` until TrainingRankStalled
+    # fires and folds the idle warnings into the job's incident; neither may fire
+    may_pend=frozenset({"GPUIdleWhileAllocated", "TrainingJobDegraded"}),
+)
+LIFECYCLE = (RESTARTED, FINISHED, REJOINED)
 
 
 @dataclass(frozen=True)
@@ -199,6 +232,16 @@ class Exporter:
     started_unix: float = 0.0  # the first log line's timestamp: the simulated clock runs from about then
     procfs: Path | None = None  # its fake /proc
     processes: tuple[ProcessSpec, ...] = ()  # the scenario's processes, whose host curves it plays
+    scenario: Scenario | None = None
+    doc: dict[str, Any] = field(default_factory=dict)  # the scenario file as YAML read it
+    kubelet: FakeKubelet | None = None
+    tree: ProcfsTree | None = None
+    pods_dir: Path | None = None
+    inbox: Path | None = None  # where the simulated node reads gang restarts (scheduler.inbox)
+
+    def scenario_now(self, speed: float) -> float:
+        """The exporter's scenario clock now (it started at about started_unix)."""
+        return (time.time() - self.started_unix) * speed
 
     @property
     def job(self) -> str:
@@ -236,6 +279,7 @@ class Replay:
     exporters: list[Exporter]
     t_start: float  # unix, before Prometheus's first scrape
     jobs: dict[str, JSON] = field(default_factory=dict)  # case name -> PyTorchJob object
+    stand_in: StandIn | None = None
 
     def onset(self, case: Case) -> float:
         """Unix time of the case's fault onset (the later of its two exporters' clocks)."""
@@ -397,28 +441,207 @@ def _seed_cluster(api: FakeKubeAPI, cases: Sequence[Case]) -> dict[str, JSON]:
     return jobs
 
 
-def _recreate_deleted_ranks(api: FakeKubeAPI, jobs: Mapping[str, JSON]) -> None:
-    """Play training-operator: a deleted replica pod of a job comes back at once (same name, new UID)."""
-    remove = api._remove_pod
-    by_uid = {str(j["metadata"]["uid"]): j for j in jobs.values()}
+# the controller deletes a gang's pods one by one: the node's restart waits for all of the job's pods
+# there, or this long after the first deletion (a pod the controller left alone: 409 on its UID)
+RESTART_BATCH_SECONDS = 5.0
+# the pids of a job's n-th run on a node: 9000 + rank + this x n
+PID_STRIDE_PER_RUN = 10000
 
-    def remove_and_recreate(pod: JSON, via: str) -> None:
-        remove(pod, via)
+
+@dataclass(frozen=True)
+class Restart:
+    """One gang restart as the scheduler stand-in carried it out on one node."""
+
+    job: str
+    node: str
+    attempt: int
+    deleted_unix: float  # the first deletion of the batch
+    started_unix: float  # the new pods bound and their processes started (0 until then)
+    deleted_at: float  # scenario seconds
+    start_at: float
+    placements: Mapping[int, tuple[int, int]]  # rank -> (GPU index, pid)
+
+
+class StandIn:
+    """Plays training-operator, the scheduler and the kubelet around the controller's gang restarts.
+
+    A deleted rank pod of a case whose scenarios have no `jobs` comes back at once under the same name
+    with a new UID, on the node it left, while its simulated process plays on (the four-job replay).
+    A case whose scenarios have `jobs` lives and dies: the kubelet kills the deleted pods' containers
+    (their GPUs are free: pod-resources stops listing them), training-operator recreates the pods,
+    which the scheduler stand-in places on the node's free GPUs `scheduler.delay_seconds` later (new
+    UIDs, new PIDs, `exporter.sim.jobs.place_gang`), and the node's simulation is told through its
+    inbox (exporter/sim/lifecycle.py). The scenario's own pod events play too: a container restart
+    counts in its pod's status, a completed job's pods succeed and release their GPUs.
+    """
+
+    def __init__(self, api: FakeKubeAPI, jobs: Mapping[str, JSON], speed: float) -> None:
+        self.api = api
+        self.speed = speed
+        self.by_uid = {str(j["metadata"]["uid"]): j for j in jobs.values()}
+        self.exporters: list[Exporter] = []
+        self.restarts: list[Restart] = []
+        self.restart_counts: dict[str, int] = {}  # pod name -> its container's restart count
+        self.errors: list[str] = []
+        self._attempts: dict[tuple[str, str], int] = {}
+        self._batches: dict[tuple[str, str], list[tuple[float, JSON]]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._remove = api._remove_pod
+        api._remove_pod = self._removed  # type: ignore[method-assign]
+
+    def start(self, exporters: Sequence[Exporter]) -> None:
+        """Begin playing the scenarios' pod events; deletions before this are only recreated."""
+        self.exporters = list(exporters)
+        for e in self.exporters:
+            if e.scenario is not None and e.scenario.jobs:
+                self._spawn(self._play_pod_events(e))
+
+    def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self.errors.append(repr(task.exception()))  # the replay checks that the world kept up
+
+    def _exporter(self, node: str) -> Exporter | None:
+        return next((e for e in self.exporters if e.node == node), None)
+
+    def _removed(self, pod: JSON, via: str) -> None:
+        self._remove(pod, via)
         meta = pod["metadata"]
         refs = meta.get("ownerReferences") or [{}]
-        job = by_uid.get(str(refs[0].get("uid")))
-        if job is not None:
+        job = self.by_uid.get(str(refs[0].get("uid")))
+        if job is None:
+            return
+        node = str(pod["spec"]["nodeName"])
+        exporter = self._exporter(node)
+        if exporter is None or exporter.scenario is None or not exporter.scenario.jobs:
             labels = dict(meta.get("labels") or {})
-            api.add_pod(
-                meta["namespace"],
-                meta["name"],
-                pod["spec"]["nodeName"],
-                labels=labels,
-                gpus=1,
-                controller=job,
-            )
+            self.api.add_pod(meta["namespace"], meta["name"], node, labels=labels, gpus=1, controller=job)
+            return
+        key = (str(job["metadata"]["name"]), node)
+        batch = self._batches.setdefault(key, [])
+        batch.append((time.time(), pod))
+        here = {str(p["name"]) for p in exporter.doc["pods"]}
+        if {str(p["metadata"]["name"]) for _, p in batch} >= here:
+            self._flush(key, exporter, job)
+        elif len(batch) == 1:
+            asyncio.get_running_loop().call_later(RESTART_BATCH_SECONDS, self._flush, key, exporter, job)
 
-    api._remove_pod = remove_and_recreate  # type: ignore[method-assign]
+    def _flush(self, key: tuple[str, str], exporter: Exporter, job: JSON) -> None:
+        if self._batches.get(key):
+            self._spawn(self._restart(key, exporter, job, self._batches.pop(key)))
+
+    async def _restart(
+        self, key: tuple[str, str], e: Exporter, owner: JSON, batch: list[tuple[float, JSON]]
+    ) -> None:
+        assert e.scenario is not None and e.kubelet is not None and e.inbox is not None
+        job = next(j for j in e.scenario.jobs if j.name == key[0])
+        names = {str(p["metadata"]["name"]) for _, p in batch}
+        entries = [p for p in e.doc["pods"] if p["name"] in names]
+        # the kubelet kills the deleted pods' containers: their GPUs are free again
+        e.kubelet.pods = tuple(p for p in e.kubelet.pods if p.name not in names)
+        held = {
+            _gpu_index(d) for p in e.kubelet.pods for c in p.containers for dev in c.devices for d in dev.ids
+        }
+        free = [g.index for g in e.scenario.gpus if g.index not in held]
+        ranks = [_rank_of(p) for p in entries]
+        attempt = self._attempts[key] = self._attempts.get(key, 0) + 1
+        placements = place_gang(ranks, free, 9000 + PID_STRIDE_PER_RUN * attempt + min(ranks))
+        deleted_unix = batch[0][0]
+        deleted_at = (deleted_unix - e.started_unix) * self.speed
+        start_at = deleted_at + e.scenario.scheduler.delay_seconds
+        command = {
+            "op": "restart_gang", "job": job.name, "deleted_at": deleted_at, "start_at": start_at,
+            "ranks": [{"rank": r, "gpu": g, "pid": pid} for r, (g, pid) in sorted(placements.items())],
+        }  # fmt: skip
+        with e.inbox.open("a") as f:
+            f.write(json.dumps(command) + "\n")
+        index = len(self.restarts)
+        self.restarts.append(
+            Restart(job.name, e.node, attempt, deleted_unix, 0.0, deleted_at, start_at, placements)
+        )
+        await asyncio.sleep(max(0.0, e.started_unix + start_at / self.speed - time.time()))
+        # bound: the kubelet starts the new pods' containers on their GPUs
+        assert e.tree is not None and e.pods_dir is not None
+        models = {g.index: g.model for g in e.scenario.gpus}
+        plan = plan_attempt(job, attempt, start_at, placements, models)
+        e.processes = (*e.processes, *plan.processes)
+        fresh = []
+        for entry in entries:
+            gpu, pid = placements[_rank_of(entry)]
+            namespace, name = str(entry["namespace"]), str(entry["name"])
+            pod = self.api.add_pod(
+                namespace, name, e.node, labels=dict(entry["labels"]), gpus=1, controller=owner
+            )
+            uid = str(pod["metadata"]["uid"])
+            write_pod_dir(e.pods_dir, uid, namespace, name)
+            container = entry["containers"][0]
+            e.tree.add(pid, cgroup_v2_systemd(uid, f"{pid:064x}"), comm=job.process_name[:15])
+            e.tree.set_environ(pid, {str(k): str(v) for k, v in container["env"].items()})
+            fresh.append({**entry, "containers": [{**container, "gpus": [gpu], "pids": [pid]}]})
+        e.kubelet.pods = (*e.kubelet.pods, *pods_from_scenario({"gpus": e.doc["gpus"], "pods": fresh}))
+        self.restarts[index] = dataclasses.replace(self.restarts[index], started_unix=time.time())
+
+    async def _play_pod_events(self, e: Exporter) -> None:
+        """The first run's pod events at their scenario times: restart counts, completion."""
+        assert e.scenario is not None and e.kubelet is not None
+        mine = {_rank_of(p): p for p in e.doc["pods"]}
+        for job in e.scenario.jobs:
+            for event in job.events_of(0):
+                await asyncio.sleep(max(0.0, e.started_unix + event.at_seconds / self.speed - time.time()))
+                if self._attempts.get((job.name, e.node), 0) > 0:
+                    return  # the controller restarted the job: that run's events are over
+                if event.kind == "container_restart" and event.rank in mine:
+                    entry = mine[event.rank]
+                    count = restart_count(job, event.rank, event.at_seconds)
+                    self.restart_counts[str(entry["name"])] = count
+                    self.api.update_pod(entry["namespace"], entry["name"], _restarted(count))
+                elif event.kind == "complete":
+                    names = {str(p["name"]) for p in mine.values()}
+                    e.kubelet.pods = tuple(p for p in e.kubelet.pods if p.name not in names)
+                    for entry in mine.values():
+                        self.api.update_pod(entry["namespace"], entry["name"], _succeeded)
+
+
+def _rank_of(entry: Mapping[str, Any]) -> int:
+    return int(entry["containers"][0]["env"]["RANK"])
+
+
+def _gpu_index(device_id: str) -> int:
+    """A kubelet device id of the scenarios' GPUs (`nvidia<index>`, GKE's spelling) as its index."""
+    return int(device_id.removeprefix("nvidia"))
+
+
+def _container_status(restarts: int, ready: bool, state: JSON) -> JSON:
+    """A containerStatuses entry with every field the API requires (the client validates them)."""
+    return {
+        "name": "pytorch", "image": "registry.example/app:1",
+        "imageID": "registry.example/app@sha256:" + "0" * 64, "ready": ready, "restartCount": restarts,
+        "started": ready, "state": state,
+    }  # fmt: skip
+
+
+def _restarted(count: int) -> Callable[[JSON], None]:
+    def change(pod: JSON) -> None:
+        running = {"running": {"startedAt": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}}
+        pod["status"]["containerStatuses"] = [_container_status(count, True, running)]
+
+    return change
+
+
+def _succeeded(pod: JSON) -> None:
+    pod["status"]["phase"] = "Succeeded"
+    done = {"terminated": {"exitCode": 0, "reason": "Completed"}}
+    restarts = [int(c.get("restartCount", 0)) for c in pod["status"].get("containerStatuses") or ()]
+    pod["status"]["containerStatuses"] = [_container_status(max(restarts, default=0), False, done)]
 
 
 def _log_start(log: Path) -> float | None:
@@ -456,18 +679,28 @@ async def _start_exporter(
     stack: AsyncExitStack, case: Case, node: str, profile: Profile, api: FakeKubeAPI, tmp: Path, short: Path
 ) -> Exporter:
     doc = yaml.safe_load(case.scenario(node).read_text())
+    scenario = load_scenario(str(case.scenario(node)))
+    simulate, inbox = case.scenario(node), None
+    if scenario.jobs:  # ranks that live and die: the node reads the stand-in's restarts from its inbox
+        inbox = tmp / f"{node}.inbox.jsonl"
+        simulate = tmp / f"{node}.yaml"
+        simulate.write_text(
+            yaml.safe_dump({**doc, "scheduler": {**doc.get("scheduler", {}), "inbox": str(inbox)}})
+        )
     kubelet = FakeKubelet(str(short / f"{node}.sock"), pods_from_scenario(doc))
     await kubelet.start()
     stack.push_async_callback(kubelet.stop)
     tree = ProcfsTree(tmp / f"{node}-proc")
-    procfs_from_scenario(tree, tmp / f"{node}-pods", doc)
+    # a job's processes are made by its `jobs` entry, not listed under `processes`
+    listed = [{"pid": p.pid, "name": p.name} for p in scenario.processes]
+    procfs_from_scenario(tree, tmp / f"{node}-pods", {**doc, "processes": listed})
     token = tmp / "token"
     token.write_text(api.token)
     port = free_port()
     interval = f"{profile.sampling_seconds:g}"
     args = [
         str(BIN / "gpupulse-exporter"),
-        "--simulate", str(case.scenario(node)),
+        "--simulate", str(simulate),
         "--simulate.speed", f"{profile.speed:g}",
         "--attribution.kubelet-socket", kubelet.socket_path,
         "--attribution.kubelet-pods-dir", str(tmp / f"{node}-pods"),
@@ -482,8 +715,10 @@ async def _start_exporter(
     ]  # fmt: skip
     log = tmp / f"{node}.log"
     proc = await stack.enter_async_context(child_process(args, log))
-    processes = tuple(load_scenario(str(case.scenario(node))).processes)
-    return Exporter(case, node, port, proc, log, procfs=tree.root, processes=processes)
+    return Exporter(
+        case, node, port, proc, log, procfs=tree.root, processes=scenario.processes, scenario=scenario,
+        doc=doc, kubelet=kubelet, tree=tree, pods_dir=tmp / f"{node}-pods", inbox=inbox,
+    )  # fmt: skip
 
 
 def _progress_flags(api: FakeKubeAPI, node: str, token: Path, tmp: Path, interval: str) -> list[str]:
@@ -561,8 +796,11 @@ def _prometheus_config(exporters: Sequence[Exporter], rules: Sequence[str], am: 
 
 
 @asynccontextmanager
-async def running_replay(cases: Sequence[Case], profile: Profile, tmp: Path) -> AsyncIterator[Replay]:
-    """Start everything for these cases; yields once Prometheus scrapes every exporter."""
+async def running_replay(
+    cases: Sequence[Case], profile: Profile, tmp: Path, signatures: Sequence[Mapping[str, Any]] = ()
+) -> AsyncIterator[Replay]:
+    """Start everything for these cases; yields once Prometheus scrapes every exporter. `signatures`
+    replace the controller's shipped ones of the same name (e.g. shorter timers)."""
     rules = []
     for name, text in render_rules(overrides=profile.overrides).items():
         (tmp / name).write_text(text)
@@ -574,10 +812,11 @@ async def running_replay(cases: Sequence[Case], profile: Profile, tmp: Path) -> 
         await api.start()
         stack.push_async_callback(api.stop)
         jobs = _seed_cluster(api, cases)
-        _recreate_deleted_ranks(api, jobs)
+        stand_in = StandIn(api, jobs, profile.speed)
+        stack.callback(stand_in.stop)
 
         # the controller and Alertmanager first: the scenarios' clocks start with the exporters
-        controller = await _start_controller(stack, api, tmp)
+        controller = await _start_controller(stack, api, tmp, signatures)
         token_file = tmp / "controller-token"
         token_file.write_text(CONTROLLER_TOKEN)
         am_config = alertmanager_config(f"{controller}/api/v1/alerts", token_file)
@@ -611,6 +850,7 @@ async def running_replay(cases: Sequence[Case], profile: Profile, tmp: Path) -> 
         if any(c.progress_step_seconds for c in cases):
             steps = asyncio.create_task(_play_steps(exporters, api, tmp, profile.speed))
             stack.callback(steps.cancel)
+        stand_in.start(exporters)
         t_start = time.time()
         config = _prometheus_config(exporters, rule_names, am.address, profile.interval_seconds)
         (prom.workdir / "prometheus.yml").write_text(config)
@@ -619,11 +859,19 @@ async def running_replay(cases: Sequence[Case], profile: Profile, tmp: Path) -> 
                 raise RuntimeError(f"prometheus reload: {resp.status} {await resp.text()}")
         for e in exporters:
             await prom.wait_for(f'up{{job="{e.job}"}} == 1', timeout_seconds=60)
-        yield Replay(profile, tuple(cases), api, prom, am, controller, exporters, t_start, jobs)
+        yield Replay(profile, tuple(cases), api, prom, am, controller, exporters, t_start, jobs, stand_in)
 
 
-async def _start_controller(stack: AsyncExitStack, api: FakeKubeAPI, tmp: Path) -> str:
+async def _start_controller(
+    stack: AsyncExitStack, api: FakeKubeAPI, tmp: Path, signatures: Sequence[Mapping[str, Any]] = ()
+) -> str:
     kubeconfig = api.write_kubeconfig(tmp / "kubeconfig")
+    extra = []
+    if signatures:
+        folder = tmp / "signatures"
+        folder.mkdir()
+        (folder / "replay.yaml").write_text(yaml.safe_dump({"signatures": list(signatures)}, sort_keys=False))
+        extra.append(f"--signatures={folder}")
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPULSE_REMEDIATION_")}
     env["GPUPULSE_REMEDIATION_TOKEN"] = CONTROLLER_TOKEN
@@ -639,6 +887,7 @@ async def _start_controller(stack: AsyncExitStack, api: FakeKubeAPI, tmp: Path) 
         f"--scope.namespaces={NAMESPACE}",
         f"--cluster.node-count={CLUSTER_NODES}",
         "--engine.tick-interval=200ms",
+        *extra,
     ]
     proc = await stack.enter_async_context(child_process(args, tmp / "controller.log", env))
     url = f"http://127.0.0.1:{port}"
