@@ -549,7 +549,11 @@ class StandIn:
         # the kubelet kills the deleted pods' containers: their GPUs are free again
         e.kubelet.pods = tuple(p for p in e.kubelet.pods if p.name not in names)
         held = {
-            _gpu_index(d) for p in e.kubelet.pods for c in p.containers for dev in c.devices for d in dev.ids
+            _gpu_index(d)
+            for p in e.kubelet.pods
+            for c in p.containers
+            for dev in c.devices
+            for d in dev.device_ids
         }
         free = [g.index for g in e.scenario.gpus if g.index not in held]
         ranks = [_rank_of(p) for p in entries]
