@@ -43,7 +43,6 @@ import aiohttp
 import pytest
 import yaml
 
-from remediation.model import AlertEvent
 from tests.attribution.helpers import ProcfsTree, procfs_from_scenario
 from tests.fakes.alertmanager_process import running_alertmanager
 from tests.fakes.intake import make_settings, start_harness
@@ -56,6 +55,7 @@ from tests.fakes.prom_operator import (
     service_monitor_scrape_configs,
 )
 from tests.fakes.prometheus_process import running_prometheus
+from tests.helm.alert_routing import routed_to_the_controller
 from tests.helm.installs import CHART, JSON, ROOT, Installed, install_values, merge
 
 pytestmark = [
@@ -265,38 +265,14 @@ async def test_readme_install_routes_node_gpu_and_pod_alerts_to_the_controller(t
             "GPUTemperatureHigh": ("gpu-node-2", NAMESPACE),
             "GPUProcessMemoryAboveHardLimit": ("gpu-node-3", WORKLOAD_NAMESPACE),
         }
-        received = harness.engine.handled
-
-        def arrived() -> bool:
-            return all(any(_matches(e, name, node) for e in received) for name, (node, _) in want.items())
-
-        try:
-            await harness.engine.wait_for(arrived, DEADLINE_SECONDS)
-        except TimeoutError:
-            firing = await prom.query("ALERTS")
-            raise AssertionError(
-                f"received {sorted({e.labels['alertname'] for e in received})}; Prometheus has "
-                f"{sorted({(a['metric']['alertname'], a['metric']['alertstate']) for a in firing})}; "
-                f"Alertmanager has {[a['labels']['alertname'] for a in await am.alerts()]}"
-            ) from None
         amc_name = inst.of_kind("AlertmanagerConfig")[0]["metadata"]["name"]
-        for name, (node, namespace) in want.items():
-            events = [e for e in received if _matches(e, name, node)]
-            assert {e.receiver for e in events} == {f"{namespace}/{amc_name}/gpupulse-remediation"}, name
+        routed = await routed_to_the_controller(harness, prom, am, want, amc_name, DEADLINE_SECONDS)
+        for name, events in routed.items():
             labels = events[0].labels
-            assert labels["namespace"] == namespace
             if name == "GPUProcessMemoryAboveHardLimit":
                 assert labels["pod"] == LEAKING_POD and labels["target_kind"] == "pod"
             assert labels["prometheus"] == "monitoring/kube-prometheus-stack-prometheus"
             assert "prometheus_replica" not in labels  # the operator's alert relabeling dropped it
-        # no alert came twice through two AlertmanagerConfigs
-        for event in received:
-            same = {e.receiver for e in received if e.fingerprint == event.fingerprint}
-            assert len(same) == 1, (event.labels["alertname"], same)
-
-
-def _matches(event: AlertEvent, name: str, node: str) -> bool:
-    return event.labels.get("alertname") == name and event.labels.get("node") == node
 
 
 async def _wait(prom: Any, promql: str, count: int) -> list[dict[str, Any]]:

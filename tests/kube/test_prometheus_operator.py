@@ -39,11 +39,11 @@ import pytest
 import yaml
 
 from demo.neighbours import pins
-from remediation.model import AlertEvent
 from tests.fakes.alertmanager_process import running_alertmanager
 from tests.fakes.intake import make_settings, start_harness
 from tests.fakes.kube_sd import endpoints_targets
 from tests.fakes.prometheus_process import running_prometheus
+from tests.helm.alert_routing import routed_to_the_controller
 from tests.kube.operator_plane import (
     ALERTMANAGER,
     MONITORING,
@@ -474,29 +474,11 @@ async def test_prometheus_and_alertmanager_on_the_operators_files_scrape_and_rou
             "GPUTemperatureHigh": ("po-gpu-node-2", NAMESPACE),
             "GPUProcessMemoryAboveHardLimit": ("po-gpu-node-3", WORKLOAD_NAMESPACE),
         }
-        received = harness.engine.handled
-
-        def arrived() -> bool:
-            return all(any(_matches(e, name, node) for e in received) for name, (node, _) in want.items())
-
-        try:
-            await harness.engine.wait_for(arrived, DEADLINE_SECONDS)
-        except TimeoutError:
-            firing = await prom.query("ALERTS")
-            raise AssertionError(
-                f"received {sorted({e.labels['alertname'] for e in received})}; Prometheus has "
-                f"{sorted({(a['metric']['alertname'], a['metric']['alertstate']) for a in firing})}; "
-                f"Alertmanager has {[a['labels']['alertname'] for a in await am.alerts()]}"
-            ) from None
         amc_name = stack.of_kind("AlertmanagerConfig")[0]["metadata"]["name"]
-        for name, (node, namespace) in want.items():
-            events = [e for e in received if _matches(e, name, node)]
-            assert {e.receiver for e in events} == {f"{namespace}/{amc_name}/gpupulse-remediation"}, name
-            assert events[0].labels["namespace"] == namespace
+        arrived = await routed_to_the_controller(harness, prom, am, want, amc_name, DEADLINE_SECONDS)
+        for events in arrived.values():
             assert events[0].labels["prometheus"] == f"{MONITORING}/{PROMETHEUS}"
             assert "prometheus_replica" not in events[0].labels  # the operator's alert relabeling
-        for event in received:  # no alert came twice through two AlertmanagerConfigs
-            assert len({e.receiver for e in received if e.fingerprint == event.fingerprint}) == 1
 
         # the OnNamespace limit, as the real Alertmanager routes it: a pod alert from a namespace
         # without an AlertmanagerConfig goes to kube-prometheus-stack's null receiver, not the controller
@@ -522,10 +504,6 @@ async def _route(am: Any, labels: dict[str, str]) -> list[str]:
                 return sorted(r["name"] for r in alert["receivers"])
         assert time.monotonic() < deadline, f"Alertmanager never listed {labels}"
         await asyncio.sleep(0.2)
-
-
-def _matches(event: AlertEvent, name: str, node: str) -> bool:
-    return event.labels.get("alertname") == name and event.labels.get("node") == node
 
 
 async def _rule_groups(prom: Any, wanted: set[str]) -> list[dict[str, Any]]:
