@@ -217,3 +217,18 @@ async def shard_alerts(shard: PromHandle, names: set[str]) -> list[dict[str, Any
     """The ALERTS series (pending or firing) of `names` on one Prometheus."""
     result = await shard.query("ALERTS")
     return [r for r in result if r["metric"]["alertname"] in names]
+
+
+async def node_alerts_outlive_the_global_layer(
+    nodes: dict[str, Node], shards: list[PromHandle], stop_global: Callable[[], Awaitable[None]]
+) -> None:
+    """The global layer goes away; node-b overheats and loses its GPU: its shard alone says so, and
+    the other shard says nothing of it (node alerts need no global layer)."""
+    await stop_global()
+    nodes["node-b"].temperature_celsius = 95.0
+    nodes["node-b"].up = 0
+    for name in ("GPUTemperatureHigh", "TrainingJobNodeFault"):
+        firing = f'ALERTS{{alertname="{name}",alertstate="firing"}}'
+        got = await shards[1].wait_for(firing, timeout_seconds=60)
+        assert got[0]["metric"]["node"] == "node-b"
+    assert await shard_alerts(shards[0], {"GPUTemperatureHigh", "TrainingJobNodeFault"}) == []

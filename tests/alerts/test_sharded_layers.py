@@ -33,6 +33,7 @@ from tests.alerts.layers import (
     TRAINING_ALERTS,
     Node,
     chart_rules,
+    node_alerts_outlive_the_global_layer,
     only_when,
     prometheus_config,
     recorded_names,
@@ -234,13 +235,4 @@ async def test_gang_alerts_fire_in_the_global_layer_not_on_the_shards_and_node_a
             assert await shard_alerts(shard, {"TrainingJobHung"}) == []
 
         # the global layer goes away; node-b overheats and loses its GPU: the shard alone says so
-        await bed.stop_global()
-        bed.nodes["node-b"].temperature_celsius = 95.0
-        bed.nodes["node-b"].up = 0
-        shard_b = bed.shards[1]
-        for name in ("GPUTemperatureHigh", "TrainingJobNodeFault"):
-            got = await shard_b.wait_for(
-                f'ALERTS{{alertname="{name}",alertstate="firing"}}', timeout_seconds=60
-            )
-            assert got[0]["metric"]["node"] == "node-b"
-        assert await shard_alerts(bed.shards[0], {"GPUTemperatureHigh", "TrainingJobNodeFault"}) == []
+        await node_alerts_outlive_the_global_layer(bed.nodes, bed.shards, bed.stop_global)
