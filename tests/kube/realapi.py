@@ -90,6 +90,12 @@ class RealKube:
         self.url = url
         self.token = token
         self._tls = ssl.create_default_context(cafile=str(ca_file))
+        # one opener, no proxies: urlopen builds an opener per call whose ProxyHandler reads
+        # os.environ, which pytest changes in another thread (PYTEST_CURRENT_TEST) while the
+        # stand-in kubelet's thread calls; a dict changing size under iteration killed that thread
+        self._opener = urllib.request.build_opener(
+            urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=self._tls)
+        )
 
     def request(
         self,
@@ -106,7 +112,7 @@ class RealKube:
             headers["Content-Type"] = content_type
         req = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
         try:
-            with urllib.request.urlopen(req, timeout=timeout_seconds, context=self._tls) as r:
+            with self._opener.open(req, timeout=timeout_seconds) as r:
                 raw = r.read()
         except urllib.error.HTTPError as e:
             raw = e.read()
@@ -122,7 +128,7 @@ class RealKube:
         """A health endpoint answers 200 (its body is text, not JSON)."""
         req = urllib.request.Request(self.url + path, headers={"Authorization": f"Bearer {self.token}"})
         try:
-            with urllib.request.urlopen(req, timeout=5, context=self._tls) as r:
+            with self._opener.open(req, timeout=5) as r:
                 return int(r.status) == 200
         except urllib.error.HTTPError:
             return False
@@ -157,7 +163,7 @@ class RealKube:
         req = urllib.request.Request(
             self.url + path, headers={"Authorization": f"Bearer {self.token}", "Accept": "application/json"}
         )
-        with urllib.request.urlopen(req, timeout=60, context=self._tls) as r:
+        with self._opener.open(req, timeout=60) as r:
             for line in r:
                 if line.strip():
                     yield json.loads(line)
