@@ -404,14 +404,14 @@ def ensure_namespace(kube: RealKube, name: str) -> None:
     )
 
 
-def add_node(kube: RealKube, name: str, gpus: int = 8) -> JSON:
+def add_node(kube: RealKube, name: str, gpus: int = 8, labels: Mapping[str, str] | None = None) -> JSON:
     """A Node object with a Ready condition and GPU capacity (no kubelet behind it)."""
     kube.post(
         "/api/v1/nodes",
         {
             "apiVersion": "v1",
             "kind": "Node",
-            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **(labels or {})}},
         },
     )
     capacity = {"cpu": "64", "memory": "512Gi", "pods": "110", "nvidia.com/gpu": str(gpus)}
@@ -441,8 +441,8 @@ def add_node(kube: RealKube, name: str, gpus: int = 8) -> JSON:
 class Kubelet:
     """Plays the scheduler and the kubelets of every node from one watch on all pods.
 
-    An unscheduled pod is bound to the first node (by name) that is schedulable and carries no
-    NoSchedule/NoExecute taint; a bound pod is reported Running and Ready; a pod being deleted is
+    An unscheduled pod is bound to the first node (by name) that is schedulable, carries no
+    NoSchedule/NoExecute taint and has every label of the pod's nodeSelector; a bound pod is reported Running and Ready; a pod being deleted is
     confirmed with a delete of grace period 0 and its UID, unless its node is in `hung_nodes` (a kubelet
     that never confirms, as on a sick node).
     """
@@ -481,14 +481,15 @@ class Kubelet:
 
     def _node_for(self, pod: JSON) -> str | None:
         nodes = sorted(self.kube.get("/api/v1/nodes").get("items") or [], key=lambda n: n["metadata"]["name"])
-        wanted = (pod["spec"].get("nodeSelector") or {}).get("kubernetes.io/hostname")
+        wanted = pod["spec"].get("nodeSelector") or {}
         for node in nodes:
             spec = node.get("spec") or {}
             if spec.get("unschedulable"):
                 continue
             if any(t.get("effect") in ("NoSchedule", "NoExecute") for t in spec.get("taints") or []):
                 continue
-            if wanted and node["metadata"]["name"] != wanted:
+            labels = node["metadata"].get("labels") or {}
+            if any(labels.get(key) != value for key, value in wanted.items()):
                 continue
             return str(node["metadata"]["name"])
         return None

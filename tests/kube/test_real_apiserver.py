@@ -111,7 +111,10 @@ async def controller_client(kubeconfig: Path) -> Any:
     await client.close()
 
 
-def deployment(namespace: str, name: str, replicas: int = 1) -> JSON:
+POOL_LABEL = "gpupulse.test/pool"  # a workload's nodes: its pods go nowhere else
+
+
+def deployment(namespace: str, name: str, replicas: int = 1, pool: str | None = None) -> JSON:
     labels = {"app": name}
     return {
         "apiVersion": "apps/v1",
@@ -123,6 +126,7 @@ def deployment(namespace: str, name: str, replicas: int = 1) -> JSON:
             "template": {
                 "metadata": {"labels": labels},
                 "spec": {
+                    **({"nodeSelector": {POOL_LABEL: pool}} if pool else {}),
                     "terminationGracePeriodSeconds": 5,
                     "containers": [
                         {
@@ -153,14 +157,16 @@ def running(kube: RealKube, namespace: str, app: str) -> list[JSON]:
 
 @contextlib.contextmanager
 def workload(real_cluster: RealCluster, replicas: int = 1, nodes: int = 1) -> Iterator[tuple[str, list[str]]]:
-    """A namespace with a GPU Deployment of its own, on nodes of its own (deleted afterwards)."""
+    """A namespace with a GPU Deployment of its own, on nodes of its own (deleted afterwards): the
+    Deployment's nodeSelector names a label only these nodes carry, so a node another test left behind
+    (or one whose name sorts first) never gets its pods."""
     kube = real_cluster.kube
     ns = real_cluster.unique("llm")
     names = [real_cluster.unique("gpu") for _ in range(nodes)]
     for name in names:
-        add_node(kube, name)
+        add_node(kube, name, labels={POOL_LABEL: ns})
     ensure_namespace(kube, ns)
-    kube.apply(deployment(ns, "vllm", replicas))
+    kube.apply(deployment(ns, "vllm", replicas, pool=ns))
     wait_for(
         lambda: len(running(kube, ns, "vllm")) == replicas, 60, f"{replicas} vllm pod(s) running in {ns}"
     )
@@ -482,6 +488,7 @@ async def test_the_exporters_pod_and_resourceslice_watches_see_their_node_only_w
     token.write_text(exporter_token)
     with workload(real_cluster, nodes=2) as (ns, (node, other)):
         (pod,) = running(kube, ns, "vllm")
+        assert pod["spec"]["nodeName"] == node, "the stand-in scheduler binds to the pool's first node"
         settings = {
             "api_url": real_cluster.plane.url,
             "token_path": token,
@@ -501,7 +508,10 @@ async def test_the_exporters_pod_and_resourceslice_watches_see_their_node_only_w
         slices.start()
         try:
             name = pod["metadata"]["name"]
-            await pods.wait_until(lambda: pods.lookup(ns, name) is not None, 30)
+            try:
+                await pods.wait_until(lambda: pods.lookup(ns, name) is not None, 30)
+            except TimeoutError:
+                raise AssertionError(f"{ns}/{name} not seen in 30 s: {pods.stats}, error {pods.error!r}") from None
             await slices.wait_until(lambda: bool(slices.index()), 30)
             assert [d.uuid for d in slices.index().values()] == ["GPU-1111"]
             assert slices.version == "v1"
