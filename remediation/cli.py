@@ -370,6 +370,20 @@ SERVE_FLAGS: tuple[Flag, ...] = (
     ),
     Flag("kube.lease-name", str, _K.lease_name, "Name of the leader Lease (the chart: one per release)."),
     Flag(
+        "kube.legacy-lease-name",
+        str,
+        _K.legacy_lease_name,
+        "A leader Lease an earlier version used: held too, and no leading while a replica of this"
+        " release (--kube.legacy-lease-holder-prefix) holds it, so a rolling upgrade never has two leaders.",
+    ),
+    Flag(
+        "kube.legacy-lease-holder-prefix",
+        str,
+        _K.legacy_lease_holder_prefix,
+        "Pod-name prefix of this release's replicas: a holder of the legacy Lease without it is another"
+        " release's, never waited on ('' = every holder is waited on).",
+    ),
+    Flag(
         "kube.instance",
         str,
         _K.instance,
@@ -606,6 +620,10 @@ def kube_settings_from_values(v: Mapping[str, Any], environ: Mapping[str, str]) 
     duration = v["kube_lease_duration"]
     if duration != int(duration) or duration < 1:
         raise ConfigError(f"--kube.lease-duration must be whole seconds, not {duration}")
+    if v["kube_legacy_lease_name"] and v["kube_legacy_lease_name"] == v["kube_lease_name"]:
+        raise ConfigError(
+            f"--kube.legacy-lease-name must differ from --kube.lease-name ({v['kube_lease_name']})"
+        )
     return KubeSettings(
         kubeconfig_path=v["kube_kubeconfig"] or default_kubeconfig(environ),
         context=v["kube_context"],
@@ -614,6 +632,8 @@ def kube_settings_from_values(v: Mapping[str, Any], environ: Mapping[str, str]) 
         request_timeout_seconds=v["kube_request_timeout"],
         leader_election=v["kube_leader_election"],
         lease_name=v["kube_lease_name"],
+        legacy_lease_name=v["kube_legacy_lease_name"],
+        legacy_lease_holder_prefix=v["kube_legacy_lease_holder_prefix"],
         lease_duration_seconds=int(duration),
         renew_deadline_seconds=v["kube_renew_deadline"],
         retry_period_seconds=v["kube_retry_period"],

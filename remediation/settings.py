@@ -288,6 +288,9 @@ class KubeSettings:
     leader_election: bool = False
     # the chart names it per release; node lock Leases (gpupulse-node-<node>) are shared on purpose
     lease_name: str = "gpupulse-remediation-leader"
+    # the Lease earlier versions shared (the chart: this default), held too during and after upgrades
+    legacy_lease_name: str = ""
+    legacy_lease_holder_prefix: str = ""  # this release's pod names start with it
     lease_duration_seconds: int = 15
     renew_deadline_seconds: float = 10.0
     retry_period_seconds: float = 2.0

@@ -4,6 +4,12 @@ Followers judge expiry by when *they* last saw the record change (not by the hol
 clock skew between replicas does not matter. The leader steps down as soon as it has not renewed for
 `renew_deadline_seconds`, which is shorter than the lease duration: it stops acting before anyone else
 may start.
+
+With a legacy Lease name (the one Lease every release shared before the chart named one per release),
+a candidate also holds that Lease, and does not lead while a replica of its own release (by pod-name
+prefix) holds it: during a rolling upgrade the old version's replicas campaign only on the legacy
+name, so without this an old and a new replica would both lead until the rollout ends. A holder from
+another release is left alone: releases never wait on each other.
 """
 
 from __future__ import annotations
@@ -34,10 +40,14 @@ class LeaderElectionSettings:
     renew_deadline_seconds: float = 10.0
     retry_period_seconds: float = 2.0
     release_on_cancel: bool = True
+    legacy_lease_name: str = ""  # "": no earlier version to exclude
+    legacy_holder_prefix: str = ""  # holders of the legacy Lease that are this release's replicas
 
     def __post_init__(self) -> None:
         if not self.identity:
             raise ValueError("leader election needs a non-empty identity (the pod name)")
+        if self.legacy_lease_name == self.lease_name:
+            raise ValueError(f"the legacy Lease name must differ from the Lease name ({self.lease_name})")
         if not self.lease_duration_seconds > self.renew_deadline_seconds > self.retry_period_seconds > 0:
             raise ValueError(
                 "need lease_duration_seconds > renew_deadline_seconds > retry_period_seconds > 0"
@@ -56,6 +66,9 @@ class LeaderElector:
         self._observed: LeaseRecord | None = None
         self._observed_at = 0.0
         self._last_renew: float | None = None
+        self._legacy: LeaseRecord | None = None  # the legacy Lease as last read, and when it changed
+        self._legacy_at = 0.0
+        self._legacy_waiting_on = ""
 
     @property
     def identity(self) -> str:
@@ -144,8 +157,7 @@ class LeaderElector:
             current = await self._store.get(s.lease_name)
             if current is None:
                 self._note(await self._store.create(s.lease_name, mine), mono)
-                self._last_renew = mono
-                return True
+                return await self._renewed(mine, mono)
             if self._observed is None or _changed(self._observed, current):
                 self._observed, self._observed_at = current, mono
             held_by_other = current.holder_identity not in ("", s.identity)
@@ -160,13 +172,60 @@ class LeaderElector:
                     resource_version=current.resource_version,
                 )
             self._note(await self._store.swap(s.lease_name, record), mono)
-            self._last_renew = mono
-            return True
+            return await self._renewed(mine, mono)
         except KubeConflict:
             return False
         except KubeError as exc:
             log.warning("%s: lease %s call failed: %s", s.identity, s.lease_name, exc)
             return False
+
+    async def _renewed(self, mine: LeaseRecord, mono: float) -> bool:
+        """After the Lease was written: lead (count it as a renewal) unless the legacy Lease says an
+        earlier version of this release may still be leading."""
+        if not await self._legacy_clear(mine, mono):
+            return False
+        self._last_renew = mono
+        return True
+
+    async def _legacy_clear(self, mine: LeaseRecord, mono: float) -> bool:
+        """True when no replica of this release but us can lead on the legacy Lease: we hold it
+        (created, renewed or taken once expired, by the same rules as the Lease), or a live holder
+        belongs to another release."""
+        s = self._settings
+        name = s.legacy_lease_name
+        if not name:
+            return True
+        current = await self._store.get(name)
+        if current is None:
+            self._legacy, self._legacy_at = await self._store.create(name, mine), mono
+            return True
+        if self._legacy is None or _changed(self._legacy, current):
+            self._legacy, self._legacy_at = current, mono
+        holder = current.holder_identity
+        if holder == s.identity:
+            record = replace(
+                current, renew_time=mine.renew_time, lease_duration_seconds=s.lease_duration_seconds
+            )
+        elif holder and mono - self._legacy_at < current.lease_duration_seconds:
+            if not holder.startswith(s.legacy_holder_prefix):
+                return True  # another release's replica: not ours to wait on or to take
+            if holder != self._legacy_waiting_on:  # once per holder, not every retry period
+                log.info(
+                    "%s: %s (an earlier version of this release?) holds %s; not leading",
+                    s.identity,
+                    holder,
+                    name,
+                )
+                self._legacy_waiting_on = holder
+            return False
+        else:
+            record = replace(
+                mine,
+                lease_transitions=current.lease_transitions + 1,
+                resource_version=current.resource_version,
+            )
+        self._legacy, self._legacy_at = await self._store.swap(name, record), mono
+        return True
 
     def _next_attempt_in(self) -> float:
         """Seconds to the next try: the retry period, or sooner when the observed Lease expires
@@ -181,24 +240,23 @@ class LeaderElector:
         self._observed, self._observed_at = record, mono
 
     async def _release(self) -> None:
-        """Give the Lease up on a clean stop so a follower need not wait out the duration."""
+        """Give the Leases up on a clean stop so a follower need not wait out the duration."""
+        for name in (self._settings.lease_name, self._settings.legacy_lease_name):
+            if name:
+                await self._release_one(name)
+
+    async def _release_one(self, name: str) -> None:
+        period = self._settings.retry_period_seconds
         try:
-            current = await asyncio.wait_for(
-                self._store.get(self._settings.lease_name), self._settings.retry_period_seconds
-            )
+            current = await asyncio.wait_for(self._store.get(name), period)
             if current is None or current.holder_identity != self.identity:
                 return
-            await asyncio.wait_for(
-                self._store.swap(
-                    self._settings.lease_name,
-                    replace(
-                        current, holder_identity="", lease_duration_seconds=1, renew_time=self._clock.utcnow()
-                    ),
-                ),
-                self._settings.retry_period_seconds,
+            released = replace(
+                current, holder_identity="", lease_duration_seconds=1, renew_time=self._clock.utcnow()
             )
+            await asyncio.wait_for(self._store.swap(name, released), period)
         except (KubeError, TimeoutError) as exc:
-            log.warning("%s could not release %s: %s", self.identity, self._settings.lease_name, exc)
+            log.warning("%s could not release %s: %s", self.identity, name, exc)
 
 
 def _changed(old: LeaseRecord, new: LeaseRecord) -> bool:

@@ -140,6 +140,8 @@ async def connect_kube(settings: Settings) -> KubeRuntime:
             namespace=kube.namespace,
             identity=kube.identity,
             lease_name=kube.lease_name,
+            legacy_lease_name=kube.legacy_lease_name,
+            legacy_holder_prefix=kube.legacy_lease_holder_prefix,
             lease_duration_seconds=kube.lease_duration_seconds,
             renew_deadline_seconds=kube.renew_deadline_seconds,
             retry_period_seconds=kube.retry_period_seconds,

@@ -442,7 +442,8 @@ class Kubelet:
     """Plays the scheduler and the kubelets of every node from one watch on all pods.
 
     An unscheduled pod is bound to the first node (by name) that is schedulable, carries no
-    NoSchedule/NoExecute taint and has every label of the pod's nodeSelector; a bound pod is reported Running and Ready; a pod being deleted is
+    NoSchedule/NoExecute taint and has every label of the pod's nodeSelector; a bound pod is
+    reported Running and Ready; a pod being deleted is
     confirmed with a delete of grace period 0 and its UID, unless its node is in `hung_nodes` (a kubelet
     that never confirms, as on a sick node).
     """

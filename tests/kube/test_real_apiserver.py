@@ -511,7 +511,8 @@ async def test_the_exporters_pod_and_resourceslice_watches_see_their_node_only_w
             try:
                 await pods.wait_until(lambda: pods.lookup(ns, name) is not None, 30)
             except TimeoutError:
-                raise AssertionError(f"{ns}/{name} not seen in 30 s: {pods.stats}, error {pods.error!r}") from None
+                seen = f"{pods.stats}, error {pods.error!r}"
+                raise AssertionError(f"{ns}/{name} not seen in 30 s: {seen}") from None
             await slices.wait_until(lambda: bool(slices.index()), 30)
             assert [d.uuid for d in slices.index().values()] == ["GPU-1111"]
             assert slices.version == "v1"

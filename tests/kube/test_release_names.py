@@ -231,6 +231,99 @@ async def test_each_release_elects_its_own_leader_on_its_own_lease(world: World)
                 await task
 
 
+async def test_a_rolling_upgrade_from_the_shared_lease_never_has_two_leaders(world: World) -> None:
+    """The chart renamed the leader Lease per release. During a rolling upgrade the old version's
+    replica campaigns on the old shared name only: the new one (`--kube.legacy-lease-name`) does not lead
+    while a replica of its release holds the old Lease, leads once it is given up, then holds it so a
+    late old replica follows; another release's holder of the old Lease blocks nobody."""
+    legacy = _unique("gpupulse-remediation-leader")  # the old default, unique: the namespace is shared
+    leading: dict[str, asyncio.Event] = {}
+
+    def elector(identity: str, lease: str, prefix: str | None = None) -> LeaderElector:
+        leading[identity] = asyncio.Event()
+        settings = LeaderElectionSettings(
+            namespace=CONTROLLER_NS,
+            identity=identity,
+            lease_name=lease,
+            lease_duration_seconds=15,
+            renew_deadline_seconds=10,
+            retry_period_seconds=0.2,
+            legacy_lease_name=legacy if prefix is not None else "",
+            legacy_holder_prefix=prefix or "",
+        )
+        return LeaderElector(world.client, settings)
+
+    async def lead(identity: str) -> None:
+        leading[identity].set()
+        await asyncio.Event().wait()
+
+    async def stopped() -> None:
+        return None
+
+    tasks: dict[str, asyncio.Task[None]] = {}
+
+    def start(e: LeaderElector) -> None:
+        tasks[e.identity] = asyncio.create_task(e.run(lambda i=e.identity: lead(i), stopped))  # type: ignore[misc]
+
+    async def stop(identity: str) -> None:
+        tasks[identity].cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await tasks.pop(identity)
+
+    async def renewals(lease: str) -> AsyncIterator[str]:
+        seen = ""
+        while True:
+            renew = str((await world.client.get_lease(CONTROLLER_NS, lease))["spec"].get("renewTime") or "")
+            if renew and renew != seen:
+                seen = renew
+                yield renew
+            await asyncio.sleep(0.05)
+
+    alpha_lease = _unique("alpha-gpupulse-controller-leader")
+    old = elector("alpha-gpupulse-controller-5d8f-old", legacy)  # the old version: the shared name only
+    new = elector("alpha-gpupulse-controller-7c4b-new", alpha_lease, prefix="alpha-gpupulse-controller-")
+    beta = elector("beta-gpupulse-controller-0", _unique("beta-gpupulse-controller-leader"),
+                   prefix="beta-gpupulse-controller-")  # fmt: skip
+    try:
+        start(old)
+        await asyncio.wait_for(leading[old.identity].wait(), 30)
+        start(new)
+        start(beta)
+        await eventually(lambda: False if tasks[new.identity].done() else new.observed_holder == new.identity,
+                         "the new replica holding its own Lease")  # fmt: skip
+        # two writes of its own Lease: the old Lease was read after the first, and it still does not lead
+        written = renewals(alpha_lease)
+        await asyncio.wait_for(anext(written), 10)
+        await asyncio.wait_for(anext(written), 10)
+        assert not new.is_leader and not leading[new.identity].is_set(), "led beside the old version"
+        await asyncio.wait_for(leading[beta.identity].wait(), 30)  # another release's old holder: no wait
+        assert beta.is_leader and old.is_leader
+
+        await stop(old.identity)  # the rollout replaces it (a clean stop gives the Lease up)
+        await asyncio.wait_for(leading[new.identity].wait(), 30)
+        # the old Lease, given up, is taken by whichever new-version leader tried first
+        holder = (await world.client.get_lease(CONTROLLER_NS, legacy))["spec"]["holderIdentity"]
+        assert holder in (new.identity, beta.identity), "a new-version leader holds the old Lease"
+
+        late = elector("alpha-gpupulse-controller-5d8f-late", legacy)  # an old replica still starting
+        start(late)
+        await eventually(lambda: late.observed_holder == holder, "the late old replica seeing the holder")
+        assert not late.is_leader and not leading[late.identity].is_set() and new.is_leader
+    finally:
+        for identity in list(tasks):
+            await stop(identity)
+
+
+def test_a_legacy_lease_named_like_the_lease_is_refused() -> None:
+    with pytest.raises(ValueError, match="legacy Lease name must differ"):
+        LeaderElectionSettings(namespace="ns", identity="a", lease_name="x", legacy_lease_name="x")
+    env = {"POD_NAMESPACE": "gpupulse", "POD_NAME": "ctl-0"}
+    with pytest.raises(ConfigError, match=r"--kube\.legacy-lease-name must differ"):
+        _settings([*NO_AUTH, "--kube.lease-name=x", "--kube.legacy-lease-name=x"], env)
+    named = _settings([*NO_AUTH, "--kube.legacy-lease-name=old", "--kube.legacy-lease-holder-prefix=p-"], env)
+    assert (named.kube.legacy_lease_name, named.kube.legacy_lease_holder_prefix) == ("old", "p-")
+
+
 def test_kube_instance_flag_reaches_the_settings_and_refuses_bad_names() -> None:
     env = {"POD_NAMESPACE": "gpupulse", "POD_NAME": "ctl-0"}
     assert _settings(NO_AUTH, env).kube.instance == ""
