@@ -229,6 +229,8 @@ class Device:
     counters: dict[str, tuple[int, float | None, float | None]] = field(default_factory=dict)
     # the process listings' C buffers, kept between ticks (see _ProcessBuffer)
     buffers: dict[str, Any] = field(default_factory=dict)
+    # C function pointers by symbol, looked up once per GPU (the driver's, or the simulation's)
+    functions: dict[str, Any] = field(default_factory=dict)
 
     def optional(self, key: str, fn: Callable[..., T], *args: Any) -> T | None:
         """Call fn; None when the feature is absent (remembered) or failed this round. Lost GPUs raise."""
@@ -237,7 +239,39 @@ class Device:
         try:
             return fn(*args)  # not through call(): this runs ~40 times per GPU per tick
         except (pynvml.NVMLError, pynvml.NVMLLibraryMismatchError) as raw:
-            exc = classify(raw, getattr(fn, "__name__", "nvml"))
+            self._failed(key, classify(raw, getattr(fn, "__name__", "nvml")))
+        return None
+
+    def c_call(self, key: str, symbol: str, *args: Any) -> bool:
+        """Call C function `symbol` on this GPU's handle with outputs the caller keeps; False when the
+        feature is absent (remembered) or failed this round, as `optional`. Lost GPUs raise."""
+        if key in self.absent:
+            return False
+        fn = self.functions.get(symbol)
+        try:
+            if fn is None:
+                fn = self.functions[symbol] = pynvml._nvmlGetFunctionPointer(symbol)
+            ret = fn(self.handle, *args)
+            if ret == _SUCCESS:
+                return True
+            raise pynvml.NVMLError(ret)
+        except (pynvml.NVMLError, pynvml.NVMLLibraryMismatchError) as raw:
+            self._failed(key, classify(raw, symbol))
+        return False
+
+    def c_check(self, symbol: str, *args: Any) -> None:
+        """Call C function `symbol` as c_call does, raising our error types (as call() does)."""
+        fn = self.functions.get(symbol)
+        try:
+            if fn is None:
+                fn = self.functions[symbol] = pynvml._nvmlGetFunctionPointer(symbol)
+            ret = fn(self.handle, *args)
+            if ret != _SUCCESS:
+                raise pynvml.NVMLError(ret)
+        except (pynvml.NVMLError, pynvml.NVMLLibraryMismatchError) as raw:
+            raise classify(raw, symbol) from None
+
+    def _failed(self, key: str, exc: Exception) -> None:
         if isinstance(exc, NotSupportedError):
             self.absent.add(key)
         elif isinstance(exc, GpuLostError):
@@ -246,9 +280,9 @@ class Device:
             log.debug("gpu %s: %s failed: %s", self.static.index, key, exc)
         else:
             raise exc from None
-        return None
 
 
+_SUCCESS: Final = pynvml.NVML_SUCCESS
 _FIELD_VALUE_ATTRS: Final = {
     pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal",
     pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
@@ -300,38 +334,115 @@ def read_device_slow(dev: Device) -> SlowDeviceReading:
     )
 
 
+class _DeviceOutputs:
+    """read_device's C arguments and outputs for one GPU, made once: a tick passes the same objects.
+
+    pynvml's wrapper of each getter allocates its output, looks up the function and checks the return
+    code around the one C call; the driver writes every output on success, so reusing them is safe.
+    The structures are pynvml's own (the simulation writes them as it writes the wrappers' ones).
+    """
+
+    def __init__(self) -> None:
+        byref = ctypes.byref
+        self.util = pynvml.c_nvmlUtilization_t()
+        self.util_ref = byref(self.util)
+        self.temp = pynvml.c_nvmlTemperature_v1_t()
+        self.temp.version = pynvml.nvmlTemperature_v1
+        self.temp.sensorType = pynvml.NVML_TEMPERATURE_GPU
+        self.temp_ref = byref(self.temp)
+        self.sensor = ctypes.c_uint(pynvml.NVML_TEMPERATURE_GPU)
+        self.temp_v1 = ctypes.c_uint()  # nvmlDeviceGetTemperature, for drivers without the V call
+        self.temp_v1_ref = byref(self.temp_v1)
+        self.fields = (pynvml.c_nvmlFieldValue_t * 1)()
+        self.fields[0].fieldId = pynvml.NVML_FI_DEV_MEMORY_TEMP
+        self.fields_ref = byref(self.fields)
+        self.field_count = ctypes.c_int32(1)
+        self.power = ctypes.c_uint()
+        self.power_ref = byref(self.power)
+        self.energy = ctypes.c_uint64()
+        self.energy_ref = byref(self.energy)
+        self.sm_kind = ctypes.c_uint(pynvml.NVML_CLOCK_SM)
+        self.sm_clock = ctypes.c_uint()
+        self.sm_clock_ref = byref(self.sm_clock)
+        self.mem_kind = ctypes.c_uint(pynvml.NVML_CLOCK_MEM)
+        self.mem_clock = ctypes.c_uint()
+        self.mem_clock_ref = byref(self.mem_clock)
+        self.fan = ctypes.c_uint()
+        self.fan_ref = byref(self.fan)
+        self.pstate = ctypes.c_uint()
+        self.pstate_ref = byref(self.pstate)
+        self.margin = pynvml.c_nvmlMarginTemperature_v1_t()
+        self.margin.version = pynvml.nvmlMarginTemperature_v1
+        self.margin_ref = byref(self.margin)
+        self.reasons = ctypes.c_ulonglong()
+        self.reasons_ref = byref(self.reasons)
+        self.memory = pynvml.c_nvmlMemory_v2_t()
+        self.memory.version = pynvml.nvmlMemory_v2
+        self.memory_ref = byref(self.memory)
+
+
+def _device_outputs(dev: Device) -> _DeviceOutputs:
+    found = dev.buffers.get("device")
+    if found is None:
+        found = dev.buffers["device"] = _DeviceOutputs()
+    return found
+
+
 def read_device(dev: Device) -> DeviceReading:
     """Sample a GPU's fast-changing state (runs on the GPU's worker thread); see read_device_slow."""
-    h, opt = dev.handle, dev.optional
-    util = None if dev.static.mig_enabled else opt("util", pynvml.nvmlDeviceGetUtilizationRates, h)
-    temp = opt("tempv", pynvml.nvmlDeviceGetTemperatureV, h, pynvml.NVML_TEMPERATURE_GPU)
-    if temp is None and "tempv" in dev.absent:
-        temp = opt("temp", pynvml.nvmlDeviceGetTemperature, h, pynvml.NVML_TEMPERATURE_GPU)
+    o, c = _device_outputs(dev), dev.c_call
+    util = None
+    if not dev.static.mig_enabled and c("util", "nvmlDeviceGetUtilizationRates", o.util_ref):
+        util = o.util
+    temp: float | None = None
+    if c("tempv", "nvmlDeviceGetTemperatureV", o.temp_ref):
+        temp = float(o.temp.temperature)
+    elif "tempv" in dev.absent and c("temp", "nvmlDeviceGetTemperature", o.sensor, o.temp_v1_ref):
+        temp = float(o.temp_v1.value)
     mem_temp = None
-    fields = opt("memtemp", pynvml.nvmlDeviceGetFieldValues, h, [pynvml.NVML_FI_DEV_MEMORY_TEMP])
-    if fields is not None:
-        mem_temp = _field_value(fields[0])
-    power = opt("power", pynvml.nvmlDeviceGetPowerUsage, h)
-    energy = opt("energy", pynvml.nvmlDeviceGetTotalEnergyConsumption, h)
-    sm_clock = opt("smclock", pynvml.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_SM)
-    mem_clock = opt("memclock", pynvml.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_MEM)
-    fan = opt("fan", pynvml.nvmlDeviceGetFanSpeed, h)
-    pstate = opt("pstate", pynvml.nvmlDeviceGetPerformanceState, h)
+    if c("memtemp", "nvmlDeviceGetFieldValues", o.field_count, o.fields_ref):
+        mem_temp = _field_value(o.fields[0])
+    power = o.power.value if c("power", "nvmlDeviceGetPowerUsage", o.power_ref) else None
+    energy = o.energy.value if c("energy", "nvmlDeviceGetTotalEnergyConsumption", o.energy_ref) else None
+    sm_clock = o.sm_clock.value if c("smclock", "nvmlDeviceGetClockInfo", o.sm_kind, o.sm_clock_ref) else None
+    mem_clock = (
+        o.mem_clock.value if c("memclock", "nvmlDeviceGetClockInfo", o.mem_kind, o.mem_clock_ref) else None
+    )
+    fan = o.fan.value if c("fan", "nvmlDeviceGetFanSpeed", o.fan_ref) else None
+    pstate = o.pstate.value if c("pstate", "nvmlDeviceGetPerformanceState", o.pstate_ref) else None
+    margin = (
+        o.margin.marginTemperature if c("margin", "nvmlDeviceGetMarginTemperature", o.margin_ref) else None
+    )
+    reasons = (
+        o.reasons.value if c("reasons", "nvmlDeviceGetCurrentClocksEventReasons", o.reasons_ref) else None
+    )
     return DeviceReading(
-        memory=_memory(dev, h, "memory"),
+        memory=_device_memory(dev, o),
         utilization_ratio=None if util is None else util.gpu / 100.0,
         memory_utilization_ratio=None if util is None else util.memory / 100.0,
-        temperature_celsius=None if temp is None else float(temp),
+        temperature_celsius=temp,
         memory_temperature_celsius=mem_temp,
-        thermal_margin_celsius=_float(opt("margin", pynvml.nvmlDeviceGetMarginTemperature, h)),
+        thermal_margin_celsius=_float(margin),
         power_watts=None if power is None else power / 1000.0,
         energy_joules=None if energy is None else energy / 1000.0,
         sm_clock_hertz=None if sm_clock is None else sm_clock * 1e6,
         memory_clock_hertz=None if mem_clock is None else mem_clock * 1e6,
-        clock_event_reasons=_int(opt("reasons", pynvml.nvmlDeviceGetCurrentClocksEventReasons, h)),
+        clock_event_reasons=reasons,
         performance_state=None if pstate is None or pstate > 15 else int(pstate),
         fan_speed_ratio=None if fan is None else fan / 100.0,
     )
+
+
+def _device_memory(dev: Device, o: _DeviceOutputs) -> MemoryInfo | None:
+    # _memory's v2 read into the kept structure; a driver without v2 falls back to _memory's v1
+    if "memory:v2" not in dev.absent:
+        try:
+            dev.c_check("nvmlDeviceGetMemoryInfo_v2", o.memory_ref)
+            m = o.memory
+            return MemoryInfo(m.total, m.used, m.free, m.reserved)
+        except NotSupportedError:
+            dev.absent.add("memory:v2")  # driver < 510: v1 (used includes reserved)
+    return _memory(dev, dev.handle, "memory")
 
 
 def _float(v: Any) -> float | None:
