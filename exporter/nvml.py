@@ -1,7 +1,8 @@
 """The one seam to NVML: the only module that imports pynvml.
 
-Everything above this module receives plain dataclasses. Blocking NVML calls run on one daemon
-thread per GPU (GpuWorker) with a deadline, and XID events arrive from one dedicated thread
+Everything above this module receives plain dataclasses. Blocking NVML calls run off the event loop
+with a deadline per GPU: a tick's calls GPU after GPU on a RoundRunner thread, and on each GPU's own
+daemon thread (GpuWorker) once one GPU hangs or is slow; XID events arrive from one dedicated thread
 (XidWatcher). The simulated NVML replaces pynvml's C function lookups, so this code runs in tests.
 
 Why one module of ~900 lines: it is the seam itself, the only importer of pynvml (a boundary test
@@ -1058,21 +1059,18 @@ class GpuWorker:
             job = self._queue.get()
             if job is None:
                 return
-            try:
-                ok, result = True, job.fn()
-            except BaseException as exc:
-                ok, result = False, exc
-            job.finished = True
-            try:
-                job.on_done(ok, result)
-            except Exception:
-                log.exception("handing a GPU result back failed")
+            execute(job)
 
     def start(self, fn: Callable[[], Any], on_done: Callable[[bool, Any], None]) -> WorkerJob:
         """Queue fn; the worker thread calls on_done(ok, result or exception) when it returns."""
         job = WorkerJob(fn, on_done)
         self._queue.put(job)
         return job
+
+    def put(self, job: WorkerJob) -> None:
+        """Queue a job made beforehand (from any thread); `abandon` and `stuck` follow it wherever it
+        runs, on this thread or on a RoundRunner's."""
+        self._queue.put(job)
 
     def abandon(self, job: WorkerJob) -> None:
         """The job missed its deadline: while it has not returned, the worker is stuck."""
@@ -1104,6 +1102,84 @@ class GpuWorker:
         """Wait for the thread; False when it is still inside a call."""
         self._thread.join(timeout_seconds)
         return not self._thread.is_alive()
+
+
+def execute(job: WorkerJob) -> None:
+    """Run a job on the calling thread: its fn, then `finished`, then on_done(ok, result or exception)."""
+    try:
+        ok, result = True, job.fn()
+    except BaseException as exc:
+        ok, result = False, exc
+    job.finished = True
+    try:
+        job.on_done(ok, result)
+    except Exception:
+        log.exception("handing a GPU result back failed")
+
+
+class RoundRunner:
+    """Daemon threads that each run a whole round of GPU jobs one after another (`submit(fn)`).
+
+    One thread for every GPU of a round: 16 GPU threads woken at once queue for the GIL and switch
+    between each other (with the real driver, at every C call, which releases the GIL). A thread that
+    stays inside a hung call is not waited for: the next round gets another thread, up to
+    `max_threads` (one per GPU that can hang, plus one); past that, submit refuses.
+    """
+
+    def __init__(self, name: str, max_threads: int) -> None:
+        self.name, self.max_threads = name, max_threads
+        self._queue: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0  # threads waiting on the queue and not yet promised a round
+        self._threads: list[threading.Thread] = []
+
+    def submit(self, fn: Callable[[], None]) -> bool:
+        """Run fn on an idle thread (or a new one); False when every allowed thread is busy."""
+        with self._lock:
+            if self._idle:
+                self._idle -= 1
+                self._queue.put(fn)
+                return True
+            if len(self._threads) >= self.max_threads:
+                return False
+            thread = threading.Thread(
+                target=self._loop, args=(fn,), name=f"{self.name}-{len(self._threads)}", daemon=True
+            )
+            self._threads.append(thread)
+        thread.start()
+        return True
+
+    def _loop(self, fn: Callable[[], None] | None) -> None:
+        while fn is not None:
+            try:
+                fn()
+            except Exception:
+                log.exception("a GPU round failed")
+            with self._lock:
+                self._idle += 1
+            fn = self._queue.get()
+
+    @property
+    def threads(self) -> int:
+        """Threads started so far (each idle, running a round, or inside a hung call)."""
+        return len(self._threads)
+
+    @property
+    def idle(self) -> int:
+        """Threads waiting for a round."""
+        return self._idle
+
+    def stop(self) -> None:
+        """Ask every thread to exit after its current round."""
+        with self._lock:
+            for _ in self._threads:
+                self._queue.put(None)
+
+    def join(self, timeout_seconds: float) -> bool:
+        """Wait for the threads; False when one is still inside a call."""
+        for thread in list(self._threads):
+            thread.join(timeout_seconds)
+        return not any(t.is_alive() for t in self._threads)
 
 
 def _settle(fut: asyncio.Future[Any], ok: bool, value: Any) -> None:
