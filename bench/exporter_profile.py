@@ -10,6 +10,11 @@ time; the stats are summed), and prints the functions by own time, then by cumul
 overhead inflates the small functions, so read the shares, not the absolute times; the cycle's real
 CPU is what `bench/exporter.py` measures (and `--no-profile` here: each thread kind's CPU per cycle,
 time.thread_time, without the profiler).
+
+`--sim-cost` answers another question: how much of a cycle is the simulated driver itself, per C
+symbol, for gpupulse and for bench/exporter.py's raw pynvml loop (the floor). Each simulated C
+function is timed by the CPU time of the thread calling it, so both sides pay the same per call only
+if they make the same calls with the same arguments: the table shows where they differ.
 """
 
 from __future__ import annotations
@@ -23,13 +28,17 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.exporter import Target, scenario_file  # noqa: E402
+import pynvml  # noqa: E402
+
+from bench.exporter import RawLoop, Target, scenario_file  # noqa: E402
 from exporter.collectors.gpus import GpuFleet  # noqa: E402
 from exporter.collectors.xid import XidCounter  # noqa: E402
 from exporter.config import ExporterSettings  # noqa: E402
@@ -57,7 +66,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--render", action="store_true", help="render and gzip every snapshot (scraped)")
     parser.add_argument("--no-profile", action="store_true", help="only the per-thread CPU table")
+    parser.add_argument(
+        "--sim-cost", action="store_true", help="CPU inside the simulated driver per symbol, ours and raw"
+    )
     args = parser.parse_args(argv)
+    if args.sim_cost:
+        print(_sim_cost(args.gpus, args.cycles))
+        return 0
     if not args.no_profile:
         threading.setprofile(_bootstrap)  # before the fleet starts its worker threads
     with tempfile.TemporaryDirectory() as tmp, Target(scenario_file(args.gpus, Path(tmp))) as target:
@@ -94,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     threading.setprofile(None)
     print(f"{args.gpus} GPUs, {args.cycles} cycles{' (profiled)' if not args.no_profile else ''}:")
     print(f"  process CPU per cycle {process_ms:.2f} ms, of which the sampler thread {main_ms:.2f} ms,")
-    print(f"  GPU worker threads {process_ms - main_ms:.2f} ms")
+    print(f"  GPU threads (the round runner, and GPU workers when one hangs) {process_ms - main_ms:.2f} ms")
     if args.no_profile:
         return 0
     stats = pstats.Stats(main_prof, stream=io.StringIO())
@@ -111,6 +126,102 @@ def main(argv: list[str] | None = None) -> int:
         text = out.getvalue()
         print(text[text.find("   ncalls") :].replace(str(ROOT) + "/", ""))
     return 0
+
+
+def _timed_lookup(sim: Any) -> tuple[Counter[str], Counter[str]]:
+    """Wrap every simulated C function pynvml and gpupulse look up: (thread CPU ns, calls) per symbol."""
+    cpu: Counter[str] = Counter()
+    calls: Counter[str] = Counter()
+    wrapped: dict[str, Callable[..., Any]] = {}
+    lock, lookup, clock = threading.Lock(), sim._lookup, time.thread_time_ns
+
+    def timed(name: str) -> Any:
+        found = wrapped.get(name)
+        if found is None:
+            fn = lookup(name)
+
+            def found(*args: Any) -> Any:
+                t0 = clock()
+                try:
+                    return fn(*args)
+                finally:
+                    spent = clock() - t0
+                    with lock:
+                        cpu[name] += spent
+                        calls[name] += 1
+
+            wrapped[name] = found
+        return found
+
+    pynvml._nvmlGetFunctionPointer = timed  # uninstalling the simulation restores pynvml's own
+    return cpu, calls
+
+
+def _sim_side(side: str, gpus: int, cycles: int) -> tuple[Counter[str], Counter[str], float]:
+    """(thread CPU ns, calls) per simulated symbol over `cycles` cycles of one side, and process CPU ms
+    per cycle."""
+    with tempfile.TemporaryDirectory() as tmp, Target(scenario_file(gpus, Path(tmp))) as target:
+        assert target.sim is not None
+        cpu, calls = _timed_lookup(target.sim)
+        if side == "raw":
+            pynvml.nvmlInit()
+            raw = RawLoop(target.now_us)
+            step: Callable[[], object] = raw.cycle
+            close: list[Callable[[], object]] = [pynvml.nvmlShutdown]
+        else:
+            nvml = Nvml()
+            nvml.init()
+            nvml.discover()
+            settings = ExporterSettings()
+            fleet = GpuFleet(nvml, target.clock, settings.gpu_call_timeout_seconds)
+            ctx = BuiltinContext(fleet, XidCounter(), settings)
+            sampler = Sampler([f(ctx) for f in BUILTINS.values()], settings, target.clock, gpu_status=fleet)
+            loop = asyncio.new_event_loop()
+
+            def step() -> object:
+                return loop.run_until_complete(sampler.sample_once())
+
+            close = [loop.close, fleet.close, nvml.shutdown]
+        for _ in range(5):
+            target.advance()
+            step()
+        cpu.clear()
+        calls.clear()
+        t0 = time.process_time()
+        for _ in range(cycles):
+            target.advance()
+            step()
+        process_ms = 1000 * (time.process_time() - t0) / cycles
+        for fn in close:
+            fn()
+        return cpu, calls, process_ms
+
+
+def _sim_cost(gpus: int, cycles: int) -> str:
+    """Markdown: per symbol, calls per cycle and simulated-driver µs per call, raw loop and gpupulse."""
+    (rc, rn, rp), (oc, on, op) = _sim_side("raw", gpus, cycles), _sim_side("gpupulse", gpus, cycles)
+
+    def cells(name: str, cpu: Counter[str], calls: Counter[str]) -> str:
+        n = calls[name]
+        return f"{n / cycles:.1f} | {cpu[name] / n / 1000:.2f}" if n else "0 | -"
+
+    lines = [
+        f"{gpus} GPUs, {cycles} cycles: CPU inside the simulated driver, per C symbol (timing every call "
+        "adds its own cost: read the ratios)",
+        "",
+        "| symbol | raw loop calls/cycle | raw µs/call | gpupulse calls/cycle | gpupulse µs/call |",
+        "|---|---|---|---|---|",
+    ]
+    for name in sorted(set(rc) | set(oc), key=lambda n: -(rc[n] + oc[n])):
+        lines.append(f"| {name} | {cells(name, rc, rn)} | {cells(name, oc, on)} |")
+    for label, cpu, calls, process_ms in (("raw loop", rc, rn, rp), ("gpupulse", oc, on, op)):
+        inside = sum(cpu.values()) / cycles / 1e6
+        lines.append(
+            f"\n{label}: process CPU {process_ms:.2f} ms per cycle (timed), of which inside the simulated "
+            f"driver {inside:.2f} ms over {sum(calls.values()) / cycles:.0f} calls, outside it "
+            f"{process_ms - inside:.2f} ms"
+        )
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

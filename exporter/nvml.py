@@ -1,7 +1,8 @@
 """The one seam to NVML: the only module that imports pynvml.
 
-Everything above this module receives plain dataclasses. Blocking NVML calls run on one daemon
-thread per GPU (GpuWorker) with a deadline, and XID events arrive from one dedicated thread
+Everything above this module receives plain dataclasses. Blocking NVML calls run off the event loop
+with a deadline per GPU: a tick's calls GPU after GPU on a RoundRunner thread, and on each GPU's own
+daemon thread (GpuWorker) once one GPU hangs or is slow; XID events arrive from one dedicated thread
 (XidWatcher). The simulated NVML replaces pynvml's C function lookups, so this code runs in tests.
 
 Why one module of ~900 lines: it is the seam itself, the only importer of pynvml (a boundary test
@@ -229,6 +230,8 @@ class Device:
     counters: dict[str, tuple[int, float | None, float | None]] = field(default_factory=dict)
     # the process listings' C buffers, kept between ticks (see _ProcessBuffer)
     buffers: dict[str, Any] = field(default_factory=dict)
+    # C function pointers by symbol, looked up once per GPU (the driver's, or the simulation's)
+    functions: dict[str, Any] = field(default_factory=dict)
 
     def optional(self, key: str, fn: Callable[..., T], *args: Any) -> T | None:
         """Call fn; None when the feature is absent (remembered) or failed this round. Lost GPUs raise."""
@@ -237,7 +240,39 @@ class Device:
         try:
             return fn(*args)  # not through call(): this runs ~40 times per GPU per tick
         except (pynvml.NVMLError, pynvml.NVMLLibraryMismatchError) as raw:
-            exc = classify(raw, getattr(fn, "__name__", "nvml"))
+            self._failed(key, classify(raw, getattr(fn, "__name__", "nvml")))
+        return None
+
+    def c_call(self, key: str, symbol: str, *args: Any) -> bool:
+        """Call C function `symbol` on this GPU's handle with outputs the caller keeps; False when the
+        feature is absent (remembered) or failed this round, as `optional`. Lost GPUs raise."""
+        if key in self.absent:
+            return False
+        fn = self.functions.get(symbol)
+        try:
+            if fn is None:
+                fn = self.functions[symbol] = pynvml._nvmlGetFunctionPointer(symbol)
+            ret = fn(self.handle, *args)
+            if ret == _SUCCESS:
+                return True
+            raise pynvml.NVMLError(ret)
+        except (pynvml.NVMLError, pynvml.NVMLLibraryMismatchError) as raw:
+            self._failed(key, classify(raw, symbol))
+        return False
+
+    def c_check(self, symbol: str, *args: Any) -> None:
+        """Call C function `symbol` as c_call does, raising our error types (as call() does)."""
+        fn = self.functions.get(symbol)
+        try:
+            if fn is None:
+                fn = self.functions[symbol] = pynvml._nvmlGetFunctionPointer(symbol)
+            ret = fn(self.handle, *args)
+            if ret != _SUCCESS:
+                raise pynvml.NVMLError(ret)
+        except (pynvml.NVMLError, pynvml.NVMLLibraryMismatchError) as raw:
+            raise classify(raw, symbol) from None
+
+    def _failed(self, key: str, exc: Exception) -> None:
         if isinstance(exc, NotSupportedError):
             self.absent.add(key)
         elif isinstance(exc, GpuLostError):
@@ -246,9 +281,9 @@ class Device:
             log.debug("gpu %s: %s failed: %s", self.static.index, key, exc)
         else:
             raise exc from None
-        return None
 
 
+_SUCCESS: Final = pynvml.NVML_SUCCESS
 _FIELD_VALUE_ATTRS: Final = {
     pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal",
     pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
@@ -300,38 +335,115 @@ def read_device_slow(dev: Device) -> SlowDeviceReading:
     )
 
 
+class _DeviceOutputs:
+    """read_device's C arguments and outputs for one GPU, made once: a tick passes the same objects.
+
+    pynvml's wrapper of each getter allocates its output, looks up the function and checks the return
+    code around the one C call; the driver writes every output on success, so reusing them is safe.
+    The structures are pynvml's own (the simulation writes them as it writes the wrappers' ones).
+    """
+
+    def __init__(self) -> None:
+        byref = ctypes.byref
+        self.util = pynvml.c_nvmlUtilization_t()
+        self.util_ref = byref(self.util)
+        self.temp = pynvml.c_nvmlTemperature_v1_t()
+        self.temp.version = pynvml.nvmlTemperature_v1
+        self.temp.sensorType = pynvml.NVML_TEMPERATURE_GPU
+        self.temp_ref = byref(self.temp)
+        self.sensor = ctypes.c_uint(pynvml.NVML_TEMPERATURE_GPU)
+        self.temp_v1 = ctypes.c_uint()  # nvmlDeviceGetTemperature, for drivers without the V call
+        self.temp_v1_ref = byref(self.temp_v1)
+        self.fields = (pynvml.c_nvmlFieldValue_t * 1)()
+        self.fields[0].fieldId = pynvml.NVML_FI_DEV_MEMORY_TEMP
+        self.fields_ref = byref(self.fields)
+        self.field_count = ctypes.c_int32(1)
+        self.power = ctypes.c_uint()
+        self.power_ref = byref(self.power)
+        self.energy = ctypes.c_uint64()
+        self.energy_ref = byref(self.energy)
+        self.sm_kind = ctypes.c_uint(pynvml.NVML_CLOCK_SM)
+        self.sm_clock = ctypes.c_uint()
+        self.sm_clock_ref = byref(self.sm_clock)
+        self.mem_kind = ctypes.c_uint(pynvml.NVML_CLOCK_MEM)
+        self.mem_clock = ctypes.c_uint()
+        self.mem_clock_ref = byref(self.mem_clock)
+        self.fan = ctypes.c_uint()
+        self.fan_ref = byref(self.fan)
+        self.pstate = ctypes.c_uint()
+        self.pstate_ref = byref(self.pstate)
+        self.margin = pynvml.c_nvmlMarginTemperature_v1_t()
+        self.margin.version = pynvml.nvmlMarginTemperature_v1
+        self.margin_ref = byref(self.margin)
+        self.reasons = ctypes.c_ulonglong()
+        self.reasons_ref = byref(self.reasons)
+        self.memory = pynvml.c_nvmlMemory_v2_t()
+        self.memory.version = pynvml.nvmlMemory_v2
+        self.memory_ref = byref(self.memory)
+
+
+def _device_outputs(dev: Device) -> _DeviceOutputs:
+    found = dev.buffers.get("device")
+    if found is None:
+        found = dev.buffers["device"] = _DeviceOutputs()
+    return found
+
+
 def read_device(dev: Device) -> DeviceReading:
     """Sample a GPU's fast-changing state (runs on the GPU's worker thread); see read_device_slow."""
-    h, opt = dev.handle, dev.optional
-    util = None if dev.static.mig_enabled else opt("util", pynvml.nvmlDeviceGetUtilizationRates, h)
-    temp = opt("tempv", pynvml.nvmlDeviceGetTemperatureV, h, pynvml.NVML_TEMPERATURE_GPU)
-    if temp is None and "tempv" in dev.absent:
-        temp = opt("temp", pynvml.nvmlDeviceGetTemperature, h, pynvml.NVML_TEMPERATURE_GPU)
+    o, c = _device_outputs(dev), dev.c_call
+    util = None
+    if not dev.static.mig_enabled and c("util", "nvmlDeviceGetUtilizationRates", o.util_ref):
+        util = o.util
+    temp: float | None = None
+    if c("tempv", "nvmlDeviceGetTemperatureV", o.temp_ref):
+        temp = float(o.temp.temperature)
+    elif "tempv" in dev.absent and c("temp", "nvmlDeviceGetTemperature", o.sensor, o.temp_v1_ref):
+        temp = float(o.temp_v1.value)
     mem_temp = None
-    fields = opt("memtemp", pynvml.nvmlDeviceGetFieldValues, h, [pynvml.NVML_FI_DEV_MEMORY_TEMP])
-    if fields is not None:
-        mem_temp = _field_value(fields[0])
-    power = opt("power", pynvml.nvmlDeviceGetPowerUsage, h)
-    energy = opt("energy", pynvml.nvmlDeviceGetTotalEnergyConsumption, h)
-    sm_clock = opt("smclock", pynvml.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_SM)
-    mem_clock = opt("memclock", pynvml.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_MEM)
-    fan = opt("fan", pynvml.nvmlDeviceGetFanSpeed, h)
-    pstate = opt("pstate", pynvml.nvmlDeviceGetPerformanceState, h)
+    if c("memtemp", "nvmlDeviceGetFieldValues", o.field_count, o.fields_ref):
+        mem_temp = _field_value(o.fields[0])
+    power = o.power.value if c("power", "nvmlDeviceGetPowerUsage", o.power_ref) else None
+    energy = o.energy.value if c("energy", "nvmlDeviceGetTotalEnergyConsumption", o.energy_ref) else None
+    sm_clock = o.sm_clock.value if c("smclock", "nvmlDeviceGetClockInfo", o.sm_kind, o.sm_clock_ref) else None
+    mem_clock = (
+        o.mem_clock.value if c("memclock", "nvmlDeviceGetClockInfo", o.mem_kind, o.mem_clock_ref) else None
+    )
+    fan = o.fan.value if c("fan", "nvmlDeviceGetFanSpeed", o.fan_ref) else None
+    pstate = o.pstate.value if c("pstate", "nvmlDeviceGetPerformanceState", o.pstate_ref) else None
+    margin = (
+        o.margin.marginTemperature if c("margin", "nvmlDeviceGetMarginTemperature", o.margin_ref) else None
+    )
+    reasons = (
+        o.reasons.value if c("reasons", "nvmlDeviceGetCurrentClocksEventReasons", o.reasons_ref) else None
+    )
     return DeviceReading(
-        memory=_memory(dev, h, "memory"),
+        memory=_device_memory(dev, o),
         utilization_ratio=None if util is None else util.gpu / 100.0,
         memory_utilization_ratio=None if util is None else util.memory / 100.0,
-        temperature_celsius=None if temp is None else float(temp),
+        temperature_celsius=temp,
         memory_temperature_celsius=mem_temp,
-        thermal_margin_celsius=_float(opt("margin", pynvml.nvmlDeviceGetMarginTemperature, h)),
+        thermal_margin_celsius=_float(margin),
         power_watts=None if power is None else power / 1000.0,
         energy_joules=None if energy is None else energy / 1000.0,
         sm_clock_hertz=None if sm_clock is None else sm_clock * 1e6,
         memory_clock_hertz=None if mem_clock is None else mem_clock * 1e6,
-        clock_event_reasons=_int(opt("reasons", pynvml.nvmlDeviceGetCurrentClocksEventReasons, h)),
+        clock_event_reasons=reasons,
         performance_state=None if pstate is None or pstate > 15 else int(pstate),
         fan_speed_ratio=None if fan is None else fan / 100.0,
     )
+
+
+def _device_memory(dev: Device, o: _DeviceOutputs) -> MemoryInfo | None:
+    # _memory's v2 read into the kept structure; a driver without v2 falls back to _memory's v1
+    if "memory:v2" not in dev.absent:
+        try:
+            dev.c_check("nvmlDeviceGetMemoryInfo_v2", o.memory_ref)
+            m = o.memory
+            return MemoryInfo(m.total, m.used, m.free, m.reserved)
+        except NotSupportedError:
+            dev.absent.add("memory:v2")  # driver < 510: v1 (used includes reserved)
+    return _memory(dev, dev.handle, "memory")
 
 
 def _float(v: Any) -> float | None:
@@ -947,21 +1059,18 @@ class GpuWorker:
             job = self._queue.get()
             if job is None:
                 return
-            try:
-                ok, result = True, job.fn()
-            except BaseException as exc:
-                ok, result = False, exc
-            job.finished = True
-            try:
-                job.on_done(ok, result)
-            except Exception:
-                log.exception("handing a GPU result back failed")
+            execute(job)
 
     def start(self, fn: Callable[[], Any], on_done: Callable[[bool, Any], None]) -> WorkerJob:
         """Queue fn; the worker thread calls on_done(ok, result or exception) when it returns."""
         job = WorkerJob(fn, on_done)
         self._queue.put(job)
         return job
+
+    def put(self, job: WorkerJob) -> None:
+        """Queue a job made beforehand (from any thread); `abandon` and `stuck` follow it wherever it
+        runs, on this thread or on a RoundRunner's."""
+        self._queue.put(job)
 
     def abandon(self, job: WorkerJob) -> None:
         """The job missed its deadline: while it has not returned, the worker is stuck."""
@@ -993,6 +1102,84 @@ class GpuWorker:
         """Wait for the thread; False when it is still inside a call."""
         self._thread.join(timeout_seconds)
         return not self._thread.is_alive()
+
+
+def execute(job: WorkerJob) -> None:
+    """Run a job on the calling thread: its fn, then `finished`, then on_done(ok, result or exception)."""
+    try:
+        ok, result = True, job.fn()
+    except BaseException as exc:
+        ok, result = False, exc
+    job.finished = True
+    try:
+        job.on_done(ok, result)
+    except Exception:
+        log.exception("handing a GPU result back failed")
+
+
+class RoundRunner:
+    """Daemon threads that each run a whole round of GPU jobs one after another (`submit(fn)`).
+
+    One thread for every GPU of a round: 16 GPU threads woken at once queue for the GIL and switch
+    between each other (with the real driver, at every C call, which releases the GIL). A thread that
+    stays inside a hung call is not waited for: the next round gets another thread, up to
+    `max_threads` (one per GPU that can hang, plus one); past that, submit refuses.
+    """
+
+    def __init__(self, name: str, max_threads: int) -> None:
+        self.name, self.max_threads = name, max_threads
+        self._queue: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0  # threads waiting on the queue and not yet promised a round
+        self._threads: list[threading.Thread] = []
+
+    def submit(self, fn: Callable[[], None]) -> bool:
+        """Run fn on an idle thread (or a new one); False when every allowed thread is busy."""
+        with self._lock:
+            if self._idle:
+                self._idle -= 1
+                self._queue.put(fn)
+                return True
+            if len(self._threads) >= self.max_threads:
+                return False
+            thread = threading.Thread(
+                target=self._loop, args=(fn,), name=f"{self.name}-{len(self._threads)}", daemon=True
+            )
+            self._threads.append(thread)
+        thread.start()
+        return True
+
+    def _loop(self, fn: Callable[[], None] | None) -> None:
+        while fn is not None:
+            try:
+                fn()
+            except Exception:
+                log.exception("a GPU round failed")
+            with self._lock:
+                self._idle += 1
+            fn = self._queue.get()
+
+    @property
+    def threads(self) -> int:
+        """Threads started so far (each idle, running a round, or inside a hung call)."""
+        return len(self._threads)
+
+    @property
+    def idle(self) -> int:
+        """Threads waiting for a round."""
+        return self._idle
+
+    def stop(self) -> None:
+        """Ask every thread to exit after its current round."""
+        with self._lock:
+            for _ in self._threads:
+                self._queue.put(None)
+
+    def join(self, timeout_seconds: float) -> bool:
+        """Wait for the threads; False when one is still inside a call."""
+        for thread in list(self._threads):
+            thread.join(timeout_seconds)
+        return not any(t.is_alive() for t in self._threads)
 
 
 def _settle(fut: asyncio.Future[Any], ok: bool, value: Any) -> None:

@@ -1,4 +1,5 @@
-"""The GPUs every NVML collector shares: one worker thread per GPU, deadlines, lost and stale state."""
+"""The GPUs every NVML collector shares: a tick's batches in a row, a worker thread per GPU for when
+one hangs, deadlines, lost and stale state."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any, Generic, TypeVar
 
 from exporter.collectors.base import GpuRef
 from exporter.errors import GpuLostError, NvmlUnknownError
-from exporter.nvml import Device, GpuWorker, Nvml, wake_loop
+from exporter.nvml import Device, GpuWorker, Nvml, RoundRunner, WorkerJob, execute, wake_loop
 from gpupulse.clock import Clock
 
 log = logging.getLogger(__name__)
@@ -86,14 +87,23 @@ def _set_done(fut: asyncio.Future[None]) -> None:
 
 
 class GpuFleet:
-    """Runs per-GPU NVML work concurrently across GPUs, each GPU behind its own deadline."""
+    """Runs per-GPU NVML work off the event loop, GPU after GPU, each GPU behind its own deadline."""
 
     def __init__(
-        self, nvml: Nvml, clock: Clock, call_timeout_seconds: float, unknown_rounds_fatal: int = 10
+        self,
+        nvml: Nvml,
+        clock: Clock,
+        call_timeout_seconds: float,
+        unknown_rounds_fatal: int = 10,
+        serial_seconds: float = 0.05,
     ) -> None:
         self.nvml, self.clock = nvml, clock
         self.call_timeout_seconds = call_timeout_seconds
+        # how long a round runs its GPUs' batches in a row before the rest start side by side
+        self.serial_seconds = serial_seconds
         self.slots = [GpuSlot(dev, GpuWorker(f"nvml-gpu{dev.static.index}")) for dev in nvml.devices]
+        # a hung GPU holds the runner thread it hangs on: one thread per GPU, plus one, at most
+        self._runner = RoundRunner("nvml-round", len(self.slots) + 1)
         self.answered = False  # did any GPU answer in the last device round
         self.unknown_rounds = 0
         self.unknown_rounds_fatal = unknown_rounds_fatal
@@ -196,13 +206,25 @@ class GpuFleet:
                 done.set_result(None)
 
     async def _run_batches(self, batches: list[tuple[GpuSlot, list[_Job]]]) -> None:
+        """The GPUs' batches in a row on one RoundRunner thread; whatever has not started after
+        `serial_seconds` (a GPU hung or slow inside its batch) starts at once, each batch on its own
+        GPU's worker thread. Every batch is still one job of its GPU under the round's deadline.
+
+        Measured on the simulation, 16 GPUs: the same reads cost ~0.7 ms more CPU per tick on 16
+        threads woken together than in a row (GIL hand-overs), and a chain of the GPU threads (each
+        waking the next) kept most of that. A GPU hung in its batch delays the GPUs after it by at most
+        `serial_seconds`, and only on the tick it hangs: from then on it is stuck and not queued.
+        """
+        if not batches:
+            return
         loop = asyncio.get_running_loop()
         all_done: asyncio.Future[None] = loop.create_future()
         results: dict[str, tuple[bool, Any]] = {}
         remaining = [len(batches)]
+        next_up = [0]  # position of the first batch not started
         lock = threading.Lock()
 
-        def finished(index: str, ok: bool, value: Any) -> None:  # on the worker thread
+        def finished(index: str, ok: bool, value: Any) -> None:  # on the thread that ran the batch
             results[index] = (ok, value)
             with lock:
                 remaining[0] -= 1
@@ -211,13 +233,38 @@ class GpuFleet:
                 wake_loop(loop, _set_done, all_done)
 
         started = [
-            slot.worker.start(partial(_run_jobs, slot.device, jobs), partial(finished, slot.index))
+            WorkerJob(partial(_run_jobs, slot.device, jobs), partial(finished, slot.index))
             for slot, jobs in batches
         ]
+
+        def in_a_row() -> None:  # on the runner thread: claim and run batches until none is left
+            while True:
+                with lock:
+                    i = next_up[0]
+                    if i >= len(started):
+                        return
+                    next_up[0] = i + 1
+                execute(started[i])
+
+        def fan_out() -> None:  # every batch not claimed yet, each on its own GPU's thread
+            with lock:
+                first, next_up[0] = next_up[0], len(started)
+            for i in range(first, len(started)):
+                batches[i][0].worker.put(started[i])
+
+        timer = None
+        if self._runner.submit(in_a_row):
+            timer = loop.call_later(min(self.serial_seconds, self.call_timeout_seconds), fan_out)
+        else:  # every runner thread is inside a hung call
+            fan_out()
         try:
             await asyncio.wait_for(all_done, self.call_timeout_seconds)
         except TimeoutError:
             pass
+        finally:
+            if timer is not None:
+                timer.cancel()
+            fan_out()  # a round cut short leaves no batch unstarted (and then abandoned below)
         for (slot, jobs), job in zip(batches, started, strict=True):
             got = results.get(slot.index)
             if got is None:
@@ -283,7 +330,8 @@ class GpuFleet:
         """Stop the workers; False when one is still inside a driver call."""
         for slot in self.slots:
             slot.worker.stop()
-        return all(slot.worker.join(0.5) for slot in self.slots)
+        self._runner.stop()
+        return all([slot.worker.join(0.5) for slot in self.slots]) and self._runner.join(0.5)
 
 
 def _probe(_: Device) -> None:

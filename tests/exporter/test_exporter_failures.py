@@ -318,10 +318,10 @@ async def test_more_processes_than_the_listing_buffer_holds_are_all_listed(tmp_p
 async def test_reads_queued_in_one_turn_share_a_batch_and_each_gets_its_own_answer() -> None:
     async with simulated_exporter(FAILURES, start_seconds=1.0) as h:
         first, second = h.fleet.slots[0], h.fleet.slots[2]
-        threads: list[str] = []
+        threads: list[tuple[int, str]] = []
 
         def index(dev: Device) -> int:
-            threads.append(threading.current_thread().name)
+            threads.append((dev.static.index, threading.current_thread().name))
             return dev.static.index
 
         # submit queues at once: these four go to the GPUs' threads as one batch per GPU
@@ -331,5 +331,9 @@ async def test_reads_queued_in_one_turn_share_a_batch_and_each_gets_its_own_answ
         mapped = await h.fleet.map(index, [first, second])
         assert (await a, await b, await c) == (0, "b", 2)
         assert [r for _, r in mapped] == [0, 2]
-        assert sorted(threads) == ["nvml-gpu0", "nvml-gpu0", "nvml-gpu2", "nvml-gpu2"]
+        # one batch per GPU, run off the event loop: a GPU's reads one after the other on one thread
+        assert sorted(gpu for gpu, _ in threads) == [0, 0, 2, 2]
+        by_gpu = {gpu: {name for g, name in threads if g == gpu} for gpu in (0, 2)}
+        assert all(len(names) == 1 for names in by_gpu.values()), by_gpu
+        assert all(name.startswith("nvml-") for _, name in threads)
         assert await h.fleet.run(first, lambda dev: dev.static.uuid) == first.uuid  # and a later one alone
