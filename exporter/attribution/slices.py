@@ -27,7 +27,7 @@ from typing import Any
 
 from exporter.errors import KubeError
 from exporter.kube.client import ApiSettings
-from exporter.kube.reflector import Reflector, WatchCall
+from exporter.kube.reflector import Reflector
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +112,10 @@ class SliceSettings(ApiSettings):
     drivers: tuple[str, ...] = DEFAULT_DRIVERS
 
 
+def _path(version: str) -> str:
+    return f"/apis/{GROUP}/{version}/{PLURAL}"
+
+
 class ResourceSliceSource(Reflector):
     """This node's ResourceSlices kept current by a watch; `index()` never waits on the API server."""
 
@@ -130,21 +134,18 @@ class ResourceSliceSource(Reflector):
 
     async def _list_body(self, consistent: bool) -> Mapping[str, Any]:
         versions = (self.version,) if self.version is not None else VERSIONS
-        api = self._custom_api()
         for version in versions:
-            body = await self._list_call(
-                api.list_cluster_custom_object, GROUP, version, PLURAL, consistent=consistent
-            )
+            body = await self._list_path(_path(version), consistent)
             if body is not None:
                 if self.version != version:
                     log.info("ResourceSlices: reading %s/%s", GROUP, version)
                 self.version = version
                 return body
         self.version = None
-        raise KubeError(f"{GROUP} is not served in any of {', '.join(VERSIONS)}")
+        raise KubeError(f"{GROUP} is not served in any of {', '.join(VERSIONS)}", 404)
 
-    def _watch_call(self) -> WatchCall:
-        return self._custom_api().list_cluster_custom_object, (GROUP, self.version, PLURAL)
+    def _watch_path(self) -> str:
+        return _path(self.version or VERSIONS[0])
 
     def _publish(self) -> None:
         self._index = index_slices(self._objects.values(), self._drivers)
