@@ -208,7 +208,7 @@ class KubeClient:
     async def _read_bounded(self, what: str, response: aiohttp.ClientResponse) -> bytes:
         limit = self._settings.max_list_bytes
         if (response.content_length or 0) > limit:
-            raise KubeError(f"{what}: a body of {response.content_length} bytes, over {limit}")
+            raise KubeError(f"{what}: a body of {response.content_length} bytes, over {limit} bytes")
         body = bytearray()
         async for chunk in response.content.iter_any():
             body += chunk
@@ -263,7 +263,7 @@ class KubeClient:
             while (end := buffer.find(b"\n", start)) >= 0:
                 line, start = bytes(buffer[start:end]), end + 1
                 if len(line) > s.max_event_bytes:
-                    raise KubeError(f"{what}: an event of {len(line)} bytes, over {s.max_event_bytes}")
+                    raise KubeError(f"{what}: an event of {len(line)} bytes, over {s.max_event_bytes} bytes")
                 if line.strip():
                     yield _event(what, line)
             del buffer[:start]
