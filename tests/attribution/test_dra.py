@@ -1,6 +1,6 @@
 """DRA attribution: claims from pod-resources `dynamic_resources`, devices named through this node's
 ResourceSlices (resource.k8s.io v1, falling back to v1beta2/v1beta1), against the in-process API server
-through kubernetes_asyncio and the fake kubelet speaking the real pod-resources proto."""
+through the exporter's own LIST/WATCH client and the fake kubelet speaking the real pod-resources proto."""
 
 from __future__ import annotations
 
