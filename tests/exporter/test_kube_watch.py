@@ -460,3 +460,17 @@ print(sorted(m for m in sys.modules if m.split(".")[0] == "kubernetes_asyncio"))
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+async def test_an_unreadable_ca_file_is_a_clear_error(api: ScriptedAPI, tmp_path: Path) -> None:
+    (tmp_path / "token").write_text("t0k3n\n")
+    (tmp_path / "ca.crt").write_text("not a certificate\n")
+    for ca, problem in ((tmp_path / "missing.crt", "No such file"), (tmp_path / "ca.crt", "")):
+        kube = ApiSettings("node-a", "https://127.0.0.1:1", token_path=tmp_path / "token", ca_path=ca)
+        pods = PodMetadataSource(kube, sleep=RecordedSleep())
+        pods.start()
+        try:
+            await pods.wait_until(lambda pods=pods: pods.stats.failures >= 1, 5)
+            assert pods.error.startswith(f"CA file {ca}: ") and problem in pods.error, pods.error
+        finally:
+            await pods.close()
