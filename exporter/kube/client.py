@@ -167,16 +167,20 @@ class KubeClient:
         They end when the server ends the stream, or timeout_seconds past the watch's own
         timeoutSeconds; the connection is closed when the block ends."""
         s = self._settings
+        response: aiohttp.ClientResponse | None = None
         try:
             async with asyncio.timeout(s.timeout_seconds):
                 response = await self._get(path, params)
+                if response.status != 200:
+                    raise await self._failure(what, response)
         except TimeoutError:
             raise KubeError(f"{what}: no answer in {s.timeout_seconds:g} s") from None
         except aiohttp.ClientError as exc:
             raise KubeError(f"{what}: {type(exc).__name__}: {exc}") from exc
+        finally:
+            if response is not None and response.status != 200:
+                response.close()
         try:
-            if response.status != 200:
-                raise await self._failure(what, response)
             timeout = float(params.get("timeoutSeconds", s.watch_timeout_seconds))
             deadline = asyncio.get_running_loop().time() + timeout + s.timeout_seconds
             events = self._events(what, response, deadline)

@@ -474,3 +474,23 @@ async def test_an_unreadable_ca_file_is_a_clear_error(api: ScriptedAPI, tmp_path
             assert pods.error.startswith(f"CA file {ca}: ") and problem in pods.error, pods.error
         finally:
             await pods.close()
+
+
+async def test_a_failure_whose_body_never_comes_fails_after_the_request_timeout(
+    api: ScriptedAPI, tmp_path: Path
+) -> None:
+    async def half(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(status=500, headers={"Content-Length": "1000"})
+        await response.prepare(request)
+        await asyncio.Event().wait()  # the headers, then nothing of the promised body
+        raise AssertionError("unreachable")
+
+    api.script = [listing("a"), half]
+    pods = source(api, tmp_path, timeout_seconds=0.3)
+    pods.start()
+    try:
+        await pods.wait_until(lambda: pods.stats.failures == 1, 5)
+        assert pods.error == "WATCH pods: no answer in 0.3 s"
+    finally:
+        await pods.close()
+    await api.wait_disconnects(1)
