@@ -8,7 +8,8 @@ driver's domain (`gpu.nvidia.com/uuid`); both spellings are read.
 
 Versions: `resource.k8s.io/v1` (Kubernetes 1.34, GA) and `v1beta2` keep the attributes on the device;
 `v1beta1` nests them under `basic`. The source tries v1, then v1beta2, then v1beta1, and keeps the
-first one the server serves (404 means "not served here").
+first one the server serves (404 means "not served here"); when a WATCH of it answers 404 (an upgrade
+stopped serving it), it lists again through the versions.
 
 A pool may be spread over several slices and is republished with a higher `pool.generation`; only
 the slices of a pool's newest generation count, as the scheduler reads them.
@@ -133,7 +134,8 @@ class ResourceSliceSource(Reflector):
         return self._index
 
     async def _list_body(self, consistent: bool) -> Mapping[str, Any]:
-        versions = (self.version,) if self.version is not None else VERSIONS
+        # the version read last first; every version when it is no longer served (an upgrade)
+        versions = tuple(dict.fromkeys((self.version, *VERSIONS) if self.version else VERSIONS))
         for version in versions:
             body = await self._list_path(_path(version), consistent)
             if body is not None:

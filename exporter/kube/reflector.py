@@ -153,6 +153,8 @@ class Reflector(abc.ABC):
                         exc,
                     )
                 self.error = str(exc)
+                if isinstance(exc, KubeError) and exc.status == 404:
+                    self._resource_version = None  # the collection is gone (an upgrade): list again
                 self._notify()
                 # a 429's Retry-After is honoured, within the back-off's cap
                 retry_after = exc.retry_after_seconds if isinstance(exc, KubeError) else 0.0

@@ -235,6 +235,26 @@ async def test_source_follows_the_watch_new_and_deleted_slices(api: FakeKubeAPI,
         await source.close()
 
 
+async def test_a_version_no_longer_served_after_an_upgrade_is_left_for_one_that_is(
+    api: FakeKubeAPI, tmp_path: Path
+) -> None:
+    api.resourceslice_versions = ("v1beta2", "v1beta1")
+    publish_node(api)
+    source = source_for(api, tmp_path)
+    source.start()
+    try:
+        await source.wait_until(lambda: source.stats.watches > 0, 10)
+        await api.wait_open_watches(1)
+        assert source.version == "v1beta2"
+        api.resourceslice_versions = ("v1",)  # the upgrade: the API server restarts serving only v1
+        api.close_watches()
+        await source.wait_until(lambda: source.version == "v1" and source.stats.watches > 2, 10)
+        assert source.index()[(DRIVER, NODE, "gpu-2")].uuid == GPU_UUIDS[2]
+        assert source.stats.lists == 2 and source.stats.failures == 1  # one 404 WATCH, then one LIST
+    finally:
+        await source.close()
+
+
 async def test_no_dra_api_on_the_server_keeps_an_empty_index_and_says_why(
     api: FakeKubeAPI, tmp_path: Path
 ) -> None:

@@ -244,7 +244,6 @@ async def test_an_error_event_of_another_status_is_a_failure_with_its_message(
             "Forbidden",
             'pods is forbidden: User "system:serviceaccount:gpupulse:x" cannot watch resource "pods"',
         ),
-        (404, "NotFound", "the server could not find the requested resource"),
         (500, "InternalError", "etcdserver: request timed out"),
         (503, "ServiceUnavailable", "the server is currently unable to handle the request"),
     ],
@@ -263,6 +262,19 @@ async def test_a_failed_watch_keeps_the_objects_says_why_and_backs_off(
         assert sleep.delays == [1.0, 2.0]
         await api.wait_requests(4)
         assert {s.query["resourceVersion"] for s in api.seen[1:4]} == {"10"} and pods.stats.lists == 1
+    finally:
+        await pods.close()
+
+
+async def test_a_watch_answered_404_lists_again(api: ScriptedAPI, tmp_path: Path) -> None:
+    gone = status(404, "NotFound", "the server could not find the requested resource")
+    api.script = [listing("a"), gone, listing("a", "b", rv="20")]
+    pods = source(api, tmp_path)
+    pods.start()
+    try:
+        await pods.wait_until(lambda: pods.lookup("ns", "b") is not None, 5)
+        assert pods.stats.failures == 1 and pods.stats.lists == 2
+        assert not api.seen[2].watch  # the collection went away (an upgrade): a resourceVersion means nothing
     finally:
         await pods.close()
 
