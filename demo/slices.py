@@ -91,7 +91,15 @@ def make_slices_app(slices: list[JSON], token: str) -> web.Application:
             return _status(400, "BadRequest", "timeoutSeconds is not a number")
         stream = web.StreamResponse(headers={"Content-Type": "application/json"})
         await stream.prepare(request)
-        await asyncio.sleep(timeout)  # nothing changes; the stream ends cleanly at its timeout
+        # nothing changes: the stream ends cleanly at its timeout, or when the client goes away (as the
+        # API server cancels the request's context; aiohttp would keep the handler, and its runner's
+        # cleanup would wait for it)
+        deadline = asyncio.get_running_loop().time() + timeout
+        while asyncio.get_running_loop().time() < deadline:
+            transport = request.transport
+            if transport is None or transport.is_closing():
+                return stream
+            await asyncio.sleep(min(0.2, max(deadline - asyncio.get_running_loop().time(), 0.0)))
         await stream.write_eof()
         return stream
 

@@ -16,8 +16,9 @@
     ├── WebConfigError             --web.config.file cannot be used (also a ValueError)
     ├── ScrapeError                one engine endpoint's scrape failed (`reason`: the counter label)
     ├── ExpositionError            an engine's payload is not a Prometheus text exposition
-    ├── KubeError                  the pod list or watch could not be fetched or decoded
-    │   └── Expired                410 Gone: only a new LIST helps
+    ├── KubeError                  a LIST or WATCH of the API server failed (`status`: its HTTP status)
+    │   ├── Expired                410 Gone: only a new LIST helps
+    │   └── WatchSilentError       a watch sent no byte for too long: only a new WATCH tells
     ├── PodResourcesError          the kubelet's pod-resources API could not be asked
     ├── PodResourcesDecodeError    its answer is not a ListPodResourcesResponse
     ├── MincoreError               mmap or mincore failed for a weight file (also an OSError)
@@ -137,11 +138,21 @@ class ExpositionError(ExporterError):
 
 
 class KubeError(ExporterError):
-    """The pod list or watch could not be fetched or decoded."""
+    """A LIST or WATCH of the API server could not be made or decoded; `status` is the HTTP status
+    (0 when none came), `retry_after_seconds` the server's Retry-After (0 when none)."""
+
+    def __init__(self, message: str, status: int = 0, retry_after_seconds: float = 0.0) -> None:
+        super().__init__(message)
+        self.status, self.retry_after_seconds = status, retry_after_seconds
 
 
 class Expired(KubeError):
     """410: the API server no longer has the resourceVersion; only a new LIST helps."""
+
+
+class WatchSilentError(KubeError):
+    """A watch sent no byte (not even a BOOKMARK) for too long: a dead connection or a quiet server,
+    which only a new WATCH tells apart."""
 
 
 # ---- attribution and page cache ------------------------------------------------------------------

@@ -8,7 +8,8 @@ driver's domain (`gpu.nvidia.com/uuid`); both spellings are read.
 
 Versions: `resource.k8s.io/v1` (Kubernetes 1.34, GA) and `v1beta2` keep the attributes on the device;
 `v1beta1` nests them under `basic`. The source tries v1, then v1beta2, then v1beta1, and keeps the
-first one the server serves (404 means "not served here").
+first one the server serves (404 means "not served here"); when a WATCH of it answers 404 (an upgrade
+stopped serving it), it lists again through the versions.
 
 A pool may be spread over several slices and is republished with a higher `pool.generation`; only
 the slices of a pool's newest generation count, as the scheduler reads them.
@@ -27,7 +28,7 @@ from typing import Any
 
 from exporter.errors import KubeError
 from exporter.kube.client import ApiSettings
-from exporter.kube.reflector import Reflector, WatchCall
+from exporter.kube.reflector import Reflector
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +113,10 @@ class SliceSettings(ApiSettings):
     drivers: tuple[str, ...] = DEFAULT_DRIVERS
 
 
+def _path(version: str) -> str:
+    return f"/apis/{GROUP}/{version}/{PLURAL}"
+
+
 class ResourceSliceSource(Reflector):
     """This node's ResourceSlices kept current by a watch; `index()` never waits on the API server."""
 
@@ -129,22 +134,20 @@ class ResourceSliceSource(Reflector):
         return self._index
 
     async def _list_body(self, consistent: bool) -> Mapping[str, Any]:
-        versions = (self.version,) if self.version is not None else VERSIONS
-        api = self._custom_api()
+        # the version read last first; every version when it is no longer served (an upgrade)
+        versions = tuple(dict.fromkeys((self.version, *VERSIONS) if self.version else VERSIONS))
         for version in versions:
-            body = await self._list_call(
-                api.list_cluster_custom_object, GROUP, version, PLURAL, consistent=consistent
-            )
+            body = await self._list_path(_path(version), consistent)
             if body is not None:
                 if self.version != version:
                     log.info("ResourceSlices: reading %s/%s", GROUP, version)
                 self.version = version
                 return body
         self.version = None
-        raise KubeError(f"{GROUP} is not served in any of {', '.join(VERSIONS)}")
+        raise KubeError(f"{GROUP} is not served in any of {', '.join(VERSIONS)}", 404)
 
-    def _watch_call(self) -> WatchCall:
-        return self._custom_api().list_cluster_custom_object, (GROUP, self.version, PLURAL)
+    def _watch_path(self) -> str:
+        return _path(self.version or VERSIONS[0])
 
     def _publish(self) -> None:
         self._index = index_slices(self._objects.values(), self._drivers)

@@ -26,7 +26,7 @@ from typing import Any
 from exporter.engines.detect import KINDS
 from exporter.engines.settings import KubeSettings
 from exporter.engines.targets import AUTO, Target
-from exporter.kube.client import api_client
+from exporter.kube.client import ApiSettings, KubeClient
 from exporter.kube.reflector import PodReflector, ReflectorStats
 from gpupulse.clock import Clock
 
@@ -88,7 +88,7 @@ class KubePodSource(PodReflector):
         self,
         settings: KubeSettings,
         clock: Clock,
-        client_factory: Callable[[KubeSettings], Any] = api_client,
+        client_factory: Callable[[ApiSettings], KubeClient] = KubeClient,
         sleep: Sleep = asyncio.sleep,
     ) -> None:
         super().__init__(settings, client_factory=client_factory, sleep=sleep)

@@ -5,42 +5,27 @@ The first LIST asks for resourceVersion "0" (answered from the API server's watc
 with the field selector spec.nodeName=<node>; each WATCH resumes from the last resourceVersion seen
 (events and BOOKMARKs) and ends after watch_timeout_seconds (jittered), when the next one starts where
 it stopped. Only a 410 Expired costs a new LIST, which then reads the current state (resourceVersion
-""). Errors keep the last good objects and back off. Subclasses say what to list and watch and what
-to derive from the objects (`_publish`); readers read that derived view and never wait on the API.
+""). Errors keep the last good objects and back off (at least as long as a 429's Retry-After asks);
+a watch silent for watch_idle_timeout_seconds is opened again at once. Requests go through
+exporter/kube/client.py. Subclasses say what to list and watch and what to derive from the objects
+(`_publish`); readers read that derived view and never wait on the API.
 """
 
 from __future__ import annotations
 
 import abc
 import asyncio
-import json
 import logging
 import random
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import aiohttp
-
-from exporter.errors import Expired, KubeError
-from exporter.kube.client import ApiSettings, api_client
-
-if TYPE_CHECKING:
-    from kubernetes_asyncio import client as k8s
-    from kubernetes_asyncio.client.exceptions import ApiException
-
-
-def _api_exception() -> type[ApiException]:
-    """kubernetes_asyncio's error type, imported on first use (see exporter.kube.client). An `except`
-    names it only when an exception is on its way, and a reflector's requests begin by making its
-    client, which imports the library anyway."""
-    from kubernetes_asyncio.client.exceptions import ApiException
-
-    return ApiException
-
+from exporter.errors import Expired, KubeError, WatchSilentError
+from exporter.kube.client import ApiSettings, KubeClient, WatchEvent
 
 Key = tuple[str, str]  # (namespace or "", name)
-WatchCall = tuple[Callable[..., Any], tuple[Any, ...]]  # the list function and its positional args
+PODS = "/api/v1/pods"  # every namespace's, narrowed by the node selector
 
 
 @dataclass
@@ -52,6 +37,7 @@ class ReflectorStats:
     relists_after_expired: int = 0
     failures: int = 0
     events: int = 0
+    silent_watches: int = 0  # watches given up after watch_idle_timeout_seconds without a byte
 
 
 class Reflector(abc.ABC):
@@ -64,13 +50,13 @@ class Reflector(abc.ABC):
     def __init__(
         self,
         settings: ApiSettings,
-        client_factory: Callable[[Any], k8s.ApiClient] = api_client,
+        client_factory: Callable[[ApiSettings], KubeClient] = KubeClient,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self._settings = settings
         self._client_factory = client_factory
         self._sleep = sleep
-        self._client: k8s.ApiClient | None = None
+        self._client: KubeClient | None = None
         self._objects: dict[Key, Mapping[str, Any]] = {}
         self._resource_version: str | None = None  # None: LIST before the next WATCH
         self._changed = asyncio.Event()
@@ -85,8 +71,8 @@ class Reflector(abc.ABC):
         """One LIST of this node's objects (resourceVersion "" when consistent, else "0")."""
 
     @abc.abstractmethod
-    def _watch_call(self) -> WatchCall:
-        """The generated list function a WATCH streams from, with its positional arguments."""
+    def _watch_path(self) -> str:
+        """The collection a WATCH streams from (the one the last LIST read)."""
 
     @abc.abstractmethod
     def _publish(self) -> None:
@@ -127,7 +113,7 @@ class Reflector(abc.ABC):
             await self._client.close()
             self._client = None
 
-    def _api_client(self) -> k8s.ApiClient:
+    def _api(self) -> KubeClient:
         if self._client is None:
             self._client = self._client_factory(self._settings)
         return self._client
@@ -151,7 +137,12 @@ class Reflector(abc.ABC):
                 self.log.info("%s: %s; listing again", self.resource, exc)
                 self.stats.relists_after_expired += 1
                 self._resource_version, consistent = None, True
-            except (KubeError, _api_exception(), aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            except WatchSilentError as exc:
+                # a quiet server or a dead connection: a new WATCH (from the same resourceVersion)
+                # tells, and fails like any request if the server is gone
+                self.log.info("%s: %s; watching again", self.resource, exc)
+                self.stats.silent_watches += 1
+            except (KubeError, ValueError) as exc:
                 self.stats.failures += 1
                 if str(exc) != self.error:  # once per change: a cluster without the API would log forever
                     self.log.warning(
@@ -162,8 +153,12 @@ class Reflector(abc.ABC):
                         exc,
                     )
                 self.error = str(exc)
+                if isinstance(exc, KubeError) and exc.status == 404:
+                    self._resource_version = None  # the collection is gone (an upgrade): list again
                 self._notify()
-                await self._sleep(delay)
+                # a 429's Retry-After is honoured, within the back-off's cap
+                retry_after = exc.retry_after_seconds if isinstance(exc, KubeError) else 0.0
+                await self._sleep(max(delay, min(retry_after, self._settings.retry_max_seconds)))
                 delay = min(delay * 2, self._settings.retry_max_seconds)
 
     async def _list(self, consistent: bool) -> None:
@@ -182,42 +177,23 @@ class Reflector(abc.ABC):
         self.stats.watches += 1
         self._notify()
         timeout = int(s.watch_timeout_seconds * (1 + random.random()))
-        func, args = self._watch_call()
-        from kubernetes_asyncio import watch as k8s_watch
-
-        stream = k8s_watch.Watch(return_type="object")
-        try:
-            events = stream.stream(
-                func,
-                *args,
-                field_selector=self._node_selector,
-                resource_version=self._resource_version,
-                allow_watch_bookmarks=True,
-                timeout_seconds=timeout,
-                # a silent connection is dead once the server's own timeout has passed
-                _request_timeout=(s.timeout_seconds, timeout + s.timeout_seconds),
-            )
-            while True:
-                try:
-                    event = await anext(events)
-                except StopAsyncIteration:
-                    return  # the server ended the watch (timeoutSeconds): resume from the last RV
-                except (_api_exception(), aiohttp.ClientError, TimeoutError, asyncio.CancelledError):
-                    raise
-                except Exception as exc:  # kubernetes_asyncio raises a bare Exception on a malformed event
-                    raise KubeError(f"WATCH {self.resource}: {exc}") from exc
+        params = {
+            "watch": "true",
+            "allowWatchBookmarks": "true",
+            "fieldSelector": self._node_selector,
+            "resourceVersion": str(self._resource_version),
+            "timeoutSeconds": str(timeout),
+        }
+        async with self._api().watch(f"WATCH {self.resource}", self._watch_path(), params) as events:
+            if self.error:  # the server is answering again, and replays what changed meanwhile
+                self.error = ""
+                self._notify()
+            async for event in events:
                 self._apply(event)
-        except _api_exception() as exc:
-            if exc.status == 410:
-                raise Expired(f"WATCH {self.resource}: {exc.reason}") from exc
-            raise
-        finally:
-            await stream.close()  # its own ApiClient (used to decode) and the response
+        # the server ended the watch (timeoutSeconds): the next one resumes from the last RV
 
-    def _apply(self, event: Any) -> None:
-        if not isinstance(event, dict) or not isinstance(event.get("raw_object"), dict):
-            raise KubeError(f"WATCH {self.resource}: not an event: {str(event)[:200]}")
-        kind, obj = event.get("type"), event["raw_object"]
+    def _apply(self, event: WatchEvent) -> None:
+        kind, obj = event.type, event.object
         rv = (obj.get("metadata") or {}).get("resourceVersion")
         if not isinstance(rv, str) or not rv:
             raise KubeError(f"WATCH {self.resource}: event without a resourceVersion")
@@ -242,49 +218,10 @@ class Reflector(abc.ABC):
         self.error = ""
         self._notify()
 
-    def _core_api(self) -> Any:  # Any: the generated APIs are untyped
-        from kubernetes_asyncio import client as k8s
-
-        return k8s.CoreV1Api(self._api_client())
-
-    def _custom_api(self) -> Any:
-        from kubernetes_asyncio import client as k8s
-
-        return k8s.CustomObjectsApi(self._api_client())
-
-    async def _list_call(
-        self, func: Callable[..., Any], *args: Any, consistent: bool
-    ) -> Mapping[str, Any] | None:
-        """One LIST of this node's objects through a generated list function; None on 404 (the
-        resource is not served here)."""
-        try:
-            response = await func(
-                *args,
-                field_selector=self._node_selector,
-                resource_version="" if consistent else "0",
-                _preload_content=False,
-                _request_timeout=self._settings.timeout_seconds,
-            )
-        except _api_exception() as exc:
-            if exc.status == 404:
-                return None
-            raise
-        return await self._read_list(response)
-
-    async def _read_list(self, response: Any) -> Mapping[str, Any] | None:
-        """The body of a LIST answered with _preload_content=False; None on 404 (not served)."""
-        try:
-            if response.status == 404:
-                return None
-            text = await response.text()
-            if response.status != 200:
-                raise http_error(f"LIST {self.resource}", response.status, text)
-        finally:
-            response.release()
-        body = json.loads(text)
-        if not isinstance(body, dict):
-            raise KubeError(f"LIST {self.resource}: not an object")
-        return body
+    async def _list_path(self, path: str, consistent: bool) -> Mapping[str, Any] | None:
+        """One LIST of this node's objects of a collection; None on 404 (not served here)."""
+        params = {"fieldSelector": self._node_selector, "resourceVersion": "" if consistent else "0"}
+        return await self._api().list(f"LIST {self.resource}", path, params)
 
 
 class PodReflector(Reflector):
@@ -294,13 +231,13 @@ class PodReflector(Reflector):
     resource = "pods"
 
     async def _list_body(self, consistent: bool) -> Mapping[str, Any]:
-        body = await self._list_call(self._core_api().list_pod_for_all_namespaces, consistent=consistent)
+        body = await self._list_path(PODS, consistent)
         if body is None:
-            raise http_error("LIST pods", 404, "")
+            raise KubeError(f"LIST pods: HTTP 404: {PODS} is not served", 404)
         return body
 
-    def _watch_call(self) -> WatchCall:
-        return self._core_api().list_pod_for_all_namespaces, ()
+    def _watch_path(self) -> str:
+        return PODS
 
 
 def key_of(obj: Mapping[str, Any]) -> Key | None:
@@ -310,15 +247,3 @@ def key_of(obj: Mapping[str, Any]) -> Key | None:
     if not isinstance(namespace, str) or not isinstance(name, str):
         return None
     return namespace, name
-
-
-def http_error(what: str, status: int, text: str) -> KubeError:
-    """An API server's non-200 answer as KubeError (Expired for 410), with its Status message."""
-    try:
-        body = json.loads(text)
-    except ValueError:
-        body = {}
-    message = body.get("message", text[:200]) if isinstance(body, dict) else text[:200]
-    if status == 410:
-        return Expired(f"{what}: HTTP 410: {message}")
-    return KubeError(f"{what}: HTTP {status}: {message}")

@@ -1,6 +1,6 @@
 """DRA attribution: claims from pod-resources `dynamic_resources`, devices named through this node's
 ResourceSlices (resource.k8s.io v1, falling back to v1beta2/v1beta1), against the in-process API server
-through kubernetes_asyncio and the fake kubelet speaking the real pod-resources proto."""
+through the exporter's own LIST/WATCH client and the fake kubelet speaking the real pod-resources proto."""
 
 from __future__ import annotations
 
@@ -231,6 +231,26 @@ async def test_source_follows_the_watch_new_and_deleted_slices(api: FakeKubeAPI,
         api.remove_resourceslice(f"{NODE}-{DRIVER}-gpus")
         await source.wait_until(lambda: source.index() == {}, 10)
         assert source.stats.lists == 1  # followed by the watch, not by listing again
+    finally:
+        await source.close()
+
+
+async def test_a_version_no_longer_served_after_an_upgrade_is_left_for_one_that_is(
+    api: FakeKubeAPI, tmp_path: Path
+) -> None:
+    api.resourceslice_versions = ("v1beta2", "v1beta1")
+    publish_node(api)
+    source = source_for(api, tmp_path)
+    source.start()
+    try:
+        await source.wait_until(lambda: source.stats.watches > 0, 10)
+        await api.wait_open_watches(1)
+        assert source.version == "v1beta2"
+        api.resourceslice_versions = ("v1",)  # the upgrade: the API server restarts serving only v1
+        api.close_watches()
+        await source.wait_until(lambda: source.version == "v1" and source.stats.watches > 2, 10)
+        assert source.index()[(DRIVER, NODE, "gpu-2")].uuid == GPU_UUIDS[2]
+        assert source.stats.lists == 2 and source.stats.failures == 1  # one 404 WATCH, then one LIST
     finally:
         await source.close()
 

@@ -1,6 +1,6 @@
 """gpu_training_rank_info end to end: simulated NVML + the fake kubelet (pod-resources) + a fake /proc
 (environ per PID) + the in-process API server (pod labels and owners, watched through
-kubernetes_asyncio), through the exporter's sampler to /metrics."""
+the exporter's own client), through the exporter's sampler to /metrics."""
 
 from __future__ import annotations
 

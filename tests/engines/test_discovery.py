@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 
 from exporter.engines.kube_pods import KubePodSource, target_from_pod
 from exporter.engines.settings import KubeSettings
@@ -292,14 +293,16 @@ async def test_a_corrupt_watch_stream_is_a_failure_not_a_crash(
 
 
 async def test_a_hung_api_server_never_blocks_targets(tmp_path: Path) -> None:
-    writers: list[asyncio.StreamWriter] = []
+    async def say_nothing(request: web.Request) -> web.StreamResponse:
+        await asyncio.Event().wait()  # never a status line; cancelled when the client goes away
+        raise AssertionError("unreachable")
 
-    async def accept_and_say_nothing(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        writers.append(writer)
-        await reader.read(-1)
-
-    server = await asyncio.start_server(accept_and_say_nothing, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", say_nothing)
+    runner = web.AppRunner(app, handler_cancellation=True)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    port = runner.addresses[0][1]
     (tmp_path / "token").write_text("s3cret\n")
     sleep = GatedSleep()
     kube = KubeSettings(
@@ -314,11 +317,9 @@ async def test_a_hung_api_server_never_blocks_targets(tmp_path: Path) -> None:
         async with asyncio.timeout(2):
             assert await source.targets() == []  # waited at most timeout_seconds for a first sync
         await source.wait_until(lambda: source.stats.failures >= 1, 5)
+        assert source.error == "LIST pods: no complete answer in 0.3 s"
         async with asyncio.timeout(0.1):
             assert await source.targets() == []
     finally:
         await source.close()
-        server.close()
-        for writer in writers:
-            writer.close()
-        await server.wait_closed()
+        await runner.cleanup()  # every connection closed by the source: no handler left to wait for

@@ -1,0 +1,508 @@
+"""The exporter's own LIST/WATCH client (exporter/kube/client.py) under the shared reflector, against an
+aiohttp server that answers each request as the test scripts it: streams cut mid-line, ERROR events,
+HTTP failures, silent and endless streams, a rotating token. The API server's semantics (selectors,
+history, bookmarks) are tests/fakes/kube_api.py's and the real one's (tests/kube/test_real_apiserver.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from exporter.attribution.podmeta import PodMetadataSource
+from exporter.kube.client import ApiSettings, in_cluster_api_url
+
+ROOT = Path(__file__).resolve().parents[2]
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass
+class Seen:
+    """One request as the server got it."""
+
+    path: str
+    query: dict[str, str]
+    authorization: str
+
+    @property
+    def watch(self) -> bool:
+        return self.query.get("watch") == "true"
+
+
+@dataclass
+class ScriptedAPI:
+    """Answers the n-th request with the n-th scripted handler; past the script a WATCH is held open
+    quietly (a server with nothing to report) and a LIST fails with 500."""
+
+    script: list[Handler] = field(default_factory=list)
+    seen: list[Seen] = field(default_factory=list)
+    disconnects: int = 0  # handlers ended because the client went away
+    url: str = ""
+    _arrived: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        seen = Seen(request.path, dict(request.query), request.headers.get("Authorization", ""))
+        self.seen.append(seen)
+        self._arrived.set()
+        handler = (
+            self.script.pop(0)
+            if self.script
+            else (hold() if seen.watch else status(500, "InternalError", "x"))
+        )
+        try:
+            return await handler(request)
+        except (asyncio.CancelledError, ConnectionResetError):
+            self.disconnects += 1
+            self._arrived.set()
+            raise
+
+    async def wait_requests(self, count: int, timeout_seconds: float = 5.0) -> None:
+        await self._wait(lambda: len(self.seen) >= count, timeout_seconds)
+
+    async def wait_disconnects(self, count: int, timeout_seconds: float = 5.0) -> None:
+        """Until `count` handlers have ended because their client went away."""
+        await self._wait(lambda: self.disconnects >= count, timeout_seconds)
+
+    async def _wait(self, done: Callable[[], bool], timeout_seconds: float) -> None:
+        async with asyncio.timeout(timeout_seconds):
+            while not done():
+                self._arrived.clear()
+                await self._arrived.wait()
+
+
+@pytest.fixture
+async def api() -> AsyncIterator[ScriptedAPI]:
+    server = ScriptedAPI()
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", server.handle)
+    runner = web.AppRunner(app, handler_cancellation=True)  # a client that leaves ends its handler
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    server.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    try:
+        yield server
+    finally:
+        await runner.cleanup()
+
+
+def pod(name: str, rv: str) -> dict[str, Any]:
+    return {"metadata": {"namespace": "ns", "name": name, "resourceVersion": rv, "labels": {"app": name}}}
+
+
+def event(kind: str, obj: dict[str, Any]) -> bytes:
+    return json.dumps({"type": kind, "object": obj}).encode() + b"\n"
+
+
+def status_obj(code: int, reason: str, message: str) -> dict[str, Any]:
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "status": "Failure",
+        "code": code,
+        "reason": reason,
+        "message": message,
+    }
+
+
+def listing(*names: str, rv: str = "10") -> Handler:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        items = [pod(n, rv) for n in names]
+        return web.json_response({"kind": "PodList", "metadata": {"resourceVersion": rv}, "items": items})
+
+    return handler
+
+
+def stream(*chunks: bytes, then_hold: bool = False) -> Handler:
+    """A 200 WATCH writing these chunks, then ending (or holding the connection open, silent)."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+        for chunk in chunks:
+            await response.write(chunk)
+        if then_hold:
+            await asyncio.Event().wait()  # until the client leaves (handler cancellation)
+        await response.write_eof()
+        return response
+
+    return handler
+
+
+def hold() -> Handler:
+    return stream(then_hold=True)
+
+
+def status(code: int, reason: str, message: str, headers: dict[str, str] | None = None) -> Handler:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return web.json_response(status_obj(code, reason, message), status=code, headers=headers)
+
+    return handler
+
+
+class RecordedSleep:
+    """The reflector's back-off: recorded, not slept."""
+
+    def __init__(self) -> None:
+        self.delays: list[float] = []
+
+    async def __call__(self, seconds: float) -> None:
+        self.delays.append(seconds)
+        await asyncio.sleep(0)
+
+
+def source(
+    api: ScriptedAPI, tmp_path: Path, sleep: RecordedSleep | None = None, **settings: Any
+) -> PodMetadataSource:
+    token = tmp_path / "token"
+    if not token.exists():
+        token.write_text("t0k3n\n")
+    kube = ApiSettings("node-a", api.url, token_path=token, ca_path=None, **settings)
+    return PodMetadataSource(kube, sleep=sleep or RecordedSleep())
+
+
+async def test_a_watch_cut_inside_an_event_is_a_failure_that_resumes_from_the_last_event(
+    api: ScriptedAPI, tmp_path: Path
+) -> None:
+    api.script = [listing("a"), stream(event("ADDED", pod("b", "11")), b'{"type": "ADDED", "obj')]
+    pods = source(api, tmp_path)
+    pods.start()
+    try:
+        await pods.wait_until(lambda: pods.stats.failures == 1, 5)
+        assert "the stream ended inside an event" in pods.error
+        assert pods.lookup("ns", "a") and pods.lookup("ns", "b")  # what came before the cut is kept
+        await api.wait_requests(3)
+        assert api.seen[2].watch and api.seen[2].query["resourceVersion"] == "11"  # no relist
+        await pods.wait_until(lambda: pods.error == "", 5)  # the next watch was answered
+        assert pods.stats.lists == 1
+    finally:
+        await pods.close()
+
+
+async def test_an_event_split_over_many_writes_is_put_together(api: ScriptedAPI, tmp_path: Path) -> None:
+    line = event("ADDED", pod("b", "11")) + event("BOOKMARK", {"metadata": {"resourceVersion": "12"}})
+    api.script = [listing("a"), stream(*(line[i : i + 7] for i in range(0, len(line), 7)), then_hold=True)]
+    pods = source(api, tmp_path)
+    pods.start()
+    try:
+        await pods.wait_until(lambda: pods._resource_version == "12", 5)
+        assert pods.lookup("ns", "b") is not None and pods.stats.failures == 0
+    finally:
+        await pods.close()
+    await api.wait_disconnects(1)  # closing the source ends its watch on the server
+
+
+async def test_an_error_event_with_410_relists_the_current_state(api: ScriptedAPI, tmp_path: Path) -> None:
+    expired = event("ERROR", status_obj(410, "Expired", "too old resource version: 10 (20)"))
+    api.script = [listing("a"), stream(expired), listing("c", rv="30")]
+    pods = source(api, tmp_path)
+    pods.start()
+    try:
+        await pods.wait_until(lambda: pods.lookup("ns", "c") is not None, 5)
+        assert pods.lookup("ns", "a") is None
+        assert pods.stats.relists_after_expired == 1 and pods.stats.failures == 0
+        assert [s.query.get("resourceVersion") for s in api.seen[:3]] == [
+            "0",
+            "10",
+            "",
+        ]  # then a consistent read
+    finally:
+        await pods.close()
+
+
+async def test_an_error_event_of_another_status_is_a_failure_with_its_message(
+    api: ScriptedAPI, tmp_path: Path
+) -> None:
+    api.script = [
+        listing("a"),
+        stream(event("ERROR", status_obj(500, "InternalError", "etcd leader changed"))),
+    ]
+    pods = source(api, tmp_path)
+    pods.start()
+    try:
+        await pods.wait_until(lambda: pods.stats.failures == 1, 5)
+        assert pods.error == "WATCH pods: ERROR event: HTTP 500: InternalError: etcd leader changed"
+        assert pods.stats.relists_after_expired == 0
+    finally:
+        await pods.close()
+
+
+@pytest.mark.parametrize(
+    ("code", "reason", "message"),
+    [
+        (401, "Unauthorized", "Unauthorized"),
+        (
+            403,
+            "Forbidden",
+            'pods is forbidden: User "system:serviceaccount:gpupulse:x" cannot watch resource "pods"',
+        ),
+        (500, "InternalError", "etcdserver: request timed out"),
+        (503, "ServiceUnavailable", "the server is currently unable to handle the request"),
+    ],
+)
+async def test_a_failed_watch_keeps_the_objects_says_why_and_backs_off(
+    api: ScriptedAPI, tmp_path: Path, code: int, reason: str, message: str
+) -> None:
+    api.script = [listing("a"), status(code, reason, message), status(code, reason, message)]
+    sleep = RecordedSleep()
+    pods = source(api, tmp_path, sleep, retry_seconds=1.0, retry_max_seconds=8.0)
+    pods.start()
+    try:
+        await pods.wait_until(lambda: pods.stats.failures == 2, 5)
+        assert pods.error == f"WATCH pods: HTTP {code}: {reason}: {message}"
+        assert pods.lookup("ns", "a") is not None
+        assert sleep.delays == [1.0, 2.0]
+        await api.wait_requests(4)
+        assert {s.query["resourceVersion"] for s in api.seen[1:4]} == {"10"} and pods.stats.lists == 1
+    finally:
+        await pods.close()
+
+
+async def test_a_watch_answered_404_lists_again(api: ScriptedAPI, tmp_path: Path) -> None:
+    gone = status(404, "NotFound", "the server could not find the requested resource")
+    api.script = [listing("a"), gone, listing("a", "b", rv="20")]
+    pods = source(api, tmp_path)
+    pods.start()
+    try:
+        await pods.wait_until(lambda: pods.lookup("ns", "b") is not None, 5)
+        assert pods.stats.failures == 1 and pods.stats.lists == 2
+        assert not api.seen[2].watch  # the collection went away (an upgrade): a resourceVersion means nothing
+    finally:
+        await pods.close()
+
+
+async def test_a_failure_that_is_not_a_status_says_what_came(api: ScriptedAPI, tmp_path: Path) -> None:
+    async def proxy(request: web.Request) -> web.StreamResponse:
+        return web.Response(status=502, text="<html>bad gateway</html>", content_type="text/html")
+
+    api.script = [proxy]
+    pods = source(api, tmp_path)
+    pods.start()
+    try:
+        await pods.wait_until(lambda: pods.stats.failures >= 1, 5)
+        assert pods.error == "LIST pods: HTTP 502: <html>bad gateway</html>"
+    finally:
+        await pods.close()
+
+
+async def test_a_429_waits_at_least_its_retry_after_within_the_cap(api: ScriptedAPI, tmp_path: Path) -> None:
+    def busy(retry_after: str | None) -> Handler:
+        headers = {"Retry-After": retry_after} if retry_after else None
+        return status(429, "TooManyRequests", "too many requests", headers=headers)
+
+    api.script = [listing("a"), busy("7"), busy(None), busy("3600")]
+    sleep = RecordedSleep()
+    pods = source(api, tmp_path, sleep, retry_seconds=1.0, retry_max_seconds=10.0)
+    pods.start()
+    try:
+        await pods.wait_until(lambda: pods.stats.failures == 3, 5)
+        # Retry-After 7 s; then the ordinary doubling (2 s); then an hour's Retry-After, capped
+        assert sleep.delays == [7.0, 2.0, 10.0]
+        assert pods.error == "WATCH pods: HTTP 429: TooManyRequests: too many requests"
+    finally:
+        await pods.close()
+
+
+async def test_a_silent_watch_is_reopened_from_its_resource_version_after_the_idle_deadline(
+    api: ScriptedAPI, tmp_path: Path
+) -> None:
+    api.script = [listing("a"), stream(event("ADDED", pod("b", "11")), then_hold=True)]
+    pods = source(api, tmp_path, watch_idle_timeout_seconds=0.3)
+    pods.start()
+    try:
+        await pods.wait_until(lambda: pods.stats.silent_watches == 1, 5)
+        await api.wait_requests(3)
+        assert api.seen[2].watch and api.seen[2].query["resourceVersion"] == "11"
+        assert pods.stats.failures == 0 and pods.error == "" and pods.lookup("ns", "b") is not None
+        await api.wait_disconnects(1)  # the silent connection was closed, not left behind
+    finally:
+        await pods.close()
+
+
+async def test_a_watch_that_never_answers_fails_after_the_request_timeout(
+    api: ScriptedAPI, tmp_path: Path
+) -> None:
+    async def never(request: web.Request) -> web.StreamResponse:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    api.script = [listing("a"), never]
+    pods = source(api, tmp_path, timeout_seconds=0.3)
+    pods.start()
+    try:
+        await pods.wait_until(lambda: pods.stats.failures == 1, 5)
+        assert pods.error == "WATCH pods: no answer in 0.3 s" and pods.lookup("ns", "a") is not None
+    finally:
+        await pods.close()
+
+
+async def test_an_endless_line_is_refused_at_the_event_bound(api: ScriptedAPI, tmp_path: Path) -> None:
+    async def endless(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse()
+        await response.prepare(request)
+        while True:  # a line that never ends: only the client's bound stops it
+            await response.write(b"x" * 16384)
+
+    api.script = [listing("a"), endless]
+    pods = source(api, tmp_path, max_event_bytes=65536)
+    pods.start()
+    try:
+        await pods.wait_until(lambda: pods.stats.failures == 1, 10)
+        assert pods.error == "WATCH pods: an event over 65536 bytes" and pods.lookup("ns", "a") is not None
+    finally:
+        await pods.close()
+
+
+async def test_a_complete_line_over_the_bound_is_refused(api: ScriptedAPI, tmp_path: Path) -> None:
+    big = pod("b", "11")
+    big["metadata"]["annotations"] = {"blob": "y" * 100_000}
+    api.script = [listing("a"), stream(event("ADDED", big))]
+    pods = source(api, tmp_path, max_event_bytes=65536)
+    pods.start()
+    try:
+        await pods.wait_until(lambda: pods.stats.failures == 1, 5)
+        assert "over 65536" in pods.error and pods.lookup("ns", "b") is None
+    finally:
+        await pods.close()
+
+
+@pytest.mark.parametrize("sized", [True, False])
+async def test_a_list_over_its_bound_is_refused(api: ScriptedAPI, tmp_path: Path, sized: bool) -> None:
+    async def chunked(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request)  # no Content-Length: only the bytes read tell
+        await response.write(b'{"metadata": {"resourceVersion": "10"}, "items": [' + b" " * 8192 + b"]}")
+        await response.write_eof()
+        return response
+
+    api.script = [listing(*(f"p{i}" for i in range(200))) if sized else chunked]
+    pods = source(api, tmp_path, max_list_bytes=4096)
+    pods.start()
+    try:
+        await pods.wait_until(lambda: pods.stats.failures == 1, 5)
+        assert pods.error.startswith("LIST pods: a body ") and pods.error.endswith("over 4096 bytes")
+        assert len(pods) == 0
+    finally:
+        await pods.close()
+
+
+async def test_the_next_request_carries_the_rotated_token(api: ScriptedAPI, tmp_path: Path) -> None:
+    (tmp_path / "token").write_text("first\n")
+    api.script = [listing("a"), stream(event("ADDED", pod("b", "11")))]
+    pods = source(api, tmp_path)
+    pods.start()
+    try:
+        await api.wait_requests(2)
+        (tmp_path / "token").write_text("second\n")  # the kubelet rotated the projected token
+        await api.wait_requests(3)
+        assert [s.authorization for s in api.seen[:3]] == ["Bearer first", "Bearer first", "Bearer second"]
+    finally:
+        await pods.close()
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"), [("", "is empty"), ("abc\r\nX-Evil: 1\n", "spaces or control characters")]
+)
+async def test_an_unusable_token_file_is_a_clear_error_and_nothing_is_sent(
+    api: ScriptedAPI, tmp_path: Path, content: str, problem: str
+) -> None:
+    (tmp_path / "token").write_text(content)
+    pods = source(api, tmp_path)
+    pods.start()
+    try:
+        await pods.wait_until(lambda: pods.stats.failures == 1, 5)
+        assert pods.error.startswith("service account token: ") and problem in pods.error
+        assert api.seen == []
+    finally:
+        await pods.close()
+
+
+def test_the_in_cluster_url_comes_from_the_service_environment() -> None:
+    assert in_cluster_api_url({}) == "https://kubernetes.default.svc"
+    assert in_cluster_api_url({"KUBERNETES_SERVICE_HOST": "10.96.0.1"}) == "https://10.96.0.1:443"
+    env = {"KUBERNETES_SERVICE_HOST": "fd00::1", "KUBERNETES_SERVICE_PORT": "6443"}
+    assert in_cluster_api_url(env) == "https://[fd00::1]:6443"
+
+
+def test_an_exporter_with_every_watch_on_never_imports_kubernetes_asyncio() -> None:
+    """A fresh interpreter: every plug-in, every reflector, one LIST and WATCH of the fake API server."""
+    code = """
+import asyncio, sys, tempfile
+from pathlib import Path
+from exporter import cli, registry
+registry.available_plugins()
+from exporter.attribution.podmeta import PodMetadataSource
+from exporter.attribution.slices import ResourceSliceSource, SliceSettings
+from exporter.engines.kube_pods import KubePodSource
+from exporter.progress.pods import ProgressPodSource
+from exporter.kube.client import ApiSettings
+from tests.fakes.kube_api import FakeKubeAPI
+
+async def main():
+    api = FakeKubeAPI(token="s")
+    await api.start()
+    api.add_pod("ns", "p", "n")
+    token = Path(tempfile.mkdtemp()) / "token"
+    token.write_text("s")
+    pods = PodMetadataSource(ApiSettings("n", api.url, token_path=token, ca_path=None))
+    slices = ResourceSliceSource(SliceSettings("n", api.url, token_path=token, ca_path=None))
+    pods.start(); slices.start()
+    await pods.wait_until(lambda: pods.lookup("ns", "p") is not None and pods.stats.watches == 1, 10)
+    await slices.wait_until(lambda: slices.stats.watches == 1, 10)
+    await pods.close(); await slices.close(); await api.stop()
+
+asyncio.run(main())
+print(sorted(m for m in sys.modules if m.split(".")[0] == "kubernetes_asyncio"))
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={"PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+async def test_an_unreadable_ca_file_is_a_clear_error(api: ScriptedAPI, tmp_path: Path) -> None:
+    (tmp_path / "token").write_text("t0k3n\n")
+    (tmp_path / "ca.crt").write_text("not a certificate\n")
+    for ca, problem in ((tmp_path / "missing.crt", "No such file"), (tmp_path / "ca.crt", "")):
+        kube = ApiSettings("node-a", "https://127.0.0.1:1", token_path=tmp_path / "token", ca_path=ca)
+        pods = PodMetadataSource(kube, sleep=RecordedSleep())
+        pods.start()
+        try:
+            await pods.wait_until(lambda pods=pods: pods.stats.failures >= 1, 5)
+            assert pods.error.startswith(f"CA file {ca}: ") and problem in pods.error, pods.error
+        finally:
+            await pods.close()
+
+
+async def test_a_failure_whose_body_never_comes_fails_after_the_request_timeout(
+    api: ScriptedAPI, tmp_path: Path
+) -> None:
+    async def half(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(status=500, headers={"Content-Length": "1000"})
+        await response.prepare(request)
+        await asyncio.Event().wait()  # the headers, then nothing of the promised body
+        raise AssertionError("unreachable")
+
+    api.script = [listing("a"), half]
+    pods = source(api, tmp_path, timeout_seconds=0.3)
+    pods.start()
+    try:
+        await pods.wait_until(lambda: pods.stats.failures == 1, 5)
+        assert pods.error == "WATCH pods: no answer in 0.3 s"
+    finally:
+        await pods.close()
+    await api.wait_disconnects(1)
