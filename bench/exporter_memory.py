@@ -61,7 +61,8 @@ PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("kubernetes_asyncio (imported only with an API server)", ("/kubernetes_asyncio/",)),
     ("prometheus_client", ("/prometheus_client/",)),
     ("aiohttp and its parts", ("/aiohttp/", "/multidict/", "/yarl/", "/aiohappyeyeballs/")),
-    ("grpc and protobuf (kubelet client)", ("/grpc/", "/google/protobuf/")),
+    ("h2, hpack, hyperframe (kubelet client)", ("/h2/", "/hpack/", "/hyperframe/")),
+    ("grpc and protobuf (fake kubelets)", ("/grpc/", "/google/protobuf/")),
     ("pynvml", ("/pynvml.py",)),
     ("asyncio, threading and the rest of the standard library", ("/lib/python3",)),
 )  # fmt: skip
@@ -244,9 +245,10 @@ IMPORT_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("attribution plug-in (without grpc or protobuf)", ("exporter.attribution.collector",)),
     ("page-cache plug-in", ("exporter.pagecache.collector",)),
     ("OTLP push (--otlp.endpoint only)", ("exporter.otlp.push",)),
-    ("grpc.aio (first kubelet List; a kubelet socket only)", ("grpc.aio",)),
+    ("h2 (first kubelet List; a kubelet socket only)", ("h2.connection",)),
     ("protobuf (fake kubelets only; the exporter decodes without it)", ("google.protobuf.json_format",)),
     ("kubernetes_asyncio (API watches: pods, ResourceSlices)", ("kubernetes_asyncio.client",)),
+    ("grpc.aio (fake kubelets only; the exporter's client was grpc.aio before h2)", ("grpc.aio",)),
 )
 
 

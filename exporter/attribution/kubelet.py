@@ -7,7 +7,6 @@ import contextlib
 import logging
 from dataclasses import dataclass
 
-from exporter.attribution.grpc_h2 import unary_call
 from exporter.attribution.podresources_proto import (
     LIST_METHOD,
     PodResources,
@@ -36,6 +35,10 @@ class PodResourcesClient:
 
     async def list(self) -> tuple[PodResources, ...]:
         """One List call within the timeout; raises PodResourcesError on any failure."""
+        # h2 is imported on first use (under 1 MiB of RSS): nodes without a kubelet (bare metal,
+        # --simulate) never need it.
+        from exporter.attribution.grpc_h2 import unary_call
+
         data = await unary_call(
             self._socket_path,
             LIST_METHOD,

@@ -215,6 +215,19 @@ async def test_huge_length_prefix_fails_at_once(raw: StartRaw) -> None:
         await list_once(server.socket_path, timeout_seconds=30.0)
 
 
+async def test_frame_announcing_megabytes_is_cut_off(raw: StartRaw) -> None:
+    async def flood(exchange: RawExchange) -> None:
+        await exchange.raw(b"\xff\xff\xff\x00\x00\x00\x00\x00\x01")  # a 16 MiB DATA frame header
+        for _ in range(64):
+            await exchange.raw(b"\0" * 65536)
+        await asyncio.Event().wait()
+
+    server = await raw(flood)
+    # h2 would buffer the whole frame before judging its length; the client stops at its cap
+    with pytest.raises(PodResourcesError, match=f"the server sent more than {1000 + (1 << 20)} bytes"):
+        await list_once(server.socket_path, max_message_bytes=1000)
+
+
 async def test_second_message_in_a_unary_answer(raw: StartRaw) -> None:
     message = grpc_frame(encode_list_response(ONE_POD))
     server = await raw(lambda x: answer(x, message + message))
