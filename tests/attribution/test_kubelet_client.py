@@ -4,6 +4,9 @@ raw HTTP/2 server for what a real one does only when something is wrong (each a 
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
@@ -324,3 +327,24 @@ async def test_tracker_keeps_last_good_answer_through_a_hostile_kubelet(
     view = tracker.view()
     assert view.pods == ONE_POD and view.has_data
     assert "compressed answer" in view.error
+
+
+def test_the_exporter_never_imports_grpc(tmp_path: Path) -> None:
+    # grpcio is a test dependency now (the fake kubelets' servers); the exporter must not need it
+    code = f"""
+import asyncio, sys
+import exporter.cli
+from exporter.attribution.kubelet import PodResourcesClient
+from exporter.errors import PodResourcesError
+try:
+    asyncio.run(PodResourcesClient({str(tmp_path / "none.sock")!r}, 1.0).list())
+except PodResourcesError:
+    pass
+print(sorted(m for m in sys.modules if m.split(".")[0] in ("grpc", "h2")))
+"""
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    command = [sys.executable, "-c", code]
+    out = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, check=True, timeout=60)
+    assert "'h2.connection'" in out.stdout  # the client ran (h2 is imported on the first List)
+    assert "'grpc'" not in out.stdout
