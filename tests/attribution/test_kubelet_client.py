@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import struct
 import subprocess
 import sys
+import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
@@ -14,6 +16,8 @@ import grpc
 import grpc.aio
 import h2.errors
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from exporter.attribution.kubelet import PodResourcesClient, PodResourcesTracker, TrackerSettings
 from exporter.attribution.podresources_proto import encode_list_response
@@ -348,3 +352,40 @@ print(sorted(m for m in sys.modules if m.split(".")[0] in ("grpc", "h2")))
     out = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, check=True, timeout=60)
     assert "'h2.connection'" in out.stdout  # the client ran (h2 is imported on the first List)
     assert "'grpc'" not in out.stdout
+
+
+# any frames a server may send after its SETTINGS: type, flags, stream (0, ours, another), payload
+FRAMES = st.lists(
+    st.tuples(st.integers(0, 10), st.integers(0, 255), st.sampled_from([0, 1, 3]), st.binary(max_size=40)),
+    max_size=6,
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(frames=FRAMES, cut=st.integers(0, 8))
+def test_any_frames_end_in_an_answer_or_a_pod_resources_error(
+    frames: list[tuple[int, int, int, bytes]], cut: int
+) -> None:
+    wire = b"".join(
+        struct.pack(">I", len(p))[1:] + bytes((t, f)) + struct.pack(">I", s) + p for t, f, s, p in frames
+    )
+    wire = b"\0\0\0\x04\0\0\0\0\0" + wire[: len(wire) - cut if cut < len(wire) else len(wire)]
+
+    async def one(socket_path: str) -> None:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.read(65536)
+            writer.write(wire)
+            writer.write_eof()  # then the end: a client waiting for more is the bug
+            await reader.read()
+            writer.close()
+
+        server = await asyncio.start_unix_server(handle, socket_path)
+        try:
+            await PodResourcesClient(socket_path, timeout_seconds=5.0).list()
+        except PodResourcesError as exc:
+            assert "within" not in str(exc)  # it never waits for the deadline once the server is done
+        finally:
+            server.close()
+
+    with tempfile.TemporaryDirectory() as folder:
+        asyncio.run(one(os.path.join(folder, "fuzz.sock")))
