@@ -158,6 +158,19 @@ async def test_socket_that_accepts_and_never_answers(raw: StartRaw) -> None:
     await server.client_gone.wait()  # the client closed its connection instead of leaking it
 
 
+async def test_deadline_is_for_the_whole_call_not_each_read(raw: StartRaw) -> None:
+    async def dribble_forever(exchange: RawExchange) -> None:
+        await exchange.headers()
+        await exchange.data(b"\0\0\0\x10\0")  # a 1 MiB message announced
+        while True:  # a byte at a time, each well within any per-read timeout
+            await exchange.data(b"x")
+            await asyncio.sleep(0.02)
+
+    server = await raw(dribble_forever)
+    with pytest.raises(PodResourcesError, match=r"no answer from .* within 0\.3s"):
+        await list_once(server.socket_path, timeout_seconds=0.3)
+
+
 async def test_server_closing_mid_frame(raw: StartRaw) -> None:
     async def cut(exchange: RawExchange) -> None:
         await exchange.headers()
