@@ -1,7 +1,7 @@
 """One unary gRPC call over HTTP/2 cleartext on a unix socket, spoken with h2 (the kubelet's List).
 
 grpcio would do it too, but importing grpc.aio costs about 9 MiB of RSS for one call every 10 s;
-h2 (pure Python, with hpack and hyperframe) costs under 1 MiB. The call follows gRPC's
+h2 (pure Python, with hpack and hyperframe) costs about 1 MiB. The call follows gRPC's
 "PROTOCOL-HTTP2.md": prior-knowledge HTTP/2, one POST stream whose DATA is the 5-byte framed
 request, an answer of HEADERS, DATA and trailers carrying grpc-status and grpc-message. Each call
 opens its own connection (a restarted kubelet recreates its socket, and a refresh every 10 s makes
@@ -25,7 +25,7 @@ import h2.exceptions
 from exporter.errors import PodResourcesError
 
 # google.rpc.Code, by number (grpc/doc/statuscodes.md)
-STATUS_NAMES = (
+_STATUS_NAMES = (
     "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",
     "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
     "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED",
@@ -44,8 +44,9 @@ async def unary_call(
     socket_path: str, method: str, request: bytes, *, timeout_seconds: float, max_message_bytes: int
 ) -> bytes:
     """Call `method` ("/package.Service/Method") once and return the answer's message bytes."""
+    deadline = asyncio.get_running_loop().time() + timeout_seconds  # for connect and answer together
     try:
-        async with asyncio.timeout(timeout_seconds):
+        async with asyncio.timeout_at(deadline):
             reader, writer = await asyncio.open_unix_connection(socket_path)
     except FileNotFoundError as exc:
         # dcgm-exporter skips silently here; a missing hostPath mount must be visible instead.
@@ -56,7 +57,7 @@ async def unary_call(
         # ConnectionRefusedError: the socket file is there but nobody listens (a kubelet that died)
         raise PodResourcesError(f"cannot connect to {socket_path}: {exc.strerror or exc}") from exc
     try:
-        async with asyncio.timeout(timeout_seconds):
+        async with asyncio.timeout_at(deadline):
             return await _exchange(reader, writer, method, request, timeout_seconds, max_message_bytes)
     except TimeoutError as exc:
         raise PodResourcesError(f"no answer from {socket_path} within {timeout_seconds:g}s") from exc
@@ -188,7 +189,7 @@ def _message(method: str, status: dict[bytes, bytes], body: bytes) -> bytes:
         message = unquote(
             status.get(b"grpc-message", b"").decode("ascii", errors="replace"), errors="replace"
         )
-        name = STATUS_NAMES[code] if 0 <= code < len(STATUS_NAMES) else f"status {code}"
+        name = _STATUS_NAMES[code] if 0 <= code < len(_STATUS_NAMES) else f"status {code}"
         raise PodResourcesError(f"{method.rsplit('/', 1)[-1]} failed: {name}: {message}")
     if len(body) < _PREFIX.size:
         raise PodResourcesError(f"the answer has {len(body)} bytes, not one length-prefixed message")
