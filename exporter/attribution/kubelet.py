@@ -5,9 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from exporter.attribution.podresources_proto import (
     LIST_METHOD,
@@ -18,9 +16,6 @@ from exporter.attribution.podresources_proto import (
 from exporter.errors import PodResourcesDecodeError, PodResourcesError
 from gpupulse.clock import Clock, SystemClock
 
-if TYPE_CHECKING:
-    import grpc.aio
-
 log = logging.getLogger(__name__)
 
 DEFAULT_SOCKET_PATH = "/var/lib/kubelet/pod-resources/kubelet.sock"
@@ -28,55 +23,36 @@ DEFAULT_SOCKET_PATH = "/var/lib/kubelet/pod-resources/kubelet.sock"
 _MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
 
-def _identity(data: bytes) -> bytes:
-    return data
-
-
 class PodResourcesClient:
-    """grpc.aio client for `v1.PodResourcesLister/List` on the kubelet's unix socket."""
+    """Client for `v1.PodResourcesLister/List` on the kubelet's unix socket (one connection a call)."""
 
-    def __init__(self, socket_path: str, timeout_seconds: float) -> None:
+    def __init__(
+        self, socket_path: str, timeout_seconds: float, max_message_bytes: int = _MAX_MESSAGE_BYTES
+    ) -> None:
         self._socket_path = socket_path
         self._timeout_seconds = timeout_seconds
-        self._channel: grpc.aio.Channel | None = None
+        self._max_message_bytes = max_message_bytes
 
     async def list(self) -> tuple[PodResources, ...]:
-        """One List call; raises PodResourcesError on any failure."""
-        # grpc is imported on first use: it costs about 10 MiB of RSS, and nodes without a kubelet
-        # (bare metal, --simulate) never need it.
-        import grpc.aio
+        """One List call within the timeout; raises PodResourcesError on any failure."""
+        # h2 is imported on first use (under 1 MiB of RSS): nodes without a kubelet (bare metal,
+        # --simulate) never need it.
+        from exporter.attribution.grpc_h2 import unary_call
 
-        if self._channel is None:
-            self._channel = grpc.aio.insecure_channel(
-                f"unix://{self._socket_path}",
-                options=[
-                    ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
-                    # A private subchannel: a fresh channel after a kubelet restart must not inherit
-                    # the shared subchannel's reconnect backoff from the failed one.
-                    ("grpc.use_local_subchannel_pool", 1),
-                ],
-            )
-        call = self._channel.unary_unary(
-            LIST_METHOD, request_serializer=_identity, response_deserializer=_identity
+        data = await unary_call(
+            self._socket_path,
+            LIST_METHOD,
+            encode_list_request(),
+            timeout_seconds=self._timeout_seconds,
+            max_message_bytes=self._max_message_bytes,
         )
         try:
-            data = await call(encode_list_request(), timeout=self._timeout_seconds)
             return decode_list_response(data)
-        except grpc.aio.AioRpcError as exc:
-            # A restarted kubelet recreates the socket; a fresh channel avoids a stale connection.
-            await self.close()
-            if not await asyncio.to_thread(os.path.exists, self._socket_path):
-                # dcgm-exporter skips silently here; a missing hostPath mount must be visible instead.
-                raise PodResourcesError(f"pod-resources socket {self._socket_path} does not exist") from exc
-            raise PodResourcesError(f"List failed: {exc.code().name}: {exc.details()}") from exc
         except PodResourcesDecodeError as exc:
             raise PodResourcesError(f"undecodable List answer: {exc}") from exc
 
     async def close(self) -> None:
-        """Close the channel; the next call opens a new one."""
-        channel, self._channel = self._channel, None
-        if channel is not None:
-            await channel.close()
+        """Nothing stays open between calls; kept so owners close clients the same way."""
 
 
 @dataclass(frozen=True)
@@ -156,7 +132,7 @@ class PodResourcesTracker:
         return PodResourcesView(pods=self._pods if fresh else (), error=self._error, has_data=fresh)
 
     async def close(self) -> None:
-        """Stop the loop and close the channel."""
+        """Stop the loop and close the client."""
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
