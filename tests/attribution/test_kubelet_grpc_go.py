@@ -5,19 +5,13 @@ with the go command into the neighbours' cache; without Go the tests fail, they 
 from __future__ import annotations
 
 import asyncio
-import fcntl
-import hashlib
 import json
-import os
-import shutil
-import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from demo.neighbours import cache_dir
 from exporter.attribution.kubelet import PodResourcesClient
 from exporter.attribution.podresources_proto import (
     ClaimResource,
@@ -28,9 +22,8 @@ from exporter.attribution.podresources_proto import (
 )
 from exporter.errors import PodResourcesError
 from tests.attribution.conftest import GPU_UUIDS, MIG_UUIDS
+from tests.attribution.grpc_go_server import BUILD_TIMEOUT_SECONDS, build
 
-SOURCE = Path(__file__).resolve().parents[1] / "fixtures" / "kubelet-grpc-go"
-BUILD_TIMEOUT_SECONDS = 600
 START_TIMEOUT_SECONDS = 30
 # the first test of a worker may build the server: about 150 s on a busy 2-core machine with the
 # modules already downloaded, past the suite's 120 s per test
@@ -39,32 +32,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(BUILD_TIMEOUT_SECONDS
 
 @pytest.fixture(scope="session")
 def kubelet_grpc_go() -> Path:
-    """The built server, one folder per digest of its source; built once under a lock (xdist workers)."""
-    digest = hashlib.sha256(
-        b"".join((SOURCE / name).read_bytes() for name in ("go.mod", "go.sum", "main.go"))
-    ).hexdigest()[:16]
-    folder = cache_dir() / f"kubelet-grpc-go-{digest}"
-    binary = folder / "bin" / "kubelet-grpc-go"
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not os.access(binary, os.X_OK):
-            go = shutil.which("go")
-            assert go is not None, "the go command is missing: Go 1.26 builds tests/fixtures/kubelet-grpc-go"
-            env = {**os.environ, "CGO_ENABLED": "0", "GOTOOLCHAIN": os.environ.get("GOTOOLCHAIN", "auto")}
-            env["GOFLAGS"] = "-buildvcs=false -trimpath"
-            built = subprocess.run(
-                [go, "build", "-mod=readonly", "-o", f"{binary}.tmp", "."],
-                cwd=SOURCE,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=BUILD_TIMEOUT_SECONDS,
-                check=False,
-            )
-            assert built.returncode == 0, f"go build of {SOURCE} failed:\n{built.stderr}"
-            os.replace(f"{binary}.tmp", binary)
-    return binary
+    """The built server (scripts/setup builds it; a test run after a source change builds it again)."""
+    return build()
 
 
 Serve = Callable[..., Awaitable[str]]
