@@ -55,7 +55,7 @@ class PluginModule(Protocol):
 
 
 # Each loader is a plain import, run only when the plug-in is on: a switched-off plug-in's module
-# (and what it pulls in: kubernetes_asyncio, the kubelet protos) is never imported, saving memory.
+# (and what it pulls in: h2 for the kubelet, the API watch client) is never imported, saving memory.
 def _attribution() -> PluginModule:
     from exporter.attribution import collector
 
