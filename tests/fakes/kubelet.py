@@ -11,7 +11,8 @@ import contextlib
 import os
 import struct
 import uuid
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
+from typing import Any
 
 import grpc
 import grpc.aio
@@ -131,7 +132,7 @@ async def _read(reader: asyncio.StreamReader) -> bytes:
 class RawKubelet:
     """A unix-socket HTTP/2 server that lets `respond` answer each request however it likes."""
 
-    def __init__(self, socket_path: str, respond: Callable[[RawExchange], Awaitable[None]]) -> None:
+    def __init__(self, socket_path: str, respond: Callable[[RawExchange], Coroutine[Any, Any, None]]) -> None:
         self.socket_path = socket_path
         self._respond = respond
         self._server: asyncio.Server | None = None
