@@ -122,6 +122,7 @@ class EnginesCollector:
         self._warned_duplicates: set[str] = set()
         self._procfs: ItemReader[str, object] = ItemReader("engines-procfs")
         self._ancestors: dict[int, int] = {}  # GPU processes' ancestry, reused for the ancestors
+        self._boot_seconds: float | None = None  # btime of /proc/stat, read once (set on the worker)
 
     async def _targets(self) -> list[Target]:
         for st in self._sources:
@@ -244,7 +245,11 @@ class EnginesCollector:
             pid = self._find_pid(ep.target, state)
         start = None
         if pid is not None:
-            start = procfs.process_start_seconds(root, pid, self.settings.clock_ticks_per_second)
+            if self._boot_seconds is None:
+                self._boot_seconds = procfs.boot_time_seconds(root)
+            start = procfs.process_start_seconds(
+                root, pid, self.settings.clock_ticks_per_second, self._boot_seconds
+            )
         return _Resolved(pid, tried_at, start)
 
     def _may_find_pid(self, t: Target, tried_at: float | None, now: float) -> bool:
