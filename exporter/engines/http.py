@@ -6,7 +6,7 @@ client does only what an engine scrape needs: GET, no redirects, no proxies, no 
 sized by Content-Length, chunked, or the connection's end; gzip or deflate when the server sends it;
 one idle connection kept per (scheme, host, port). Bounds: the response head (status line and
 headers) is at most MAX_HEAD_BYTES, a chunk-size line is short, and the caller bounds the body. Any
-protocol breach is an HttpError naming it; the connection it came on is dropped.
+protocol breach is an HttpError (exporter/errors.py) naming it; the connection it came on is dropped.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from exporter.errors import HttpConnectError, HttpError
+
 MAX_HEAD_BYTES = 64 * 1024  # status line and headers together
 _MAX_HEADERS = 100
 _MAX_CHUNK_LINE = 1024  # hex size and extensions
@@ -27,14 +29,6 @@ _READ_BYTES = 64 * 1024
 _STATUS = re.compile(rb"HTTP/1\.([01]) ([0-9]{3})(?: [^\r\n]*)?")
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _HEX = re.compile(rb"[0-9A-Fa-f]{1,16}")
-
-
-class HttpError(Exception):
-    """The server broke HTTP/1.1 (a malformed status line, header or body) or went away mid-answer."""
-
-
-class ConnectError(HttpError):
-    """No connection could be made (refused, unreachable, TLS handshake failed)."""
 
 
 @dataclass
@@ -188,21 +182,23 @@ class HttpClient:
             conn = None
         if conn is not None:
             try:
-                return await self._send(conn, request)
-            except _StaleConnection:
-                conn.close()  # the server closed it while idle (its keep-alive timeout): once more
+                resp = await self._send(conn, request)
             except BaseException:
                 conn.close()
                 raise
+            if resp is not None:
+                return resp
+            conn.close()  # the server closed it while idle (its keep-alive timeout): once more
         conn = await self._connect(key)
         try:
-            return await self._send(conn, request)
-        except _StaleConnection as exc:
-            conn.close()
-            raise HttpError("connection closed before any response") from exc
+            resp = await self._send(conn, request)
         except BaseException:
             conn.close()
             raise
+        if resp is None:
+            conn.close()
+            raise HttpError("connection closed before any response")
+        return resp
 
     def retain(self, urls: Iterable[str]) -> None:
         """Close the idle connections to any place none of these URLs points at (gone endpoints)."""
@@ -236,11 +232,13 @@ class HttpClient:
         try:
             reader, writer = await asyncio.open_connection(host, port, ssl=context, limit=MAX_HEAD_BYTES)
         except (OSError, ssl.SSLError) as exc:
-            raise ConnectError(f"cannot connect to {host}:{port}: {exc}") from exc
+            raise HttpConnectError(f"cannot connect to {host}:{port}: {exc}") from exc
         self.connections_opened += 1
         return _Connection(reader, writer)
 
-    async def _send(self, conn: _Connection, request: bytes) -> Response:
+    async def _send(self, conn: _Connection, request: bytes) -> Response | None:
+        """The response to request on conn; None when no byte of one came back on a reused
+        connection, or none at all on a fresh one (the caller decides whether to try again)."""
         fresh = not conn.reused
         conn.reused = True
         try:
@@ -248,19 +246,15 @@ class HttpClient:
             head = await conn.reader.readuntil(b"\r\n\r\n")
         except asyncio.IncompleteReadError as exc:
             if not exc.partial:
-                raise _StaleConnection from exc
+                return None
             raise HttpError("connection closed inside the response head") from exc
         except asyncio.LimitOverrunError as exc:
             raise HttpError(f"response head longer than {MAX_HEAD_BYTES} bytes") from exc
         except (ConnectionError, OSError) as exc:
             if not fresh:
-                raise _StaleConnection from exc
+                return None
             raise HttpError(f"connection lost before the response: {exc!r}") from exc
         return _response(conn, head)
-
-
-class _StaleConnection(Exception):
-    """No byte of a response came back on this connection."""
 
 
 def _response(conn: _Connection, head: bytes) -> Response:

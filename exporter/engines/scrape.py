@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 
 from exporter.engines.exposition import Exposition, ExpositionParser
-from exporter.engines.http import ConnectError, HttpClient, HttpError
-from exporter.errors import ScrapeError
+from exporter.engines.http import HttpClient
+from exporter.errors import HttpConnectError, HttpError, ScrapeError
 
 # Plain text: prometheus-client would switch to OpenMetrics for an openmetrics Accept header.
 # No gzip asked for: engine pages are small and near (loopback, the pod network), and inflating
@@ -41,7 +41,7 @@ async def fetch_page(
                 return parser.finish()
     except TimeoutError as exc:
         raise ScrapeError("timeout", f"no complete answer within {timeout_seconds}s") from exc
-    except ConnectError as exc:
+    except HttpConnectError as exc:
         raise ScrapeError("refused", str(exc)) from exc
     except HttpError as exc:
         raise ScrapeError("network", str(exc)) from exc

@@ -12,9 +12,9 @@ from aiohttp import web
 
 from exporter.engines.detect import PREFIXES, WANTED
 from exporter.engines.exposition import ExpositionParser
-from exporter.engines.http import HttpClient, HttpError
+from exporter.engines.http import HttpClient
 from exporter.engines.scrape import fetch_page
-from exporter.errors import ScrapeError
+from exporter.errors import HttpError, ScrapeError
 
 from .conftest import free_port, load_fixture
 
