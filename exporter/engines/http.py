@@ -17,7 +17,7 @@ import re
 import ssl
 import zlib
 from collections.abc import AsyncIterator, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from exporter.errors import HttpConnectError, HttpError
@@ -136,14 +136,20 @@ class _Connection:
         self.writer.close()
 
 
-@dataclass
 class HttpClient:
-    """GETs with one idle keep-alive connection per (scheme, host, port)."""
+    """GETs with one idle keep-alive connection per (scheme, host, port).
 
-    user_agent: str = "gpupulse-exporter"
-    _idle: dict[tuple[str, str, int], _Connection] = field(default_factory=dict)
-    _ssl: ssl.SSLContext | None = None
-    connections_opened: int = 0  # for tests and the bench: keep-alive at work
+    https verifies the server's certificate against the system's CAs (aiohttp's default, kept), or
+    against `ssl_context` when given.
+    """
+
+    def __init__(
+        self, user_agent: str = "gpupulse-exporter", ssl_context: ssl.SSLContext | None = None
+    ) -> None:
+        self.user_agent = user_agent
+        self._ssl = ssl_context
+        self._idle: dict[tuple[str, str, int], _Connection] = {}
+        self.connections_opened = 0  # for tests and the bench: keep-alive at work
 
     @contextlib.asynccontextmanager
     async def get(self, url: str, headers: dict[str, str]) -> AsyncIterator[Response]:

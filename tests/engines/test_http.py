@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import gzip
 import os
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 
 import pytest
 from aiohttp import web
@@ -15,6 +17,7 @@ from exporter.engines.exposition import ExpositionParser
 from exporter.engines.http import HttpClient
 from exporter.engines.scrape import fetch_page
 from exporter.errors import HttpError, ScrapeError
+from tests.fakes.helm_api import make_certificate
 
 from .conftest import free_port, load_fixture
 
@@ -317,3 +320,34 @@ async def test_a_url_that_is_not_http_is_refused_clearly() -> None:
     with pytest.raises(HttpError, match="not an http"):
         async with client.get("ftp://127.0.0.1/metrics", {}):
             pass
+
+
+async def test_https_verifies_the_certificate_and_keeps_the_connection(tmp_path: Path) -> None:
+    cert, key = make_certificate(tmp_path)
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_ctx.load_cert_chain(cert, key)
+
+    async def plain(request: web.Request) -> web.Response:
+        return web.Response(body=PAGE, content_type="text/plain")
+
+    app = web.Application()
+    app.router.add_get("/metrics", plain)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=server_ctx)
+    await site.start()
+    url = f"https://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/metrics"  # type: ignore[union-attr]
+    try:
+        untrusting = HttpClient()  # the system's CAs: a self-signed server is refused, as aiohttp did
+        with pytest.raises(ScrapeError) as err:
+            await fetch_page(untrusting, url, 5.0, 1 << 20, ExpositionParser(WANTED, None, PREFIXES, {}))
+        assert err.value.reason == "refused" and "CERTIFICATE_VERIFY_FAILED" in str(err.value)
+        trusting = HttpClient(ssl_context=ssl.create_default_context(cafile=str(cert)))
+        try:
+            for _ in range(2):
+                assert await _body(trusting, url) == PAGE
+        finally:
+            await trusting.close()
+        assert trusting.connections_opened == 1
+    finally:
+        await runner.cleanup()
