@@ -18,7 +18,7 @@ import ssl
 import zlib
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from exporter.errors import HttpConnectError, HttpError
 
@@ -28,6 +28,7 @@ _MAX_CHUNK_LINE = 1024  # hex size and extensions
 _READ_BYTES = 64 * 1024
 _STATUS = re.compile(rb"HTTP/1\.([01]) ([0-9]{3})(?: [^\r\n]*)?")
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_URL_SAFE = "".join(chr(c) for c in range(0x21, 0x7F))  # printable ASCII but the space
 _HEX = re.compile(rb"[0-9A-Fa-f]{1,16}")
 
 
@@ -164,13 +165,23 @@ class HttpClient:
         except ValueError as exc:
             raise HttpError(f"bad port in {url}") from exc
         key = (parts.scheme, host, port)
-        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        host_header = f"[{host}]" if ":" in host else host
+        # what a request line may not hold raw (spaces, controls, non-ASCII) is percent-encoded
+        target = quote((parts.path or "/") + (f"?{parts.query}" if parts.query else ""), safe=_URL_SAFE)
+        try:
+            ascii_host = host if host.isascii() else host.encode("idna").decode("ascii")
+            host_header = f"[{host}]" if ":" in host else ascii_host
+        except UnicodeError as exc:
+            raise HttpError(f"host name {host!r} cannot be sent") from exc
         if parts.port is not None:
             host_header += f":{port}"
         lines = [f"GET {target} HTTP/1.1", f"Host: {host_header}", f"User-Agent: {self.user_agent}"]
         lines += [f"{k}: {v}" for k, v in headers.items()]
-        request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        try:
+            request = ("\r\n".join(lines) + "\r\n\r\n").encode("ascii")
+        except UnicodeEncodeError as exc:
+            raise HttpError(f"a request header is not ASCII: {exc}") from exc
+        if any(c in v for v in headers.values() for c in "\r\n"):
+            raise HttpError("a request header holds a line break")
         resp = await self._exchange(key, request)
         try:
             yield resp

@@ -351,3 +351,25 @@ async def test_https_verifies_the_certificate_and_keeps_the_connection(tmp_path:
         assert trusting.connections_opened == 1
     finally:
         await runner.cleanup()
+
+
+async def test_a_url_with_spaces_or_non_ascii_is_sent_percent_encoded(
+    raw_server: Callable[[Handler], Awaitable[str]],
+) -> None:
+    seen: list[bytes] = []
+
+    async def record(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen.append(await reader.readuntil(b"\r\n\r\n"))
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(PAGE), PAGE))
+        await writer.drain()
+
+    url = (await raw_server(record)).replace("/metrics", "/métrics ä?q=1 2")
+    client = HttpClient()
+    try:
+        assert await _body(client, url) == PAGE
+        with pytest.raises(HttpError, match="line break"):
+            async with client.get(url, {"X-Bad": "a\r\nInjected: 1"}):
+                pass
+    finally:
+        await client.close()
+    assert seen[0].startswith(b"GET /m%C3%A9trics%20%C3%A4?q=1%202 HTTP/1.1\r\n")
