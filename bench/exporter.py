@@ -317,6 +317,13 @@ class PluginResult:
     engines_round_ms: float  # CPU of one round of each plug-in alone, for reference
     attribution_round_ms: float
     pagecache_round_ms: float
+    # Where the added CPU goes (medians over the runs with the plug-ins, minus the NVML-only mean of
+    # the same pair): ticks where no plug-in round started (a bigger heap and snapshot, the process
+    # collector's pod labels, background threads) and ticks where one or more started, above the sum
+    # of those rounds measured alone (contention between rounds, thread hand-overs).
+    idle_tick_added_ms: float = math.nan
+    round_tick_added_ms: float = math.nan
+    round_tick_over_alone_ms: float = math.nan
 
 
 def _fake_proc(root: Path, pods_dir: Path, pids: Sequence[int]) -> None:
@@ -392,6 +399,7 @@ def measure_plugins(path: Path | None, cycles: int) -> PluginResult:
             )
 
             states: list[NodeState] = []
+            ticks: list[list[tuple[float, tuple[str, ...]]]] = []  # per run: (CPU ms, rounds started)
 
             def run(collectors: list[Any]) -> float:
                 sampler = Sampler(collectors, settings, target.clock, gpu_status=fleet)
@@ -399,11 +407,16 @@ def measure_plugins(path: Path | None, cycles: int) -> PluginResult:
                     target.advance()
                     loop.run_until_complete(sampler.sample_once())
                 cpu = 0.0
+                rows = []
                 for _ in range(cycles):
                     target.advance()
+                    _Started.names.clear()
                     t0 = time.process_time()
                     loop.run_until_complete(sampler.sample_once())
-                    cpu += time.process_time() - t0
+                    spent = time.process_time() - t0
+                    cpu += spent
+                    rows.append((1000 * spent, tuple(_Started.names)))
+                ticks.append(rows)
                 states.append(sampler.state)
                 return 1000 * cpu / cycles
 
@@ -418,7 +431,7 @@ def measure_plugins(path: Path | None, cycles: int) -> PluginResult:
             )
             pagecache = PageCacheCollector(PageCacheSettings(paths=(str(weights.parent),), scan_mapped=False))
             base = run(builtins)
-            plugins: list[Any] = [attribution, engines, pagecache]
+            plugins: list[Any] = [_Started(attribution), _Started(engines), _Started(pagecache)]
             bases, fulls = [base], [run([*builtins, *plugins])]
             for _ in range(PLUGIN_PAIRS - 1):  # back-to-back pairs: this machine's load drifts
                 bases.append(run(builtins))
@@ -434,6 +447,16 @@ def measure_plugins(path: Path | None, cycles: int) -> PluginResult:
                 return 1000 * statistics.median(cpus)
 
             rounds = [round_ms(c) for c in (engines, attribution, pagecache)]
+            alone = dict(zip(("engines", "attribution", "pagecache"), rounds, strict=True))
+            idle, busy, over = [], [], []
+            for pair, base_ms in enumerate(bases):
+                full_ticks = ticks[2 * pair + 1]
+                idle.append(statistics.fmean(ms for ms, names in full_ticks if not names) - base_ms)
+                started = [(ms, names) for ms, names in full_ticks if names]
+                busy.append(statistics.fmean(ms for ms, _ in started) - base_ms)
+                over.append(
+                    statistics.fmean(ms - base_ms - sum(alone[n] for n in names) for ms, names in started)
+                )
             for c in plugins:
                 loop.run_until_complete(c.close())
             fleet.close()
@@ -442,7 +465,12 @@ def measure_plugins(path: Path | None, cycles: int) -> PluginResult:
                 statistics.median(bases),
                 statistics.median(fulls),
                 statistics.median(f - b for b, f in zip(bases, fulls, strict=True)),
-                *rounds,
+                rounds[0],
+                rounds[1],
+                rounds[2],
+                idle_tick_added_ms=statistics.median(idle),
+                round_tick_added_ms=statistics.median(busy),
+                round_tick_over_alone_ms=statistics.median(over),
             )
     finally:
         for p in procs:
@@ -452,6 +480,25 @@ def measure_plugins(path: Path | None, cycles: int) -> PluginResult:
         kubelet.terminate()
         kubelet.wait(10)
         weights.unlink(missing_ok=True)
+
+
+class _Started:
+    """A plug-in collector that notes in `names` each round it starts (which ticks ran rounds)."""
+
+    names: list[str] = []
+
+    def __init__(self, collector: Any) -> None:
+        self._collector = collector
+        self.name = collector.name
+        self.interval_seconds = collector.interval_seconds
+        self.deadline_seconds = getattr(collector, "deadline_seconds", None)
+
+    async def collect(self, state: Any) -> Any:
+        _Started.names.append(self.name)
+        return await self._collector.collect(state)
+
+    async def close(self) -> None:
+        await self._collector.close()
 
 
 MEASURES: dict[str, Callable[[Path | None, int], Any]] = {
@@ -762,10 +809,13 @@ def main(argv: list[str] | None = None) -> int:
                 "every 30 s:",
                 "",
                 "| NVML collectors only, ms | with the plug-ins, ms | added per cycle, ms "
-                "| round: engines (4), attribution, page cache, ms |",
-                "|---|---|---|---|",
+                "| round: engines (4), attribution, page cache, ms "
+                "| added: tick without a round, tick with rounds (of which above the rounds alone), ms |",
+                "|---|---|---|---|---|",
                 f"| {r.builtins_ms:.2f} | {r.all_ms:.2f} | {r.added_ms:.2f} "
-                f"| {r.engines_round_ms:.2f}, {r.attribution_round_ms:.2f}, {r.pagecache_round_ms:.2f} |",
+                f"| {r.engines_round_ms:.2f}, {r.attribution_round_ms:.2f}, {r.pagecache_round_ms:.2f} "
+                f"| {r.idle_tick_added_ms:.2f}, {r.round_tick_added_ms:.2f} "
+                f"({r.round_tick_over_alone_ms:.2f}) |",
             ]
             print(lines[-1], file=sys.stderr, flush=True)
         lines += [

@@ -15,6 +15,8 @@
     ├── OtlpConfigError            a malformed --otlp.* flag (also a ValueError, as argparse wants)
     ├── WebConfigError             --web.config.file cannot be used (also a ValueError)
     ├── ScrapeError                one engine endpoint's scrape failed (`reason`: the counter label)
+    ├── HttpError                  an endpoint broke HTTP/1.1 or went away mid-answer (engines/http.py)
+    │   └── HttpConnectError       no connection: refused, unreachable, TLS handshake failed
     ├── ExpositionError            an engine's payload is not a Prometheus text exposition
     ├── KubeError                  a LIST or WATCH of the API server failed (`status`: its HTTP status)
     │   ├── Expired                410 Gone: only a new LIST helps
@@ -131,6 +133,14 @@ class ScrapeError(ExporterError):
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
+
+
+class HttpError(ExporterError):
+    """The server broke HTTP/1.1 (a malformed status line, header or body) or went away mid-answer."""
+
+
+class HttpConnectError(HttpError):
+    """No connection could be made (refused, unreachable, TLS handshake failed)."""
 
 
 class ExpositionError(ExporterError):

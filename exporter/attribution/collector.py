@@ -358,9 +358,16 @@ class AttributionCollector:
         )
         infos = dict(got.values)
         pid_pods = await self._resolve(wanted, infos, allocations, view)
+        last = self._last_pid_pods
+        for pid, ref in pid_pods.items():
+            # the last round's object where the pod is the same: the processes collector, every
+            # tick, tells a changed pod by identity first
+            old = last.get(pid)
+            if old is not None and old is not ref and old == ref:
+                pid_pods[pid] = old
         for pid in got.unread:
-            if pid in self._last_pid_pods:
-                pid_pods[pid] = self._last_pid_pods[pid]
+            if pid in last:
+                pid_pods[pid] = last[pid]
         self._last_pid_pods = pid_pods
         return _ProcfsRound(infos, pid_pods)
 

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-import aiohttp
 from prometheus_client.core import Metric
 
 from exporter.collectors.base import NodeState
@@ -28,6 +27,7 @@ from exporter.engines.derived import DerivedHistogram
 from exporter.engines.detect import NORMALIZERS, PREFIXES, WANTED, detect_kind
 from exporter.engines.exposition import LABEL_CACHE_MAX, Exposition, ExpositionParser
 from exporter.engines.gpumap import engine_gpus, gpu_indexes
+from exporter.engines.http import HttpClient
 from exporter.engines.reading import MIXED, ModelReading
 from exporter.engines.render import Budget, EndpointView, Families
 from exporter.engines.scrape import fetch_page
@@ -117,11 +117,12 @@ class EnginesCollector:
         self._clock = clock or SystemClock()
         self._started_at = self._clock.time()
         self._endpoints: dict[str, Endpoint] = {}
-        self._session: aiohttp.ClientSession | None = None
+        self._http = HttpClient()
         self._dropped_total = 0.0
         self._warned_duplicates: set[str] = set()
         self._procfs: ItemReader[str, object] = ItemReader("engines-procfs")
         self._ancestors: dict[int, int] = {}  # GPU processes' ancestry, reused for the ancestors
+        self._boot_seconds: float | None = None  # btime of /proc/stat, read once (set on the worker)
 
     async def _targets(self) -> list[Target]:
         for st in self._sources:
@@ -157,12 +158,11 @@ class EnginesCollector:
         for url in list(self._endpoints):
             if url not in current:
                 del self._endpoints[url]  # its series disappear from this round on
+        self._http.retain(current)  # and its idle connection is closed
         for t in targets:
             ep = self._endpoints.get(t.url)
             if ep is None or ep.target != t:
                 self._endpoints[t.url] = Endpoint(target=t, pid=t.pid)
-        if self._session is None:
-            self._session = aiohttp.ClientSession()
         endpoints = list(self._endpoints.values())
         succeeded = await asyncio.gather(
             *(self._scrape(ep) for ep in endpoints), self._resolve_processes(endpoints, state)
@@ -244,7 +244,11 @@ class EnginesCollector:
             pid = self._find_pid(ep.target, state)
         start = None
         if pid is not None:
-            start = procfs.process_start_seconds(root, pid, self.settings.clock_ticks_per_second)
+            if self._boot_seconds is None:
+                self._boot_seconds = procfs.boot_time_seconds(root)
+            start = procfs.process_start_seconds(
+                root, pid, self.settings.clock_ticks_per_second, self._boot_seconds
+            )
         return _Resolved(pid, tried_at, start)
 
     def _may_find_pid(self, t: Target, tried_at: float | None, now: float) -> bool:
@@ -287,10 +291,7 @@ class EnginesCollector:
             ep.label_cache.clear()  # a page whose label sets keep changing: start over
         parser = ExpositionParser(WANTED, s.max_samples_per_endpoint, PREFIXES, ep.label_cache)
         try:
-            assert self._session is not None
-            expo = await fetch_page(
-                self._session, t.url, s.scrape_timeout_seconds, s.max_response_bytes, parser
-            )
+            expo = await fetch_page(self._http, t.url, s.scrape_timeout_seconds, s.max_response_bytes, parser)
             kind = t.kind if t.kind != AUTO else detect_kind(expo)
             if kind is None:
                 raise ScrapeError(expo.truncated or "unknown_engine", "no known engine metric prefix")
@@ -386,10 +387,8 @@ class EnginesCollector:
         )
 
     async def close(self) -> None:
-        """Close the HTTP session, the target sources and the procfs worker."""
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        """Close the HTTP connections, the target sources and the procfs worker."""
+        await self._http.close()
         for st in self._sources:
             if st.task is not None:
                 st.task.cancel()

@@ -225,10 +225,37 @@ class ExpositionParser:
         lines = text.split("\n")
         lines[0] = self._carry + lines[0]
         self._carry = lines.pop()
+        cache = self._label_cache if self._label_cache is not None else {}
+        expo, cap = self.expo, self._max_samples
         for line in lines:
             if self._skipping_long_line:
                 self._skipping_long_line = False  # the tail of an over-long line
                 continue
+            # The hot path, inlined: a series seen on an earlier scrape of this endpoint, as
+            # `name{labels} value` with one space; only its value is new. Anything else (a comment, a
+            # timestamp, a new series, a value float() reads but Prometheus does not) takes _line.
+            space = line.rfind(" ")
+            head = cache.get(line[:space]) if space > 0 else None
+            if type(head) is tuple and len(head) == 3:
+                token = line[space + 1 :]
+                if "_" not in token:
+                    try:
+                        value = float(token)
+                    except ValueError:
+                        pass
+                    else:
+                        name = head[0]
+                        fam = self._current
+                        if fam is None or name not in fam.members:
+                            fam = self._family_of(name)
+                        if fam.keep and not fam.broken:
+                            fam.rows.append((fam.members[name], head[1], head[2], value))
+                            expo.samples += 1
+                            if cap is not None and expo.samples > cap:
+                                expo.truncated = "too_many_samples"
+                                self.stopped = True
+                                return False
+                        continue
             self._line(line)
             if self.stopped:
                 return False
@@ -321,6 +348,10 @@ class ExpositionParser:
         if type(got) is tuple and len(got) == 2:  # a TYPE line seen on an earlier scrape
             self._current = self._open(got[0], got[1])
             return
+        if type(got) is tuple and len(got) == 4:  # a HELP line seen on an earlier scrape
+            if got[2] is not None:
+                self._help[got[0]] = got[2]
+            return
         parts = line.split(None, 3)
         if len(parts) < 3 or parts[1] not in ("HELP", "TYPE"):
             return  # a plain comment
@@ -330,8 +361,12 @@ class ExpositionParser:
             return
         if parts[1] == "HELP":
             canon = canonical_name(name)
+            text = None
             if self._wanted is None or canon in self._wanted or canon.removesuffix("_total") in self._wanted:
-                self._help[name] = _unescape(parts[3].rstrip("\r")) if len(parts) > 3 else ""
+                text = _unescape(parts[3].rstrip("\r")) if len(parts) > 3 else ""
+                self._help[name] = text
+            if cache is not None and len(cache) < LABEL_CACHE_MAX:
+                cache[line] = (name, "HELP", text, None)  # four items: never taken for a sample head
             return
         kind = parts[3].strip() if len(parts) > 3 else ""
         if kind not in _TYPES:
@@ -432,8 +467,9 @@ class _LabelSet:
 _NO_LABELS = _LabelSet({}, None, {}, ())
 # What a parser keeps per endpoint between scrapes, in one bounded dict: parsed label blocks by their
 # text (keys start with "{"), (name, label text, labels) by a sample line's text before its value
-# (keys start with the metric name), and (name, type) by a TYPE line (keys start with "#").
-_Cached = _LabelSet | tuple[str, str, _LabelSet] | tuple[str, str]
+# (keys start with the metric name), (name, type) by a TYPE line and (name, "HELP", text or None
+# when the family is not kept, None) by a HELP line (keys start with "#").
+_Cached = _LabelSet | tuple[str, str, _LabelSet] | tuple[str, str] | tuple[str, str, str | None, None]
 
 
 def _label_set(raw: str) -> _LabelSet:

@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import asyncio
 
-import aiohttp
-
 from exporter.engines.exposition import Exposition, ExpositionParser
-from exporter.errors import ScrapeError
+from exporter.engines.http import HttpClient
+from exporter.errors import HttpConnectError, HttpError, ScrapeError
 
 # Plain text: prometheus-client would switch to OpenMetrics for an openmetrics Accept header.
-_HEADERS = {"Accept": "text/plain;version=0.0.4;q=1,*/*;q=0.1"}
+# No gzip asked for: engine pages are small and near (loopback, the pod network), and inflating
+# costs more CPU than the bytes save; a server that compresses anyway is decoded.
+_HEADERS = {"Accept": "text/plain;version=0.0.4;q=1,*/*;q=0.1", "Accept-Encoding": "identity"}
 _CHUNK_BYTES = 64 * 1024  # the parser runs between chunks, so no chunk holds the loop long
 
 
 async def fetch_page(
-    session: aiohttp.ClientSession, url: str, timeout_seconds: float, max_bytes: int, parser: ExpositionParser
+    client: HttpClient, url: str, timeout_seconds: float, max_bytes: int, parser: ExpositionParser
 ) -> Exposition:
     """Stream the page into the parser as it arrives, under one deadline for the whole request.
 
@@ -25,11 +26,11 @@ async def fetch_page(
     """
     try:
         async with asyncio.timeout(timeout_seconds):
-            async with session.get(url, headers=_HEADERS, allow_redirects=False) as resp:
+            async with client.get(url, _HEADERS) as resp:
                 if resp.status != 200:
                     raise ScrapeError("http_status", f"HTTP {resp.status}")
                 size = 0
-                async for chunk in resp.content.iter_chunked(_CHUNK_BYTES):
+                async for chunk in resp.chunks(_CHUNK_BYTES):
                     room = max_bytes - size
                     if len(chunk) > room:
                         parser.feed_bytes(chunk[:room])
@@ -40,7 +41,7 @@ async def fetch_page(
                 return parser.finish()
     except TimeoutError as exc:
         raise ScrapeError("timeout", f"no complete answer within {timeout_seconds}s") from exc
-    except aiohttp.ClientConnectorError as exc:
+    except HttpConnectError as exc:
         raise ScrapeError("refused", str(exc)) from exc
-    except aiohttp.ClientError as exc:
+    except HttpError as exc:
         raise ScrapeError("network", str(exc)) from exc

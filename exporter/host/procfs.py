@@ -9,6 +9,7 @@ below it serve the engines collector (the PID behind a listening port, the proce
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,7 @@ PROCESS_STATES: dict[str, str] = {
 STATE_OTHER = "other"
 _START_FIELD = 19  # starttime (field 22 of /proc/<pid>/stat) in stat_fields, which start at field 3
 _MAX_KEPT_CGROUPS = 4096
+_READ_BYTES = 64 * 1024
 STATE_NAMES = PROCESS_STATE_NAMES
 
 
@@ -48,6 +50,31 @@ class ProcessInfo:
     state: str | None = None  # a name of STATE_NAMES
 
 
+def read_text(path: str) -> str | None:
+    """A procfs file's text, or None when it cannot be read (the process exited, no access).
+
+    os.read on a raw descriptor: about 2.5x cheaper than open() with its buffered text layers, and
+    a round reads a few hundred of these small files.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        chunk = os.read(fd, _READ_BYTES)
+        if len(chunk) < _READ_BYTES:  # the common case: stat, io, cgroup fit in one read
+            return chunk.decode("utf-8", "replace")
+        chunks = [chunk]
+        while chunk:  # maps, a big net/tcp: read to the end
+            chunk = os.read(fd, _READ_BYTES)
+            chunks.append(chunk)
+        return b"".join(chunks).decode("utf-8", "replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
 class Procfs:
     """One procfs tree: the host's /proc, or a fixture tree in tests."""
 
@@ -57,11 +84,7 @@ class Procfs:
         self._pod_cgroups: dict[int, tuple[str, CgroupIdentity]] = {}  # pid -> (start time, its pod)
 
     def _read(self, pid: int, name: str) -> str | None:
-        try:
-            with open(os.path.join(self.root, str(pid), name), encoding="utf-8", errors="replace") as f:
-                return f.read()
-        except OSError:
-            return None
+        return read_text(f"{self.root}/{pid}/{name}")
 
     def process(self, pid: int) -> ProcessInfo:
         """Cgroup identity, CPU seconds, I/O bytes and state of one process; missing parts are None.
@@ -154,19 +177,17 @@ _LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp's `st` column
 
 
 def _listening_inodes_in(table: Path, port: int) -> set[int]:
-    try:
-        lines = table.read_text().splitlines()[1:]
-    except OSError:
+    text = read_text(os.fspath(table))
+    if text is None:
         return set()
-    found: set[int] = set()
-    for line in lines:
-        fields = line.split()
-        if len(fields) < 10 or fields[3] != _LISTEN:
-            continue
-        local_port = int(fields[1].rsplit(":", 1)[1], 16)
-        if local_port == port:
-            found.add(int(fields[9]))
-    return found
+    # One regex over the table instead of a split per row: a node's table holds thousands of rows
+    # (every connection, TIME_WAIT included) and only a few listeners. Columns: sl, local address,
+    # remote address, st, tx:rx queues, timer, retransmits, uid, timeout, inode.
+    row = re.compile(
+        rf"^ *\d+: [0-9A-F]+:{port:04X} [0-9A-F]+:[0-9A-F]+ {_LISTEN}(?: +\S+){{5}} +(\d+)",
+        re.MULTILINE | re.IGNORECASE,
+    )
+    return {int(m.group(1)) for m in row.finditer(text)}
 
 
 def listening_inodes(procfs: Path, port: int, netns_pids: Iterable[int] = ()) -> set[int]:
@@ -191,18 +212,26 @@ def all_pids(procfs: Path) -> list[int]:
 def pid_owning_socket(procfs: Path, inodes: set[int], candidates: Iterable[int]) -> int | None:
     """Lowest candidate PID holding one of the socket inodes (the parent of forked servers)."""
     wanted = {f"socket:[{i}]" for i in inodes}
+    root = os.fspath(procfs)
     for pid in sorted(candidates):
-        fd_dir = procfs / str(pid) / "fd"
+        # links read relative to the open fd directory: no path built per descriptor (a node's
+        # processes hold thousands of them)
         try:
-            names = os.listdir(fd_dir)
+            dir_fd = os.open(f"{root}/{pid}/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError:
             continue
-        for name in names:
-            try:
-                if os.readlink(fd_dir / name) in wanted:
-                    return pid
-            except OSError:
-                continue
+        try:
+            names = os.listdir(dir_fd)
+            for name in names:
+                try:
+                    if os.readlink(name, dir_fd=dir_fd) in wanted:
+                        return pid
+                except OSError:
+                    continue
+        except OSError:
+            continue
+        finally:
+            os.close(dir_fd)
     return None
 
 
@@ -216,11 +245,8 @@ def pid_for_port(procfs: Path, port: int, candidates: Iterable[int] | None = Non
 
 
 def _stat_fields(procfs: Path, pid: int) -> list[str] | None:
-    try:
-        raw = (procfs / str(pid) / "stat").read_text()
-    except OSError:
-        return None
-    return stat_fields(raw)
+    raw = read_text(f"{procfs}/{pid}/stat")
+    return None if raw is None else stat_fields(raw)
 
 
 def parent_map(procfs: Path) -> dict[int, int]:
@@ -277,19 +303,25 @@ def descendants(pid: int, parents: dict[int, int]) -> set[int]:
 
 def boot_time_seconds(procfs: Path) -> float | None:
     """Boot time (epoch seconds) from the `btime` line of /proc/stat."""
-    try:
-        for line in (procfs / "stat").read_text().splitlines():
-            if line.startswith("btime "):
+    text = read_text(f"{procfs}/stat")
+    for line in (text or "").splitlines():
+        if line.startswith("btime "):
+            try:
                 return float(line.split()[1])
-    except OSError:
-        return None
+            except (IndexError, ValueError):
+                return None
     return None
 
 
-def process_start_seconds(procfs: Path, pid: int, clock_ticks_per_second: int | None = None) -> float | None:
-    """Process start time (epoch seconds): starttime (field 22, ticks since boot) + btime."""
+def process_start_seconds(
+    procfs: Path, pid: int, clock_ticks_per_second: int | None = None, boot_seconds: float | None = None
+) -> float | None:
+    """Process start time (epoch seconds): starttime (field 22, ticks since boot) + btime.
+
+    `boot_seconds`: btime read earlier (it is fixed until a reboot); /proc/stat is generated from
+    every CPU's counters on each read, which costs on a node with many cores."""
     fields = _stat_fields(procfs, pid)
-    boot = boot_time_seconds(procfs)
+    boot = boot_seconds if boot_seconds is not None else boot_time_seconds(procfs)
     if not fields or len(fields) < 20 or boot is None:
         return None
     ticks = clock_ticks_per_second or os.sysconf("SC_CLK_TCK")
@@ -298,4 +330,4 @@ def process_start_seconds(procfs: Path, pid: int, clock_ticks_per_second: int | 
 
 def alive(procfs: Path, pid: int) -> bool:
     """True while /proc/<pid> exists."""
-    return (procfs / str(pid)).is_dir()
+    return os.path.isdir(f"{procfs}/{pid}")

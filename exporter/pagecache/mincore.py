@@ -1,4 +1,6 @@
-"""Page-cache residency of one file via mmap + mincore (blocking; run in a thread).
+"""Page-cache residency of one file via cachestat, or mmap + mincore (blocking; run in a thread).
+
+cachestat(2) (Linux 6.5+) is asked first; where the kernel or a seccomp profile lacks it, mincore:
 
 The file is mapped PROT_READ/MAP_SHARED a window at a time and never touched, so no page is
 faulted in: mincore only reads the kernel's page-cache state. Since Linux 5.0 mincore reports
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import mmap
 import os
 import stat
@@ -37,6 +40,28 @@ _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _libc.mincore.restype = ctypes.c_int
 _libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
 _MAP_FAILED = ctypes.c_void_p(-1).value
+
+# cachestat(2), Linux 6.5+: the page-cache state of a file range in one call, without a mapping. It
+# costs microseconds where mmap + mincore + munmap of 256 MiB cost about 1.2 ms of kernel time
+# (measured on 6.18), and it grows with the range far more slowly. The number is the same on every
+# architecture (asm-generic); an older kernel answers ENOSYS, a seccomp profile without it EPERM,
+# and then mincore is used for the rest of the process's life.
+_NR_CACHESTAT = 451
+_libc.syscall.restype = ctypes.c_long
+
+
+class _CachestatRange(ctypes.Structure):
+    _fields_ = [("off", ctypes.c_uint64), ("len", ctypes.c_uint64)]
+
+
+class _Cachestat(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_uint64)
+        for name in ("nr_cache", "nr_dirty", "nr_writeback", "nr_evicted", "nr_recently_evicted")
+    ]
+
+
+_cachestat_works = True  # until a call says the kernel (or its seccomp filter) lacks it
 
 
 @dataclass(frozen=True)
@@ -81,12 +106,29 @@ def scan(path: str, offset: int, max_bytes: int, window_bytes: int) -> WindowRes
         while offset < end:
             length = min(window_bytes, end - offset)
             pages = (length + PAGE_SIZE - 1) // PAGE_SIZE
-            resident_pages += _mincore_window(fd, offset, length, vector, pages, path)
+            got = _cachestat_window(fd, offset, length) if _cachestat_works else None
+            if got is None:
+                got = _mincore_window(fd, offset, length, vector, pages, path)
+            resident_pages += got
             offset += length
         # The last page of a file is partial; count resident bytes, not pages, past the end.
         return WindowResult(min(resident_pages * PAGE_SIZE, size), offset if offset < size else size, size)
     finally:
         os.close(fd)
+
+
+def _cachestat_window(fd: int, offset: int, length: int) -> int | None:
+    """Resident pages of [offset, offset + length) by cachestat; None where it is not available."""
+    global _cachestat_works
+    cstat = _Cachestat()
+    rc = _libc.syscall(
+        _NR_CACHESTAT, fd, ctypes.byref(_CachestatRange(offset, length)), ctypes.byref(cstat), 0
+    )
+    if rc == 0:
+        return int(cstat.nr_cache)
+    if ctypes.get_errno() in (errno.ENOSYS, errno.EPERM):
+        _cachestat_works = False
+    return None  # any other error: this window by mincore, which names it
 
 
 def _mincore_window(fd: int, offset: int, length: int, vector: bytearray, pages: int, path: str) -> int:

@@ -19,7 +19,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import aiohttp
 from prometheus_client.core import Metric
 
 from exporter.collectors.base import NodeState
@@ -27,6 +26,7 @@ from exporter.collectors.blocking import ItemReader
 from exporter.collectors.flags import collector_enabled
 from exporter.collectors.series import family
 from exporter.engines.exposition import ExpositionParser
+from exporter.engines.http import HttpClient
 from exporter.engines.scrape import fetch_page
 from exporter.errors import ConfigError, ExpositionError, ScrapeError
 from exporter.kube.client import ApiSettings
@@ -98,7 +98,7 @@ class ProgressCollector:
         self._errors: dict[tuple[str, str], float] = {}
         self._kept: set[Key] = set()
         self._reader: ItemReader[Key, TailRead] = ItemReader("progress-logs")
-        self._session: aiohttp.ClientSession | None = None
+        self._http = HttpClient()
         self._logs_root = Path(settings.pod_logs_dir) if settings.pod_logs_dir else None
         self._warned_root = False
 
@@ -112,6 +112,7 @@ class ProgressCollector:
                 del table[key]  # the pod is gone (or no longer a rank): its series go with it
         logs = [s for s in sources if s.metric is None]
         metrics = [s for s in sources if s.metric is not None]
+        self._http.retain(s.metric.url for s in metrics if s.metric is not None)  # gone pods' connections
         await asyncio.gather(self._read_logs(logs), *(self._scrape(s) for s in metrics))
         return self._families(sources)
 
@@ -179,13 +180,11 @@ class ProgressCollector:
     async def _scrape(self, source: _Source) -> None:
         metric = source.metric
         assert metric is not None
-        if self._session is None:
-            self._session = aiohttp.ClientSession()
         st = self.settings
         wanted = {metric.name, metric.name.removesuffix("_total")}
         try:
             expo = await fetch_page(
-                self._session,
+                self._http,
                 metric.url,
                 st.scrape_timeout_seconds,
                 st.max_response_bytes,
@@ -225,10 +224,8 @@ class ProgressCollector:
         return [f for f in (steps, last, interval, errors) if len(f)]
 
     async def close(self) -> None:
-        """Close the HTTP session, the pod watch and the log reader."""
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        """Close the HTTP connections, the pod watch and the log reader."""
+        await self._http.close()
         await self._pods.close()
         self._reader.close()
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import errno
 import os
 import threading
 from collections.abc import Sequence
@@ -15,6 +17,7 @@ from prometheus_client.core import Metric
 import exporter.pagecache.collector as collection_module
 from exporter.collectors.base import GpuProcess, NodeState, PodRef
 from exporter.host.procfs import Procfs
+from exporter.pagecache import mincore
 from exporter.pagecache.collector import PageCacheCollector, PageCacheSettings
 from exporter.pagecache.discovery import PathSpec, model_name
 from exporter.sim.pagecache import PageCacheScenario, parse_section
@@ -304,3 +307,53 @@ def test_a_bad_page_cache_entry_is_refused(entry: dict[str, Any], words: str) ->
 
     with pytest.raises(PageCacheScenarioError, match=words):
         parse_section([entry])
+
+
+@pytest.mark.skipif(not mincore._cachestat_works, reason="this kernel has no cachestat(2)")
+def test_cachestat_and_mincore_count_the_same_pages(
+    weights_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # cachestat (one call per window) replaced mmap + mincore where the kernel has it; both must
+    # see the same resident pages, window by window, on a file with holes in the cache.
+    shard = weights_dir / "model-00001-of-00001.safetensors"
+    write_weights(shard, 8 * MIB)
+    evict(shard)
+    with open(shard, "rb") as f:
+        for n in range(0, 8, 2):
+            os.pread(f.fileno(), MIB // 2, n * MIB)  # half of every other MiB back in the cache
+    by_cachestat = [mincore.scan(str(shard), off, 3 * MIB, MIB) for off in range(0, 8 * MIB, 3 * MIB)]
+    called: list[int] = []
+    real = mincore._mincore_window
+
+    def counted(*args: Any) -> int:
+        called.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(mincore, "_mincore_window", counted)
+    monkeypatch.setattr(mincore, "_cachestat_works", False)
+    by_mincore = [mincore.scan(str(shard), off, 3 * MIB, MIB) for off in range(0, 8 * MIB, 3 * MIB)]
+    assert called  # the second pass really went through mincore
+    assert by_cachestat == by_mincore
+    assert 0 < sum(r.resident_bytes for r in by_cachestat) < 8 * MIB  # the holes are seen
+
+
+def test_a_kernel_without_cachestat_falls_back_to_mincore_for_good(
+    weights_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shard = weights_dir / "model-00001-of-00001.safetensors"
+    write_weights(shard, 2 * MIB)
+    real_syscall = mincore._libc.syscall
+    calls: list[int] = []
+
+    def no_cachestat(number: int, *args: Any) -> int:
+        if number == mincore._NR_CACHESTAT:
+            calls.append(number)
+            ctypes.set_errno(errno.ENOSYS)
+            return -1
+        return int(real_syscall(number, *args))
+
+    monkeypatch.setattr(mincore._libc, "syscall", no_cachestat)
+    monkeypatch.setattr(mincore, "_cachestat_works", True)
+    for _ in range(3):
+        assert mincore.scan(str(shard), 0, 2 * MIB, MIB).resident_bytes == 2 * MIB
+    assert calls == [mincore._NR_CACHESTAT]  # asked once, then mincore

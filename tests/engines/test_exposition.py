@@ -247,3 +247,28 @@ def test_a_full_cache_changes_nothing_a_scrape_reads() -> None:
     full: dict[str, object] = {f'{{junk="{i}"}}': None for i in range(LABEL_CACHE_MAX)}
     assert _scrape(VLLM, full).finish().gauges == parse_exposition(VLLM, WANTED, None, PREFIXES).gauges
     assert len(full) == LABEL_CACHE_MAX
+
+
+def test_scrapes_sharing_a_cache_keep_help_caps_and_prometheus_number_rules() -> None:
+    # The per-endpoint cache also answers HELP lines and, on a sample line seen before, only the value
+    # is read in the parser's inlined hot path: the sample cap, Prometheus's number syntax and HELP
+    # text must come out as on a first scrape.
+    cache: dict[str, object] = {}
+    first = parse_exposition(VLLM, WANTED, None, PREFIXES)
+    for _ in range(3):
+        again = _scrape(VLLM, cache).finish()
+        assert again.help == first.help and again.gauges == first.gauges and again.counters == first.counters
+        assert again.histograms == first.histograms
+    assert first.help  # the fixture has HELP text the parser keeps
+    # a HELP line whose text runs on past a cached HELP line is not taken for a sample head
+    help_line = next(row for row in VLLM.splitlines() if row.startswith("# HELP vllm:num_requests_waiting "))
+    expo = _scrape(VLLM.replace(help_line, help_line + " 1"), cache).finish()
+    assert expo.help["vllm:num_requests_waiting"].endswith(" 1")
+    line = f'vllm:num_requests_waiting{{engine="0",model_name="{LLAMA}"}}'
+    waiting = next(row for row in VLLM.splitlines() if row.startswith(line + " "))
+    expo = _scrape(VLLM.replace(waiting, f"{line} 1_000"), cache).finish()
+    assert expo.malformed_families == ["vllm:num_requests_waiting"]  # float() reads it, Prometheus not
+    capped = ExpositionParser(WANTED, 10, PREFIXES, cache)  # type: ignore[arg-type]
+    assert capped.feed(VLLM) is False
+    assert capped.finish().truncated == "too_many_samples"
+    assert capped.expo.samples == 11

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from exporter.collectors.base import NodeState
@@ -27,6 +29,48 @@ def test_listener_in_a_pod_network_namespace_found_through_its_processes() -> No
     # Port 9000 (0x2328) is only in 4250's own net/tcp, as for a pod with its own network namespace.
     assert procfs.pid_for_port(ROOT, 9000, candidates=[4242, 4250]) == 4250
     assert procfs.pid_for_port(ROOT, 9000) is None
+
+
+def _tcp_row(n: int, local_port: int, state: str, inode: int, remote_port: int = 0) -> str:
+    return (
+        f"{n:4d}: 0100007F:{local_port:04X} 0100007F:{remote_port:04X} {state} 00000000:00000000 "
+        f"00:00000000 00000000  1000        0 {inode} 1 0000000000000000 100 0 0 10 0\n"
+    )
+
+
+def test_listener_found_among_thousands_of_connections_and_mangled_rows(tmp_path: Path) -> None:
+    # A busy node's table: thousands of connections on the same port (accepted ones, TIME_WAIT), rows
+    # cut short or mangled, lowercase hex; only a LISTEN row of that port counts.
+    net = tmp_path / "net"
+    net.mkdir()
+    head = (
+        "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+    )
+    rows = [_tcp_row(n, 0x1F40, "06" if n % 2 else "01", 10_000 + n, 40_000 + n) for n in range(5000)]
+    rows.insert(2500, _tcp_row(5000, 0x1F40, "0A", 98765))
+    rows.insert(10, "  17: 0100007F:1F40 00000000:0000 0A 00000000:00000000\n")  # cut short: no inode
+    rows.insert(20, "garbage \x00\xff line 0A 1F40\n")
+    rows.append(_tcp_row(5001, 0x1F41, "0A", 4444).replace("1F41", "1f41"))  # lowercase hex
+    rows.append(_tcp_row(5002, 0x1F40, "0A", 5555)[:-1])  # the last row without its newline
+    (net / "tcp").write_text(head + "".join(rows))
+    assert procfs.listening_inodes(tmp_path, 0x1F40) == {98765, 5555}
+    assert procfs.listening_inodes(tmp_path, 0x1F41) == {4444}
+    assert procfs.listening_inodes(tmp_path, 0x1F42) == set()
+    (net / "tcp").write_bytes(b"\xff\xfe binary \x00" * 1000)  # not a table at all
+    assert procfs.listening_inodes(tmp_path, 0x1F40) == set()
+
+
+def test_procfs_files_larger_than_one_read_are_read_whole(tmp_path: Path) -> None:
+    maps = tmp_path / "maps"
+    lines = [
+        f"7f{n:010x}-7f{n + 1:010x} r--p 00000000 08:01 {n} /models/shard-{n}.safetensors\n"
+        for n in range(4000)
+    ]
+    maps.write_text("".join(lines))  # about 300 KiB: several reads
+    assert procfs.read_text(str(maps)) == "".join(lines)
+    assert procfs.read_text(str(tmp_path / "gone")) is None
+    (tmp_path / "bad").write_bytes(b"1 (\xff\xfe) S 1")  # a comm that is not UTF-8 is no error
+    assert procfs.read_text(str(tmp_path / "bad")) == "1 (\ufffd\ufffd) S 1"
 
 
 def test_process_tree_and_start_time() -> None:
@@ -141,3 +185,31 @@ async def test_a_pid_lookup_that_outlasts_its_deadline_is_not_started_again_ever
     finally:
         release.set()
         await collector.close()
+
+
+async def test_boot_time_is_read_once_not_every_round(
+    fake_engines: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # /proc/stat is generated from every CPU's counters on each read; btime in it is fixed until a
+    # reboot, so the rounds read it once. The start time itself is read every round (a restart).
+    from exporter.engines import collector as engines_collector
+
+    boots: list[object] = []
+    real_boot = procfs.boot_time_seconds
+
+    def counted_boot(root: Path) -> float | None:
+        boots.append(root)
+        return real_boot(root)
+
+    monkeypatch.setattr(engines_collector.procfs, "boot_time_seconds", counted_boot)
+    clock = FakeClock(BOOT + 5.0)
+    target = Target(f"{fake_engines}/vllm-0.33.0", namespace="serving", pod="llama-0", pid=4242)
+    collector = EnginesCollector([ListSource([target])], SETTINGS, clock)
+    try:
+        for _ in range(3):
+            clock.now += 5.0
+            await collector.collect(NodeState())
+        assert collector._endpoints[target.url].process_start == BOOT + 10.0
+    finally:
+        await collector.close()
+    assert len(boots) == 1
