@@ -505,8 +505,8 @@ def from_args(args: argparse.Namespace) -> EnginesCollector | None:
     if args.engines_discover_pods:
         if not args.engines_node_name:
             raise SystemExit("--engines.discover-pods needs --engines.node-name or $NODE_NAME")
-        # imported here: kubernetes_asyncio costs about 0.6 s of start-up CPU, paid only by nodes
-        # that watch pods (a static --engines.config never needs it)
+        # imported here: the API watch client is loaded only by nodes that watch pods (a static
+        # --engines.config never needs it)
         from exporter.engines.kube_pods import KubePodSource
 
         sources.append(KubePodSource(KubeSettings(args.engines_node_name, args.engines_kube_api_url), clock))
