@@ -162,7 +162,8 @@ def workload(real_cluster: RealCluster, replicas: int = 1, nodes: int = 1) -> It
     (or one whose name sorts first) never gets its pods."""
     kube = real_cluster.kube
     ns = real_cluster.unique("llm")
-    names = [real_cluster.unique("gpu") for _ in range(nodes)]
+    # in the stand-in scheduler's order (by name: gpu-10 before gpu-9), so the first is where it binds
+    names = sorted(real_cluster.unique("gpu") for _ in range(nodes))
     for name in names:
         add_node(kube, name, labels={POOL_LABEL: ns})
     ensure_namespace(kube, ns)

@@ -52,7 +52,9 @@ async def test_a_stalled_writer_fails_waiting_callers_in_time_and_later_writes_s
 
 
 async def test_answered_jobs_never_time_out_and_leave_the_deadline_queue(tmp_path: Path) -> None:
-    inbox = Inbox(tmp_path / "inbox.db", timeout_seconds=0.1)
+    # short enough that the deadline timer runs during the test, long enough for a loaded machine's
+    # fsync (0.1 s was missed once in a suite run at load 7)
+    inbox = Inbox(tmp_path / "inbox.db", timeout_seconds=1.0)
     await inbox.start()
     try:
         for i in range(50):
@@ -61,6 +63,11 @@ async def test_answered_jobs_never_time_out_and_leave_the_deadline_queue(tmp_pat
         # answered jobs leave the front of the queue as new ones come: it never grows with traffic
         deadlines = inbox._deadlines
         assert deadlines is not None and len(deadlines.jobs) <= 1
+        # the timer, due at the oldest deadline, finds only answered jobs: it fails none and stops
+        assert deadlines.timer is not None
+        await asyncio.sleep(deadlines.timer.when() - asyncio.get_running_loop().time() + 0.05)
+        assert deadlines.timer is None and not deadlines.jobs
+        assert await inbox.count() == 50
     finally:
         await inbox.close()
 
