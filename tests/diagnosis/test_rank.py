@@ -16,11 +16,15 @@ from remediation.diagnosis.rank import (
     CauseObservation,
     RankSettings,
     SeriesData,
+    _lead_words,
     alignment,
     change_point,
+    check,
+    clean,
     estimate_onset,
     evaluate,
     rank,
+    strength,
 )
 from remediation.diagnosis.types import NOTHING_LINES_UP, SIGNALS_MISSING, Diagnosis
 
@@ -357,3 +361,93 @@ def test_evidence_with_labels_names_them_in_its_note() -> None:
     top = SeriesData("topk", step(0.5, 0.95, ONSET - 30), {"namespace": "research", "pod": "vllm-0"})
     ev = evaluate(catalogue.cause("scheduling.gpu_sm_neighbour").corroborating[1], top, ONSET)
     assert ev.signal == "top_sm_neighbour" and "namespace=research, pod=vllm-0" in ev.note
+
+
+# -- the edges of each rule (where a boundary is inclusive, and what each decay constant gives) ----
+
+
+def test_alignment_holds_at_the_edges_of_its_window_and_decays_by_its_own_constant_each_way() -> None:
+    assert alignment(60.0) == 1.0 and alignment(-60.0) == 1.0  # the slack, both ways, inclusive
+    assert alignment(60.0 + 240.0) == pytest.approx(math.exp(-1))  # leading: e-folding 240 s
+    assert alignment(-(60.0 + 60.0)) == pytest.approx(math.exp(-1))  # trailing: e-folding 60 s
+    assert alignment(600.0) == pytest.approx(math.exp(-540 / 240)) and alignment(600.001) == 0.0
+    assert alignment(-120.0) > 0.0 and alignment(-120.001) == 0.0
+
+
+def test_strength_is_nothing_for_no_shift_and_0_63_at_its_scale() -> None:
+    assert strength(0.0) == 0.0 and strength(-4.0) == 0.0
+    assert strength(3.0) == pytest.approx(1 - math.exp(-1))
+
+
+def test_the_lead_is_said_in_minutes_before_or_after_and_at_the_onset_within_30_s() -> None:
+    assert _lead_words(29.9) == "at the onset" and _lead_words(-29.9) == "at the onset"
+    assert _lead_words(30.0) == "0.5 min before the onset"
+    assert _lead_words(-150.0) == "2.5 min after the onset"
+
+
+def test_unreadable_samples_are_dropped_and_a_repeated_timestamp_keeps_its_last_value() -> None:
+    hostile = [(1, "x"), (None, 1), (2, 2.0), (3, "4"), (2, 5.0), (0, 1), ("t", 1), (4, None)]
+    assert clean(hostile) == [(0.0, 1.0), (2.0, 5.0), (3.0, 4.0)]  # type: ignore[arg-type]
+
+
+def _grid(values: list[float]) -> list[tuple[float, float]]:
+    return [(i * STEP, v) for i, v in enumerate(values)]
+
+
+def test_a_change_needs_min_points_per_side_on_each_side_and_no_more() -> None:
+    assert change_point(_grid([0, 0, 0, 10, 10, 10]), "up", around=None) is not None
+    assert change_point(_grid([0, 0, 0, 10, 10]), "up", around=None) is None
+    first = change_point(_grid([0] * 3 + [10] * 7), "up", around=None)
+    last = change_point(_grid([0] * 7 + [10] * 3), "up", around=None)
+    assert first is not None and first.at == 2.5 * STEP
+    assert last is not None and last.at == 6.5 * STEP
+
+
+def test_not_after_keeps_a_split_at_that_very_moment_and_drops_a_later_one() -> None:
+    pts = _grid([0] * 3 + [10] * 7)  # the split lies at 37.5 s
+    assert change_point(pts, "up", around=None, not_after=37.5) is not None
+    assert change_point(pts, "up", around=None, not_after=37.4) is None
+
+
+def test_a_requirement_reads_the_medians_of_the_windows_either_side_of_the_onset_edges_included() -> None:
+    lag = 30.0  # a rate signal's samples stand for lag seconds earlier
+    sig = catalogue.Signal("own", "own level", "q", "up", lag_seconds=lag)
+    req = catalogue.Requirement(sig, "it had work", before_at_least=2.0, max_rise=5.0)
+    at = {-615.0: 100.0, -600.0: 3.0, -15.0: 1.0, 0.0: 5.0, 300.0: 9.0, 315.0: 100.0}
+    pts = [(ONSET + offset + lag, v) for offset, v in at.items()]
+    ev = check(req, data(pts), ONSET)
+    assert (ev.before, ev.after) == (2.0, 7.0)  # medians of (3, 1) and (5, 9)
+    assert ev.passed_gate and ev.note.endswith("2 before, 7 after the onset, met")
+    # nothing after the onset: the level before stands for both
+    only_before = check(req, data([(ONSET + o + lag, v) for o, v in at.items() if o < 0]), ONSET)
+    assert (only_before.before, only_before.after) == (2.0, 2.0)
+
+
+def test_each_signal_says_in_words_what_it_did() -> None:
+    residency = catalogue.cause("host.page_cache_eviction").primary
+    assert evaluate(residency, data(flat(1.0)), ONSET).note == "no downward change"
+    assert (
+        evaluate(catalogue.cause("serving.load").primary, data(flat(1.0)), ONSET).note == "no upward change"
+    )
+    late = evaluate(residency, data(step(1.0, 0.3, ONSET + 240)), ONSET)
+    assert late.note == "changed 4 min after the symptom" and late.alignment == 0.0
+    short = evaluate(residency, data(step(1.0, 0.93, ONSET)), ONSET)
+    assert short.note == "changed, but 0.93 is short of a fault (<= 0.9 and a change of at least 0.05)"
+    assert (
+        evaluate(residency, data(step(1.0, 0.3, ONSET - 90)), ONSET).note
+        == "1 -> 0.3, 1.6 min before the onset"
+    )
+    # a per-pod series names its labels in a fixed order, whatever order they came in
+    top = SeriesData("topk", step(0.5, 0.95, ONSET - 30), {"pod": "vllm-0", "namespace": "research"})
+    ev = evaluate(catalogue.cause("scheduling.gpu_sm_neighbour").corroborating[1], top, ONSET)
+    assert ev.note == "0.5 -> 0.95, 0.6 min before the onset (namespace=research, pod=vllm-0)"
+
+
+def test_two_close_candidates_of_one_layer_are_confident_about_the_layer() -> None:
+    d = ranked(
+        obs("host.cpu_starvation", step(0.5, 1.0, ONSET - 60)),
+        obs("host.page_cache_eviction", step(1.0, 0.3, ONSET - 60, noise=0.14)),
+    )
+    assert [c.layer for c in d.candidates] == ["host", "host"]
+    assert d.candidates[0].score - d.candidates[1].score < RankSettings().confident_margin
+    assert d.confident
