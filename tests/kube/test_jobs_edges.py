@@ -210,3 +210,28 @@ async def test_an_unknown_kind_is_named_in_the_refusal_with_the_kinds_that_are_s
         "training job kind LeaderWorkerSet.leaderworkerset.x-k8s.io has no gang restart gpupulse can ask for "
         "(supported: JobSet.jobset.x-k8s.io, PyTorchJob.kubeflow.org, Job.batch.volcano.sh, Job.batch)"
     )
+
+
+@pytest.mark.parametrize(("limit", "refused"), [(5, True), (6, False)])
+async def test_failures_so_far_and_the_ranks_restarted_add_up_against_the_backoff_limit(
+    kube_api: FakeKubeAPI, make_backend: Make, limit: int, refused: bool
+) -> None:
+    indexed(kube_api, ranks=3, failed=3, backoffLimit=limit)  # 3 + 3 = 6 failures once restarted
+    if refused:
+        with pytest.raises(PermanentError, match=rf"backoffLimit {limit} \(3 failed so far\)"):
+            await make_backend().restart(TARGET, "hang")
+        assert not kube_api.deleted
+    else:
+        assert (await make_backend().restart(TARGET, "hang")).done and len(kube_api.deleted) == 3
+
+
+async def test_a_failure_count_annotation_that_is_not_a_number_counts_as_none(
+    kube_api: FakeKubeAPI, make_backend: Make
+) -> None:
+    """Anyone who may patch a pod may write its annotations: a count that does not parse is no count,
+    never an exception out of the restart."""
+    indexed(kube_api, ranks=2, backoffLimitPerIndex=1)
+    for name in ("ddp-0-x", "ddp-1-x"):
+        notes = kube_api.pods[("train", name)]["metadata"]["annotations"]
+        notes["batch.kubernetes.io/job-index-failure-count"] = "many"
+    assert (await make_backend().restart(TARGET, "hang")).done and len(kube_api.deleted) == 2
