@@ -225,13 +225,22 @@ async def test_failures_so_far_and_the_ranks_restarted_add_up_against_the_backof
         assert (await make_backend().restart(TARGET, "hang")).done and len(kube_api.deleted) == 3
 
 
-async def test_a_failure_count_annotation_that_is_not_a_number_counts_as_none(
+async def test_a_failure_count_that_is_not_a_number_counts_as_none(
     kube_api: FakeKubeAPI, make_backend: Make
 ) -> None:
     """Anyone who may patch a pod may write its annotations: a count that does not parse is no count,
-    never an exception out of the restart."""
+    never an exception out of the restart; so is a status count of another shape (a proxy's)."""
     indexed(kube_api, ranks=2, backoffLimitPerIndex=1)
     for name in ("ddp-0-x", "ddp-1-x"):
         notes = kube_api.pods[("train", name)]["metadata"]["annotations"]
         notes["batch.kubernetes.io/job-index-failure-count"] = "many"
     assert (await make_backend().restart(TARGET, "hang")).done and len(kube_api.deleted) == 2
+
+    job = kube_api.add_object("batch/v1", "jobs", "train", "ddp2", spec={"completionMode": "Indexed"})
+    job["status"] = {"failed": {"count": 9}}
+    uid = job["metadata"]["uid"]
+    for rank in range(6):  # 6 against the default backoffLimit 6: room, with no failures so far
+        labels = {"batch.kubernetes.io/controller-uid": uid}
+        kube_api.add_pod("train", f"ddp2-{rank}", "gpu-a", labels=labels, controller=job)
+    target = Target(kind="job", namespace="train", training_job_kind="Job.batch", training_job="ddp2")
+    assert (await make_backend().restart(target, "hang")).done and len(kube_api.deleted) == 8
