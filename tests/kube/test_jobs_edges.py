@@ -225,15 +225,20 @@ async def test_failures_so_far_and_the_ranks_restarted_add_up_against_the_backof
         assert (await make_backend().restart(TARGET, "hang")).done and len(kube_api.deleted) == 3
 
 
+@pytest.mark.parametrize("limit", [0, 1])
 async def test_a_failure_count_that_is_not_a_number_counts_as_none(
-    kube_api: FakeKubeAPI, make_backend: Make
+    kube_api: FakeKubeAPI, make_backend: Make, limit: int
 ) -> None:
     """Anyone who may patch a pod may write its annotations: a count that does not parse is no count,
-    never an exception out of the restart; so is a status count of another shape (a proxy's)."""
-    indexed(kube_api, ranks=2, backoffLimitPerIndex=1)
+    never an exception out of the restart (nor a negative one); so is a status count of another shape."""
+    indexed(kube_api, ranks=2, backoffLimitPerIndex=limit)
     for name in ("ddp-0-x", "ddp-1-x"):
         notes = kube_api.pods[("train", name)]["metadata"]["annotations"]
         notes["batch.kubernetes.io/job-index-failure-count"] = "many"
+    if limit == 0:  # this restart is each index's first failure, past a limit of 0
+        with pytest.raises(PermanentError, match=r"would fail its index\(es\) 0, 1"):
+            await make_backend().restart(TARGET, "hang")
+        return
     assert (await make_backend().restart(TARGET, "hang")).done and len(kube_api.deleted) == 2
 
     job = kube_api.add_object("batch/v1", "jobs", "train", "ddp2", spec={"completionMode": "Indexed"})
