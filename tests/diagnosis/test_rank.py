@@ -8,6 +8,7 @@ import json
 import math
 import random
 from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 
@@ -451,3 +452,58 @@ def test_two_close_candidates_of_one_layer_are_confident_about_the_layer() -> No
     assert [c.layer for c in d.candidates] == ["host", "host"]
     assert d.candidates[0].score - d.candidates[1].score < RankSettings().confident_margin
     assert d.confident
+
+
+def test_a_larger_step_too_early_to_line_up_weighs_nothing_against_a_smaller_one_at_the_onset() -> None:
+    pts = series(lambda t: 1.0 if t < ONSET - 700 else (0.5 if t < ONSET else 0.3))
+    change = change_point(pts, "down", around=ONSET)
+    assert change is not None and abs(change.at - ONSET) <= STEP
+    assert (change.before, change.after) == (0.5, 0.3)
+
+
+def test_a_lone_cause_that_lines_up_only_loosely_is_ranked_but_not_confident() -> None:
+    d = ranked(obs("host.page_cache_eviction", step(1.0, 0.3, ONSET - 330)))
+    assert d.top is not None and d.top.cause == "host.page_cache_eviction"
+    assert RankSettings().min_score <= d.top.score < RankSettings().confident_score
+    assert not d.confident
+
+
+def test_an_effect_is_timed_by_its_primary_signal_not_by_a_corroborating_one() -> None:
+    # the disk reads moved long before the restart; the residency, which is what is ranked, right after
+    d = ranked(
+        obs("serving.rollout", step(1.0, 2.0, ONSET - 90)),
+        obs(
+            "host.page_cache_eviction",
+            step(1.0, 0.1, ONSET - 100, noise=0.005),
+            node_disk_reads=step(2e6, 4e8, ONSET - 400),
+        ),
+    )
+    assert [c.cause for c in d.candidates] == ["serving.rollout"]
+    assert [(c.cause, c.explained_by) for c in d.rejected] == [
+        ("host.page_cache_eviction", "serving.rollout")
+    ]
+
+
+def test_an_effect_takes_no_effects_of_its_own() -> None:
+    """Only a standing cause explains: an eviction the restart brought about does not in turn make
+    the thermal throttle its effect, even where its cause says it could (a catalogue of our own)."""
+    evict = obs("host.page_cache_eviction", step(1.0, 0.1, ONSET - 100, noise=0.15))
+    evict = replace(evict, cause=replace(evict.cause, explains=("hardware.thermal_throttle",)))
+    d = ranked(
+        obs("serving.rollout", step(1.0, 2.0, ONSET - 90)),
+        evict,
+        obs("hardware.thermal_throttle", step(0.0, 1.0, ONSET - 60)),
+    )
+    assert [c.cause for c in d.candidates] == ["hardware.thermal_throttle", "serving.rollout"]
+    assert [(c.cause, c.explained_by) for c in d.rejected] == [
+        ("host.page_cache_eviction", "serving.rollout")
+    ]
+
+
+def test_the_record_keeps_60_points_of_a_long_series_spread_over_it() -> None:
+    pts = step(1.0, 0.3, ONSET)  # 141 samples
+    ev = evaluate(catalogue.cause("host.page_cache_eviction").primary, data(pts), ONSET)
+    assert len(ev.points) == 60 and (ev.points[0].t, ev.points[0].v) == pts[0]
+    assert [p.t for p in ev.points] == [pts[int(i * len(pts) / 60)][0] for i in range(60)]
+    short = evaluate(catalogue.cause("host.page_cache_eviction").primary, data(pts[:60]), ONSET)
+    assert [(p.t, p.v) for p in short.points] == pts[:60]
