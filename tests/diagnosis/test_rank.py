@@ -507,3 +507,52 @@ def test_the_record_keeps_60_points_of_a_long_series_spread_over_it() -> None:
     assert [p.t for p in ev.points] == [pts[int(i * len(pts) / 60)][0] for i in range(60)]
     short = evaluate(catalogue.cause("host.page_cache_eviction").primary, data(pts[:60]), ONSET)
     assert [(p.t, p.v) for p in short.points] == pts[:60]
+    few = evaluate(catalogue.cause("host.page_cache_eviction").primary, data(pts[:30]), ONSET)
+    assert [(p.t, p.v) for p in few.points] == pts[:30]
+
+
+def _alternating(shift: float, start: float) -> list[tuple[float, float]]:
+    """Noise of exactly one unit (+1, -1, ...) around 0, then around `shift` from the onset."""
+    grid = series(lambda t: 0.0, start=start)
+    return [(t, (shift if t >= ONSET else 0.0) + (1.0 if i % 2 else -1.0)) for i, (t, _) in enumerate(grid)]
+
+
+def test_a_shift_just_over_min_effect_noise_widths_is_a_change_with_the_noise_pooled_over_both_sides() -> (
+    None
+):
+    # 315 s of history: 21 samples before the onset and 21 after, pooled with n - 2 degrees of freedom
+    change = change_point(_alternating(2.2, ONSET - 315), "up", around=ONSET)
+    assert change is not None and abs(change.at - ONSET) <= STEP
+    assert RankSettings().min_effect < change.effect < 2.5
+
+
+def test_a_clean_series_needs_a_shift_of_min_effect_times_2_percent_of_its_level() -> None:
+    assert change_point(step(100.0, 103.0, ONSET), "up", around=ONSET) is None  # 3 < 2 x 2.06
+    found = change_point(step(100.0, 105.0, ONSET), "up", around=ONSET)
+    assert found is not None and found.effect == pytest.approx(5 / 2.1)
+
+
+def test_a_cause_that_lines_up_too_loosely_to_score_min_score_is_rejected() -> None:
+    d = ranked(obs("host.page_cache_eviction", step(1.0, 0.3, ONSET - 500)))  # alignment 0.16
+    assert d.status == "no_diagnosis" and d.reason_code == NOTHING_LINES_UP
+    (loose,) = d.rejected
+    assert 0.0 < loose.score < RankSettings().min_score
+
+
+def test_the_thresholds_hold_at_their_own_value_and_the_settings_given_are_used() -> None:
+    clear = obs("host.page_cache_eviction", step(1.0, 0.3, ONSET), node_disk_reads=step(2e6, 4e8, ONSET))
+    d = rank(
+        [clear],
+        symptom_onset=ONSET,
+        window_start=START,
+        window_end=END,
+        computed_at=END,
+        settings=RankSettings(confident_score=1.0),
+    )
+    assert d.top is not None and d.top.score == 1.0 and d.confident  # capped at 1.0, and 1.0 >= 1.0
+    strict = RankSettings(min_score=0.5)
+    loose = obs("host.page_cache_eviction", step(1.0, 0.3, ONSET - 330))  # scores 0.31
+    d = rank(
+        [loose], symptom_onset=ONSET, window_start=START, window_end=END, computed_at=END, settings=strict
+    )
+    assert d.status == "no_diagnosis"
