@@ -556,3 +556,15 @@ def test_the_thresholds_hold_at_their_own_value_and_the_settings_given_are_used(
         [loose], symptom_onset=ONSET, window_start=START, window_end=END, computed_at=END, settings=strict
     )
     assert d.status == "no_diagnosis"
+
+
+def test_alignment_is_full_just_inside_the_slack_and_below_full_just_past_it() -> None:
+    assert alignment(59.5) == 1.0 and alignment(-59.5) == 1.0
+    assert alignment(60.5) < 1.0 and alignment(-60.5) < 1.0
+
+
+def test_the_onset_ignores_a_larger_shift_after_the_alert_fired() -> None:
+    # the symptom grew again ten minutes later (a second incident, or the remedy's own effect)
+    p99 = series(lambda t: 0.08 if t < ONSET else (0.5 if t < ONSET + 600 else 20.0), end=ONSET + 1200)
+    change = estimate_onset(data(p99), "up", fired_at=ONSET + 240)
+    assert change is not None and abs(change.at - ONSET) <= STEP and change.after == 0.5
