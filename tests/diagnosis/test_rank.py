@@ -568,3 +568,61 @@ def test_the_onset_ignores_a_larger_shift_after_the_alert_fired() -> None:
     p99 = series(lambda t: 0.08 if t < ONSET else (0.5 if t < ONSET + 600 else 20.0), end=ONSET + 1200)
     change = estimate_onset(data(p99), "up", fired_at=ONSET + 240)
     assert change is not None and abs(change.at - ONSET) <= STEP and change.after == 0.5
+
+
+def test_of_two_equal_shifts_the_later_one_is_the_change() -> None:
+    # two identical rises (21 samples at 10 between 40-sample stretches at 0): the last one counts
+    pts = [(i * STEP, 10.0 if (40 <= i <= 60 or 101 <= i <= 121) else 0.0) for i in range(130)]
+    change = change_point(pts, "up", around=None)
+    assert change is not None and change.at == 100.5 * STEP
+
+
+def test_the_effect_is_the_shift_in_noise_widths_the_same_up_or_down() -> None:
+    down = change_point(step(1.0, 0.5, ONSET), "down", around=ONSET)
+    up = change_point(step(0.5, 1.0, ONSET), "up", around=ONSET)
+    assert down is not None and up is not None
+    assert down.effect == pytest.approx(25.0) and up.effect == pytest.approx(25.0)  # 0.5 / (2 % of 1.0)
+
+
+def test_a_requirement_is_a_level_not_a_change_in_the_record() -> None:
+    surge = step(0.5, 0.95, ONSET - 30, noise=0.01)
+    d = ranked(obs("scheduling.gpu_sm_neighbour", surge, own_sm_level=step(0.45, 0.05, ONSET - 30)))
+    assert d.top is not None
+    need = d.top.evidence[-1]
+    assert need.signal == "own_sm_level" and not need.changed
+    assert (need.strength, need.alignment, need.change_at, need.lead_seconds) == (0.0, 0.0, None, None)
+
+
+def test_the_reason_quotes_the_top_causes_primary_signal() -> None:
+    d = ranked(
+        obs(
+            "host.page_cache_eviction",
+            step(1.0, 0.35, ONSET - 20),
+            node_disk_reads=step(2e6, 4e8, ONSET - 90),
+        )
+    )
+    assert d.reason == "host: page-cache eviction changed in line with the symptom (1 -> 0.35, at the onset)"
+
+
+def _weighted(o: CauseObservation, weight: float, explains: tuple[str, ...] = ()) -> CauseObservation:
+    return replace(o, cause=replace(o.cause, weight=weight, explains=explains or o.cause.explains))
+
+
+def test_every_standing_cause_takes_its_effects_after_an_effect_in_between() -> None:
+    """Best first: the rollout takes the eviction; the eviction, an effect, is passed over; the thermal
+    throttle below it still takes its own effect (a catalogue of our own, weights setting the order)."""
+    d = ranked(
+        obs("serving.rollout", step(1.0, 2.0, ONSET - 90)),
+        _weighted(obs("host.page_cache_eviction", step(1.0, 0.1, ONSET - 100)), 0.8),
+        _weighted(
+            obs("hardware.thermal_throttle", step(0.0, 1.0, ONSET - 60)),
+            0.6,
+            ("scheduling.gpu_memory_neighbour",),
+        ),
+        _weighted(obs("scheduling.gpu_memory_neighbour", step(0.1, 0.6, ONSET - 50)), 0.4),
+    )
+    assert [c.cause for c in d.candidates] == ["serving.rollout", "hardware.thermal_throttle"]
+    assert {c.cause: c.explained_by for c in d.rejected} == {
+        "host.page_cache_eviction": "serving.rollout",
+        "scheduling.gpu_memory_neighbour": "hardware.thermal_throttle",
+    }
