@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import statistics
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -626,3 +627,21 @@ def test_every_standing_cause_takes_its_effects_after_an_effect_in_between() -> 
         "host.page_cache_eviction": "serving.rollout",
         "scheduling.gpu_memory_neighbour": "hardware.thermal_throttle",
     }
+    assert d.layers == {  # each effect under its own layer only
+        "hardware": "cause: thermal throttling",
+        "host": "explained: page-cache eviction (an effect of serving.rollout)",
+        "scheduling": "explained: another pod on the GPU takes its memory"
+        " (an effect of hardware.thermal_throttle)",
+        "serving": "cause: restart or rollout (cold start)",
+    }
+
+
+def test_the_effect_is_the_shift_over_the_noise_pooled_with_n_minus_2_degrees_of_freedom() -> None:
+    pts = _alternating(2.2, START)  # 40 samples in the before window, 21 in the after window
+    change = change_point(pts, "up", around=ONSET)
+    before = [v for t, v in pts if ONSET - 600 <= t < ONSET]
+    after = [v for t, v in pts if ONSET <= t <= ONSET + 300]
+    mb, ma = statistics.fmean(before), statistics.fmean(after)
+    ss = sum((x - mb) ** 2 for x in before) + sum((y - ma) ** 2 for y in after)
+    assert (len(before), len(after)) == (40, 21)
+    assert change is not None and change.effect == pytest.approx((ma - mb) / math.sqrt(ss / 59))
