@@ -645,3 +645,18 @@ def test_the_effect_is_the_shift_over_the_noise_pooled_with_n_minus_2_degrees_of
     ss = sum((x - mb) ** 2 for x in before) + sum((y - ma) ** 2 for y in after)
     assert (len(before), len(after)) == (40, 21)
     assert change is not None and change.effect == pytest.approx((ma - mb) / math.sqrt(ss / 59))
+
+
+def test_min_effect_noise_widths_is_the_edge_between_noise_and_a_change() -> None:
+    assert change_point(_alternating(1.945, ONSET - 315), "up", around=ONSET) is None  # 1.993 widths
+    change = change_point(_alternating(1.96, ONSET - 315), "up", around=ONSET)
+    assert change is not None and change.effect == pytest.approx(2.008, abs=1e-3)
+
+
+def test_of_two_shifts_the_larger_wins_even_within_one_noise_width() -> None:
+    def two(first: float, second: float) -> list[tuple[float, float]]:
+        level = [first if 40 <= i <= 60 else second if 101 <= i <= 121 else 0.0 for i in range(130)]
+        return [(i * STEP, v + (1.0 if i % 2 else -1.0)) for i, v in enumerate(level)]
+
+    change = change_point(two(2.6, 2.5), "up", around=None)  # about 2.5 and 2.4 noise widths
+    assert change is not None and change.at == 39.5 * STEP
