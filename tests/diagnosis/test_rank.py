@@ -660,3 +660,15 @@ def test_of_two_shifts_the_larger_wins_even_within_one_noise_width() -> None:
 
     change = change_point(two(2.6, 2.5), "up", around=None)  # about 2.5 and 2.4 noise widths
     assert change is not None and change.at == 39.5 * STEP
+
+
+def test_the_cause_that_takes_an_effect_is_timed_by_its_primary_signal_too() -> None:
+    # the restart counter moved after the onset; the new GPU process, what is ranked, before it
+    d = ranked(
+        obs("serving.rollout", step(1.0, 2.0, ONSET - 90), container_restarts=step(0.0, 1.0, ONSET + 100)),
+        obs("host.page_cache_eviction", step(1.0, 0.1, ONSET - 100, noise=0.005)),
+    )
+    assert [c.cause for c in d.candidates] == ["serving.rollout"]
+    assert [(c.cause, c.explained_by) for c in d.rejected] == [
+        ("host.page_cache_eviction", "serving.rollout")
+    ]
