@@ -672,3 +672,9 @@ def test_the_cause_that_takes_an_effect_is_timed_by_its_primary_signal_too() -> 
     assert [(c.cause, c.explained_by) for c in d.rejected] == [
         ("host.page_cache_eviction", "serving.rollout")
     ]
+
+
+def test_the_onset_may_lie_up_to_the_slack_after_the_alert_fired() -> None:
+    p99 = step(0.08, 2.4, ONSET)  # the split lies at ONSET - 7.5
+    change = estimate_onset(data(p99), "up", fired_at=ONSET - 50)  # 42.5 s after it: within 60
+    assert change is not None and change.at == ONSET - 7.5
