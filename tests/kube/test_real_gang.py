@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -466,3 +467,51 @@ async def test_an_indexed_job_restart_that_would_exceed_its_backoff_limit_is_ref
             await backend.restart(target, "hang")
         assert {p["metadata"]["uid"] for p in pods_in(kube, ns) if is_ready(p)} == uids
         assert not job_failed(kube.get(f"/apis/batch/v1/namespaces/{ns}/jobs/ddp"))
+
+
+async def test_a_long_volcano_job_name_and_reason_give_a_command_the_real_server_accepts_naming_its_action(
+    real_cluster: RealCluster, training_crds: dict[str, JSON], controller_client: KubeClient
+) -> None:
+    """A custom resource's name may have 253 characters, and so may a generateName: the whole job name
+    as the prefix (as vcctl builds it) is refused for a long name, and the API server cuts a valid one to
+    58 characters before it adds 5 random ones, which would drop "-restartjob-". Ours keeps the name's
+    first 40 characters, then the action; Volcano's schema keeps the reason's first 1024 characters as
+    the message and the Command's controller ownerReference."""
+    kube = real_cluster.kube
+    with training_namespace(real_cluster) as (ns, _):
+        name = "a" * 40 + "b" * 213
+        job = kube.post(
+            f"/apis/batch.volcano.sh/v1alpha1/namespaces/{ns}/jobs",
+            {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job",
+             "metadata": {"name": name, "namespace": ns},
+             "spec": {"minAvailable": 1, "schedulerName": "volcano",
+                      "tasks": [{"name": "worker", "replicas": 1,
+                                 "template": {"spec": {"containers": [{"name": "w", "image": IMAGE}]}}}]}},
+        )  # fmt: skip
+        backend = KubernetesBackend(
+            controller_client, backend_settings(namespace=CONTROLLER_NS, identity="ctl-0"), SystemClock()
+        )
+        reason = "".join(f"{i:04d}" for i in range(1500))  # 6000 characters, each cut point distinct
+        target = Target(kind="job", namespace=ns, training_job_kind="Job.batch.volcano.sh", training_job=name)
+        result = await backend.restart(target, reason)
+        commands = f"/apis/bus.volcano.sh/v1alpha1/namespaces/{ns}/commands"
+        (command,) = kube.get(commands)["items"]
+        assert command["metadata"]["name"] == result.details["command"]
+        assert re.fullmatch("a" * 40 + r"-restartjob-[a-z0-9]{5}", command["metadata"]["name"])
+        assert command["message"] == reason[:1024]
+        ref = {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job", "name": name,
+               "uid": job["metadata"]["uid"], "controller": True}  # fmt: skip
+        assert command["target"] == ref and command["metadata"]["ownerReferences"] == [ref]
+
+        def vcctl_style(prefix: str) -> JSON:
+            return kube.post(
+                commands,
+                {"apiVersion": "bus.volcano.sh/v1alpha1", "kind": "Command", "action": "RestartJob",
+                 "target": ref, "metadata": {"generateName": f"{prefix}-restartjob-", "namespace": ns}},
+            )  # fmt: skip
+
+        with pytest.raises(KubeHTTPError, match=r"generateName.*no more than 253 characters") as refused:
+            vcctl_style(name)
+        assert refused.value.status == 422
+        cut_by_the_server = vcctl_style(name[:60])["metadata"]["name"]
+        assert len(cut_by_the_server) == 63 and "restartjob" not in cut_by_the_server
