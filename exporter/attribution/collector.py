@@ -48,7 +48,7 @@ from exporter.collectors.flags import add_procfs_argument, collector_enabled, cs
 from exporter.collectors.series import Series, SeriesFamily, family
 from exporter.errors import PartialCollectorError
 from exporter.host.procfs import DEFAULT_PROCFS, STATE_NAMES, ProcessInfo, Procfs
-from exporter.kube.client import ApiSettings
+from exporter.kube.client import ApiSettings, in_cluster_api_url
 from exporter.kube.reflector import Reflector
 from gpupulse.clock import Clock, SystemClock
 from gpupulse.durations import duration_flag
@@ -546,7 +546,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--attribution.kube-api-url",
         dest="attribution_kube_api_url",
-        default=_default_api_url(),
+        default=in_cluster_api_url(os.environ),
         help="Kubernetes API base URL for the ResourceSlice and pod watches (default: in-cluster service)",
     )
     group.add_argument(
@@ -591,13 +591,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _no_meta(namespace: str, name: str) -> PodMeta | None:
     return None
-
-
-def _default_api_url() -> str:
-    host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT", "443")
-    if not host:
-        return "https://kubernetes.default.svc"
-    return f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
 
 
 def from_args(args: argparse.Namespace) -> AttributionCollector | None:

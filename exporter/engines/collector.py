@@ -35,6 +35,7 @@ from exporter.engines.settings import EngineSettings, KubeSettings
 from exporter.engines.targets import AUTO, StaticSource, Target
 from exporter.errors import CollectorError, ExpositionError, ScrapeError
 from exporter.host import procfs
+from exporter.kube.client import in_cluster_api_url
 from gpupulse.clock import Clock, SystemClock
 from gpupulse.durations import duration_flag
 
@@ -423,7 +424,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--engines.kube-api-url",
         dest="engines_kube_api_url",
-        default=_default_api_url(),
+        default=in_cluster_api_url(os.environ),
         help="Kubernetes API base URL (default: in-cluster service)",
     )
     g.add_argument(
@@ -479,13 +480,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _default_api_url() -> str:
-    host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT", "443")
-    if not host:
-        return "https://kubernetes.default.svc"
-    return f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
-
-
 def from_args(args: argparse.Namespace) -> EnginesCollector | None:
     """The collector the flags describe, or None when no engine source is configured."""
     procfs_root = args.engines_procfs or Path(getattr(args, "path_procfs", None) or "/proc")
@@ -505,7 +499,7 @@ def from_args(args: argparse.Namespace) -> EnginesCollector | None:
     if args.engines_discover_pods:
         if not args.engines_node_name:
             raise SystemExit("--engines.discover-pods needs --engines.node-name or $NODE_NAME")
-        # imported here: the API watch client is loaded only by nodes that watch pods (a static
+        # imported here: the pod watch (its reflector) is loaded only by nodes that watch pods (a static
         # --engines.config never needs it)
         from exporter.engines.kube_pods import KubePodSource
 

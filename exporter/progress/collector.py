@@ -29,7 +29,7 @@ from exporter.engines.exposition import ExpositionParser
 from exporter.engines.http import HttpClient
 from exporter.engines.scrape import fetch_page
 from exporter.errors import ConfigError, ExpositionError, ScrapeError
-from exporter.kube.client import ApiSettings
+from exporter.kube.client import ApiSettings, in_cluster_api_url
 from exporter.progress.pods import MetricSource, ProgressPod, ProgressPodSource
 from exporter.progress.steps import (
     DEFAULT_MAX_READ_BYTES,
@@ -286,7 +286,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--progress.kube-api-url",
         dest="progress_kube_api_url",
-        default=_default_api_url(),
+        default=in_cluster_api_url(os.environ),
         help="Kubernetes API base URL for the pod watch (default: in-cluster service)",
     )
     g.add_argument(
@@ -296,13 +296,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="bearer token file for --progress.kube-api-url, re-read before every request "
         "(default: the pod's service-account token)",
     )
-
-
-def _default_api_url() -> str:
-    host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT", "443")
-    if not host:
-        return "https://kubernetes.default.svc"
-    return f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
 
 
 def from_args(args: argparse.Namespace) -> ProgressCollector | None:
