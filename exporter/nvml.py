@@ -709,6 +709,26 @@ def _counter_rates(
     return _counter_rate(tx, before[1], per_second), _counter_rate(rx, before[2], per_second)
 
 
+def _field_buffer(dev: Device, ids: tuple[tuple[int, int], ...]) -> tuple[Any, Any, Any]:
+    """A field-value array for these (field id, scope id) pairs kept between ticks, ready for a call:
+    (array, count, byref).
+
+    pynvml's wrapper makes a new ctypes array type on every call (a class: garbage only the cyclic
+    collector frees). The timestamps are cleared first: a driver that leaves one unset must not pass
+    the previous tick's off as new (read_interconnect then uses its own clock, as with a new array).
+    """
+    key = f"fields:{ids}"
+    found: tuple[Any, Any, Any] | None = dev.buffers.get(key)
+    if found is None:
+        array = (pynvml.c_nvmlFieldValue_t * len(ids))()
+        for entry, (field_id, scope_id) in zip(array, ids, strict=True):
+            entry.fieldId, entry.scopeId = field_id, scope_id
+        found = dev.buffers[key] = (array, ctypes.c_int32(len(ids)), ctypes.byref(array))
+    for entry in found[0]:
+        entry.timestamp = 0
+    return found
+
+
 def read_interconnect(dev: Device, monotonic: Monotonic) -> InterconnectReading:
     """PCIe and NVLink traffic without GPM (before Hopper, or a GPU in MIG mode).
 
@@ -722,12 +742,13 @@ def read_interconnect(dev: Device, monotonic: Monotonic) -> InterconnectReading:
     groups = [g for g in _COUNTERS if "counters:" + g not in dev.absent]
     rates: dict[str, tuple[float | None, float | None]] = {}
     if groups:
-        ids = [f for g in groups for f in _COUNTERS[g][:2]]
+        ids = tuple(f for g in groups for f in _COUNTERS[g][:2])
         now_us = int(monotonic() * 1e6)
-        fields = dev.optional("counters", pynvml.nvmlDeviceGetFieldValues, h, ids)
+        fields, count, ref = _field_buffer(dev, ids)
+        read = dev.c_call("counters", "nvmlDeviceGetFieldValues", count, ref)
         if "counters" in dev.absent:  # no field values at all
             dev.absent.update("counters:" + g for g in _COUNTERS)
-        elif fields is not None:
+        elif read:
             for i, g in enumerate(groups):
                 rates[g] = _counter_rates(dev, g, fields[2 * i], fields[2 * i + 1], now_us)
     pcie_tx, pcie_rx = rates.get("pcie", (None, None))

@@ -14,6 +14,7 @@ from typing import Protocol
 from prometheus_client.core import Metric
 
 from exporter.collectors.base import Collector, GpuRef, NodeState
+from exporter.collectors.gpus import Answers, FleetCollector, Read
 from exporter.collectors.self import CollectorRound, self_families
 from exporter.config import ExporterSettings
 from exporter.errors import CollectorError
@@ -87,6 +88,44 @@ class Sampler:
             families, ok = [], False
         return families, CollectorRound(ok, time.perf_counter() - start)
 
+    async def _run_fleet(self, collectors: Sequence[FleetCollector]) -> list[_Round]:
+        """The NVML collectors as one round: each plans its reads, every read of the tick goes to the
+        GPUs in one batch per GPU, then each publishes from its answers. A collector that fails to plan
+        or publish fails alone; its duration is the round's wall time plus its own planning and
+        publishing. The fleet's own deadline ends the round (GpuFleet._start)."""
+        start = time.perf_counter()
+        plans: list[Sequence[Read] | None] = []
+        own: list[float] = []
+        for collector in collectors:
+            t0 = time.perf_counter()
+            try:
+                plans.append(collector.plan(self.state))
+            except Exception:
+                log.exception("collector %s crashed", collector.name)
+                plans.append(None)
+            own.append(time.perf_counter() - t0)
+        reads = [read for plan in plans if plan for read in plan]
+        answers: list[Answers] = await collectors[0].fleet.answer(reads) if reads else []
+        waited = time.perf_counter() - start - sum(own)
+        out: list[_Round] = []
+        at = 0
+        for collector, plan, planned in zip(collectors, plans, own, strict=True):
+            t0 = time.perf_counter()
+            if plan is None:
+                out.append(([], CollectorRound(False, waited + planned)))
+                continue
+            mine, at = answers[at : at + len(plan)], at + len(plan)
+            try:
+                families, ok = list(collector.publish(mine, self.state)), True
+            except CollectorError as exc:
+                log.warning("collector %s failed: %s", collector.name, exc)
+                families, ok = list(exc.families), False
+            except Exception:
+                log.exception("collector %s crashed", collector.name)
+                families, ok = [], False
+            out.append((families, CollectorRound(ok, waited + planned + time.perf_counter() - t0)))
+        return out
+
     def _slow_round(self, collector: Collector, now: float) -> asyncio.Task[_Round] | None:
         """The running round of a collector on its own interval, started when due; None when not due.
 
@@ -122,7 +161,7 @@ class Sampler:
         # The GPU round first, then the plug-in rounds due: run side by side, the plug-ins' Python
         # competed for the GIL with the 16 GPU workers' hand-overs (measured: a round tick cost about
         # twice the sum of its parts); one after the other, each runs without that contention.
-        fast_results = await asyncio.gather(*(self._run_collector(c) for c in fast))
+        fast_results = await self._run_fast(fast)
         slow_rounds = [t for c in slow if (t := self._slow_round(c, now)) is not None]
         pending = [t for t in slow_rounds if not t.done()]
         if pending:
@@ -157,6 +196,19 @@ class Sampler:
         self.ticks += 1
         self._fire_hooks(snap)
         return snap
+
+    async def _run_fast(self, fast: Sequence[Collector]) -> list[_Round]:
+        """The collectors of every tick, in their order: the NVML ones as one round (see _run_fleet),
+        any other beside it."""
+        nvml = [c for c in fast if isinstance(c, FleetCollector)]
+        group = [c for c in nvml if c.fleet is nvml[0].fleet]
+        others = [c for c in fast if not any(c is g for g in group)]  # another fleet's run alone (tests)
+        if not others:
+            return await self._run_fleet(group) if group else []
+        beside = asyncio.gather(*(self._run_collector(c) for c in others))
+        rounds = dict(zip(map(id, group), await self._run_fleet(group) if group else [], strict=True))
+        rounds.update(zip(map(id, others), await beside, strict=True))
+        return [rounds[id(c)] for c in fast]
 
     def _gpu_states(self) -> list[tuple[GpuRef, str]]:
         if self.gpu_status is not None:

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from prometheus_client.core import Metric
 
 from exporter.collectors.base import NodeState
-from exporter.collectors.gpus import GpuFleet, GpuSlot, Outcome, Tiered
+from exporter.collectors.gpus import Answers, FleetCollector, GpuFleet, GpuSlot, Outcome, Read, Tiered
 from exporter.collectors.series import Series, table
 from exporter.nvml import CLOCK_EVENT_REASONS, DeviceReading, SlowDeviceReading, read_device, read_device_slow
 from gpupulse.metrics import gpu as c
@@ -85,22 +84,24 @@ def _series_of(slot: GpuSlot, driver_version: str) -> _GpuSeries:
     )
 
 
-class DeviceCollector:
+class DeviceCollector(FleetCollector):
     """Reads every GPU's dynamic state; a lost or stale GPU keeps only gpu_info and gpu_up 0."""
 
     name = "device"
-    interval_seconds: float | None = None
 
     def __init__(self, fleet: GpuFleet, slow_interval_seconds: float = 0.0) -> None:
-        self.fleet = fleet
+        super().__init__(fleet)
         self._series: dict[str, _GpuSeries] = {}  # by GPU UUID
         self._slow = Tiered(fleet, read_device_slow, slow_interval_seconds)
 
-    async def collect(self, state: NodeState) -> Sequence[Metric]:
-        """Sample every live GPU and publish the GPU list to NodeState."""
-        # both submitted in this loop turn: one batch per GPU
-        outcomes, slow_outcomes = await asyncio.gather(self.fleet.map(read_device), self._slow.map())
-        slow = {slot.uuid: r for slot, r in slow_outcomes}
+    def plan(self, state: NodeState) -> Sequence[Read]:
+        """Every GPU's fast fields, and the slow tier's reads."""
+        return [(read_device, self.fleet.slots), *self._slow.plan()]
+
+    def publish(self, answers: Sequence[Answers], state: NodeState) -> Sequence[Metric]:
+        """Families of every GPU; the GPU list to NodeState."""
+        outcomes = answers[0]
+        slow = {slot.uuid: r for slot, r in self._slow.settle(answers[1:])}
         self.fleet.note_device_round([r for _, r in outcomes])
         results = {slot.uuid: r for slot, r in outcomes}
         fams = [table(spec).family() for spec in c.DEVICE_METRICS]
@@ -159,6 +160,3 @@ class DeviceCollector:
         migs = tuple(g for g in state.gpus if g.mig_uuid and g.uuid in live)
         state.gpus = tuple(slot.ref() for slot in self.fleet.live()) + migs
         return [f for f in fams if f.rows]
-
-    async def close(self) -> None:
-        """Nothing to release: the GPU fleet is closed by the exporter."""

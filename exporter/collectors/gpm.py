@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from prometheus_client.core import Metric
 
 from exporter.collectors.base import NodeState
-from exporter.collectors.gpus import GpuFleet, GpuSlot
+from exporter.collectors.gpus import Answers, FleetCollector, GpuFleet, GpuSlot, Read
 from exporter.collectors.series import Series, table
 from exporter.nvml import Device, InterconnectReading, poll_gpm, read_interconnect
 from gpupulse.metrics import gpu as c
@@ -28,7 +28,7 @@ _SPECS = c.GPM_METRICS + c.INTERCONNECT_METRICS
 _POSITION = {spec.name: i for i, spec in enumerate(_SPECS)}
 
 
-class GpmCollector:
+class GpmCollector(FleetCollector):
     """One GPM sample per GPU per tick; ratios and rates over the interval since the previous tick.
 
     A GPU without GPM (or in MIG mode, where only per-instance GPM is read) reports its PCIe and
@@ -36,10 +36,9 @@ class GpmCollector:
     """
 
     name = "gpm"
-    interval_seconds: float | None = None
 
     def __init__(self, fleet: GpuFleet) -> None:
-        self.fleet = fleet
+        super().__init__(fleet)
         self._series: dict[str, dict[str, tuple[int, Series]]] = {}  # by GPU UUID
 
     def _read(self, dev: Device) -> dict[str, float] | InterconnectReading | None:
@@ -59,13 +58,16 @@ class GpmCollector:
                 found[metric] = (_POSITION[spec.name], table(spec).series(*labels))
         return found
 
-    async def collect(self, state: NodeState) -> Sequence[Metric]:
-        """Poll every GPU: GPM where supported (the first poll only sets the baseline), else NVML."""
+    def plan(self, state: NodeState) -> Sequence[Read]:
+        """One poll of every live GPU."""
+        return [(self._read, self.fleet.live())]
+
+    def publish(self, answers: Sequence[Answers], state: NodeState) -> Sequence[Metric]:
+        """GPM where supported (the first poll only sets the baseline), else NVML's counters."""
         fams = [table(spec).family() for spec in _SPECS]
         rows = [f.rows for f in fams]
         values = [f.values for f in fams]
-        # all in the tick's batch: one deadline per GPU, shared with the other collectors
-        for slot, result in await self.fleet.map(self._read, self.fleet.live()):
+        for slot, result in answers[0]:
             if isinstance(result, dict):
                 series = self._series_of(slot)
                 for metric, value in result.items():
@@ -81,6 +83,3 @@ class GpmCollector:
                         rows[position].append(one)
                         values[position].append(value)
         return [f for f in fams if f.rows]
-
-    async def close(self) -> None:
-        """Nothing to release: the GPU fleet is closed by the exporter."""

@@ -11,7 +11,9 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Generic, TypeVar
 
-from exporter.collectors.base import GpuRef
+from prometheus_client.core import Metric
+
+from exporter.collectors.base import GpuRef, NodeState
 from exporter.errors import GpuLostError, NvmlUnknownError
 from exporter.nvml import Device, GpuWorker, Nvml, RoundRunner, WorkerJob, execute, wake_loop
 from gpupulse.clock import Clock
@@ -54,26 +56,30 @@ class Outcome:
     UNKNOWN = "unknown"  # NVML_ERROR_UNKNOWN: in a container, usually a lost device cgroup
 
 
-class _Cell:
-    """Where one queued read's answer lands: the reading, or an Outcome string."""
-
-    __slots__ = ("round", "value")
-
-    def __init__(self, value: Any = None, round_done: asyncio.Future[None] | None = None) -> None:
-        self.value = value
-        self.round = round_done  # set when the round that answers this cell has handed out its answers
+_Job = Callable[[Device], Any]
+_PROBE = -1  # a fill's job position for a probe: answered by whether the GPU's batch came back
 
 
-_UNANSWERED: Any = object()  # a cell's value until its round hands out the answer
+class _Round:
+    """The reads queued in one event-loop turn: one batch of jobs per GPU, run as one round.
 
+    Each read's answers list is filled in place once the round ends: `fills` says where each answer
+    goes. No future or object per read: a tick queues ~100 of them.
+    """
 
-_Job = tuple[Callable[[Device], Any], _Cell]
+    __slots__ = ("batches", "done", "fills")
+
+    def __init__(self, done: asyncio.Future[None]) -> None:
+        self.batches: dict[str, tuple[GpuSlot, list[_Job]]] = {}  # by GPU index
+        # (answers, position in it, the GPU, position of its job in the GPU's batch or _PROBE)
+        self.fills: list[tuple[list[tuple[GpuSlot, Any]], int, GpuSlot, int]] = []
+        self.done = done  # set when every answer is in place
 
 
 def _run_jobs(device: Device, jobs: list[_Job]) -> list[tuple[bool, Any]]:
-    # one GPU's batch, on its worker thread: a failing read fails only itself
+    # one GPU's batch, on the thread that runs it: a failing read fails only itself
     out: list[tuple[bool, Any]] = []
-    for fn, _ in jobs:
+    for fn in jobs:
         try:
             out.append((True, fn(device)))
         except Exception as exc:
@@ -81,9 +87,8 @@ def _run_jobs(device: Device, jobs: list[_Job]) -> list[tuple[bool, Any]]:
     return out
 
 
-def _set_done(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
-        fut.set_result(None)
+Read = tuple[Callable[[Device], Any], Sequence[GpuSlot]]  # fn(device) on each of these GPUs
+Answers = list[tuple[GpuSlot, Any]]  # per GPU of a read, in its order: the result or an Outcome string
 
 
 class GpuFleet:
@@ -108,10 +113,7 @@ class GpuFleet:
         self.unknown_rounds = 0
         self.unknown_rounds_fatal = unknown_rounds_fatal
         self.fatal: str | None = None  # set when the exporter should exit (see note_device_round)
-        self._pending: dict[str, tuple[GpuSlot, list[_Job]]] = {}
-        # set when the round of the pending batches has handed out every answer
-        self._round_done: asyncio.Future[None] | None = None
-        self._batches: set[asyncio.Task[None]] = set()
+        self._pending: _Round | None = None  # the round of this event-loop turn, until it starts
 
     @property
     def driver_version(self) -> str:
@@ -121,104 +123,83 @@ class GpuFleet:
         """GPUs not lost."""
         return [s for s in self.slots if not s.lost]
 
-    def _queue(self, slot: GpuSlot, fn: Callable[[Device], Any]) -> _Cell:
-        """fn queued for the GPU's next batch (or answered at once when the GPU is lost or stuck).
+    async def answer(self, reads: Sequence[Read]) -> list[Answers]:
+        """Every read on its GPUs; per read, (GPU, result or Outcome string) in the read's GPU order.
 
-        Requests made in the same event-loop turn (all collectors of one tick) go to each GPU's thread
-        as one batch: one thread handoff per GPU per tick instead of one per collector, and one
-        deadline for the GPU's whole round.
+        Reads queued in the same event-loop turn (all collectors of a tick, or several callers) go to
+        each GPU as one batch, and all batches run as one round (see _start): one thread hand-over
+        per tick instead of one per read, and one deadline for each GPU's whole batch. A lost or stuck
+        GPU is answered at once, without queueing anything.
         """
-        if slot.lost:
-            return _Cell(Outcome.LOST)
-        if slot.worker.stuck:
-            slot.stale = True
-            return _Cell(Outcome.STALE)
-        if self._round_done is None:
+        pending = self._pending
+        if pending is None:
             loop = asyncio.get_running_loop()
-            self._round_done = loop.create_future()
+            pending = self._pending = _Round(loop.create_future())
             loop.call_soon(self._flush)
-        batch = self._pending.get(slot.index)
-        if batch is None:
-            batch = self._pending[slot.index] = (slot, [])
-        elif fn is _probe:  # several slow tiers probe the same GPU in one tick: one probe answers all
-            for queued, cell in batch[1]:
-                if queued is _probe:
-                    return cell
-        cell = _Cell(_UNANSWERED, self._round_done)
-        batch[1].append((fn, cell))
-        return cell
-
-    async def _answers(self, cells: list[_Cell]) -> list[Any]:
-        waited: set[int] = set()
-        for cell in cells:  # all of one round, normally
-            done = cell.round
-            if done is not None and id(done) not in waited:
-                waited.add(id(done))
-                await asyncio.shield(done)  # one waiter's cancellation must not end the round for others
-        return [cell.value for cell in cells]
-
-    def submit(self, slot: GpuSlot, fn: Callable[[Device], T]) -> asyncio.Future[T | str]:
-        """Queue fn(device) for the GPU's next batch now; the future holds the result or an Outcome
-        string."""
-        return asyncio.ensure_future(self._answer(self._queue(slot, fn)))
-
-    async def _answer(self, cell: _Cell) -> Any:
-        return (await self._answers([cell]))[0]
-
-    async def run(self, slot: GpuSlot, fn: Callable[[Device], T]) -> T | str:
-        """fn(device) on the GPU's thread, or an Outcome string when it is lost, stale or failed."""
-        value: T | str = await self._answer(self._queue(slot, fn))
-        return value
+        batches, fills = pending.batches, pending.fills
+        out: list[Answers] = []
+        for fn, slots in reads:
+            answers: Answers = []
+            for slot in slots:
+                if slot.lost:
+                    answers.append((slot, Outcome.LOST))
+                    continue
+                if slot.worker.stuck:
+                    slot.stale = True
+                    answers.append((slot, Outcome.STALE))
+                    continue
+                batch = batches.get(slot.index)
+                if batch is None:
+                    batch = batches[slot.index] = (slot, [])
+                if fn is _probe:  # no job: the GPU's batch coming back is the answer
+                    fills.append((answers, len(answers), slot, _PROBE))
+                else:
+                    fills.append((answers, len(answers), slot, len(batch[1])))
+                    batch[1].append(fn)
+                answers.append((slot, None))
+            out.append(answers)
+        # one caller's cancellation must not cancel the round for the others queued in it
+        await asyncio.shield(pending.done)
+        return out
 
     async def map(
         self, fn: Callable[[Device], T], slots: Sequence[GpuSlot] | None = None
     ) -> list[tuple[GpuSlot, T | str]]:
-        """fn on every live GPU (or on `slots`) at once; results in GPU order.
+        """fn on every GPU (or on `slots`) in this turn's round; results in GPU order."""
+        return (await self.answer([(fn, self.slots if slots is None else slots)]))[0]
 
-        One wait for the whole tick's round, however many GPUs: no future per GPU per read.
-        """
-        chosen = list(self.slots if slots is None else slots)
-        cells = [self._queue(slot, fn) for slot in chosen]
-        return list(zip(chosen, await self._answers(cells), strict=True))
+    async def run(self, slot: GpuSlot, fn: Callable[[Device], T]) -> T | str:
+        """fn(device) in this turn's round, or an Outcome string when the GPU is lost, stale or failed."""
+        value: T | str = (await self.answer([(fn, (slot,))]))[0][0][1]
+        return value
+
+    def submit(self, slot: GpuSlot, fn: Callable[[Device], T]) -> asyncio.Future[T | str]:
+        """Queue fn(device) for this turn's round now; the future holds the result or an Outcome string."""
+        task = asyncio.ensure_future(self.run(slot, fn))
+        return task
 
     def _flush(self) -> None:
-        pending, self._pending = self._pending, {}
-        done, self._round_done = self._round_done, None
-        assert done is not None
-        task = asyncio.ensure_future(self._run_round(list(pending.values()), done))
-        self._batches.add(task)
-        task.add_done_callback(self._batches.discard)
+        pending, self._pending = self._pending, None
+        assert pending is not None
+        if pending.batches:
+            self._start(pending)
+        elif not pending.done.done():
+            pending.done.set_result(None)
 
-    async def _run_round(self, batches: list[tuple[GpuSlot, list[_Job]]], done: asyncio.Future[None]) -> None:
-        """Every GPU's batch on its own thread at once, under one deadline.
-
-        The workers hand their results back through one wake-up of the loop, sent by the last to
-        finish, rather than one future and one wake-up per GPU.
-        """
-        try:
-            await self._run_batches(batches)
-        finally:
-            for _, jobs in batches:  # a round cut short (cancelled at shutdown) answers what it lacks
-                for _, cell in jobs:
-                    if cell.value is _UNANSWERED:
-                        cell.value = Outcome.FAILED
-            if not done.done():
-                done.set_result(None)
-
-    async def _run_batches(self, batches: list[tuple[GpuSlot, list[_Job]]]) -> None:
+    def _start(self, pending: _Round) -> None:
         """The GPUs' batches in a row on one RoundRunner thread; whatever has not started after
         `serial_seconds` (a GPU hung or slow inside its batch) starts at once, each batch on its own
-        GPU's worker thread. Every batch is still one job of its GPU under the round's deadline.
+        GPU's worker thread. Every batch is one job of its GPU under the round's deadline, and the
+        round ends (on the loop) when the last batch hands back or the deadline passes, whichever is
+        first: no task and no future per GPU.
 
         Measured on the simulation, 16 GPUs: the same reads cost ~0.7 ms more CPU per tick on 16
         threads woken together than in a row (GIL hand-overs), and a chain of the GPU threads (each
         waking the next) kept most of that. A GPU hung in its batch delays the GPUs after it by at most
         `serial_seconds`, and only on the tick it hangs: from then on it is stuck and not queued.
         """
-        if not batches:
-            return
         loop = asyncio.get_running_loop()
-        all_done: asyncio.Future[None] = loop.create_future()
+        batches = list(pending.batches.values())
         results: dict[str, tuple[bool, Any]] = {}
         remaining = [len(batches)]
         next_up = [0]  # position of the first batch not started
@@ -230,7 +211,7 @@ class GpuFleet:
                 remaining[0] -= 1
                 last = remaining[0] == 0
             if last:
-                wake_loop(loop, _set_done, all_done)
+                wake_loop(loop, end)
 
         started = [
             WorkerJob(partial(_run_jobs, slot.device, jobs), partial(finished, slot.index))
@@ -244,27 +225,44 @@ class GpuFleet:
                     if i >= len(started):
                         return
                     next_up[0] = i + 1
-                execute(started[i])
+                    job = started[i]
+                execute(job)
 
         def fan_out() -> None:  # every batch not claimed yet, each on its own GPU's thread
             with lock:
                 first, next_up[0] = next_up[0], len(started)
-            for i in range(first, len(started)):
-                batches[i][0].worker.put(started[i])
+                todo = started[first:]
+            for i, job in enumerate(todo, first):
+                batches[i][0].worker.put(job)
 
-        timer = None
+        def end() -> None:  # on the loop, once: every batch handed back, or the deadline passed
+            if pending.done.done():
+                return
+            deadline.cancel()
+            if spread is not None:
+                spread.cancel()
+            fan_out()  # a round cut short leaves no batch unstarted (and then abandoned below)
+            self._hand_out(pending, batches, started, results)
+            with lock:  # the jobs refer to `finished`, which refers to this: no cycle left for the GC
+                started.clear()
+            pending.done.set_result(None)
+
+        spread = None
         if self._runner.submit(in_a_row):
-            timer = loop.call_later(min(self.serial_seconds, self.call_timeout_seconds), fan_out)
+            spread = loop.call_later(min(self.serial_seconds, self.call_timeout_seconds), fan_out)
         else:  # every runner thread is inside a hung call
             fan_out()
-        try:
-            await asyncio.wait_for(all_done, self.call_timeout_seconds)
-        except TimeoutError:
-            pass
-        finally:
-            if timer is not None:
-                timer.cancel()
-            fan_out()  # a round cut short leaves no batch unstarted (and then abandoned below)
+        deadline = loop.call_later(self.call_timeout_seconds, end)
+
+    def _hand_out(
+        self,
+        pending: _Round,
+        batches: list[tuple[GpuSlot, list[_Job]]],
+        started: list[WorkerJob],
+        results: dict[str, tuple[bool, Any]],
+    ) -> None:
+        """Each answer into its place: the result, or the Outcome of the GPU or of the failed read."""
+        values: dict[str, list[Any] | None] = {}
         for (slot, jobs), job in zip(batches, started, strict=True):
             got = results.get(slot.index)
             if got is None:
@@ -277,13 +275,23 @@ class GpuFleet:
                         self.call_timeout_seconds,
                     )
                 slot.stale = True
-                outs: list[tuple[bool, Any]] = [(True, Outcome.STALE)] * len(jobs)
+                values[slot.index] = None
+                continue
+            slot.stale = False
+            ok, outs = got
+            if not ok:  # the batch itself failed (not one read of it)
+                outs = [(False, outs)] * len(jobs)
+            values[slot.index] = [v if good else self._failure(slot, v) for good, v in outs]
+        # after every failure is known: a probe of a GPU that another read found lost says so
+        for answers, position, slot, place in pending.fills:
+            got_values = values[slot.index]
+            if got_values is None:
+                value: Any = Outcome.STALE
+            elif place == _PROBE:
+                value = Outcome.LOST if slot.lost else None
             else:
-                slot.stale = False
-                ok, value = got
-                outs = value if ok else [(False, value)] * len(jobs)
-            for (_, cell), (ok, value) in zip(jobs, outs, strict=True):
-                cell.value = value if ok else self._failure(slot, value)
+                value = got_values[place]
+            answers[position] = (slot, value)
 
     def _failure(self, slot: GpuSlot, exc: Exception) -> str:
         if isinstance(exc, GpuLostError):
@@ -343,41 +351,80 @@ class Tiered(Generic[T]):
     """Reads of fields that change slowly, on their own interval (DCGM field groups have an update
     frequency): ECC and row-remap counters, NVLink link states, power limit, PCIe link and replays.
 
-    Between reads, a GPU that answers this tick (an NVML-free probe in the tick's batch) serves its
-    last reading; a stale or lost GPU serves nothing and forgets it, so it is read afresh once it
-    answers again. interval_seconds 0 reads every tick.
+    Between reads, a GPU that answers this tick (a probe: no NVML call, only whether the GPU's batch
+    of the tick came back) serves its last reading; a stale or lost GPU serves nothing and forgets it,
+    so it is read afresh in the first tick it is queued again. interval_seconds 0 reads every tick.
     """
 
     def __init__(self, fleet: GpuFleet, fn: Callable[[Device], T], interval_seconds: float) -> None:
         self.fleet, self.fn, self.interval_seconds = fleet, fn, interval_seconds
         self._due_at: float | None = None
         self._last: dict[str, T] = {}  # by GPU UUID
+        self._fresh = False  # whether this tick's plan reads every GPU
 
-    async def map(self) -> list[tuple[GpuSlot, T | str]]:
-        """Per GPU, a reading (fresh when due, else the last one) or an Outcome string."""
+    def plan(self) -> list[Read]:
+        """This tick's reads: every GPU when due; else a probe of the GPUs with a last reading and a
+        read of those without one (back from stale, or never answered)."""
         now = self.fleet.clock.monotonic()
+        slots = self.fleet.slots
         if self._due_at is None or now >= self._due_at or self.interval_seconds <= 0:
             self._due_at = now + self.interval_seconds
-            results = await self.fleet.map(self.fn)
+            self._fresh = True
+            return [(self.fn, slots)]
+        self._fresh = False
+        last = self._last
+        known = [s for s in slots if s.uuid in last]
+        return [(_probe, known), (self.fn, [s for s in slots if s.uuid not in last])]
+
+    def settle(self, answers: Sequence[Answers]) -> list[tuple[GpuSlot, T | str]]:
+        """Per GPU in fleet order, a reading (fresh, or the last one) or an Outcome string."""
+        if self._fresh:
+            results = answers[0]
             self._last = {slot.uuid: r for slot, r in results if not isinstance(r, str)}
             return results
-        # The probe rides in the tick's batch: a read of another collector in the same batch that
-        # found the GPU lost has marked the slot by the time the probe's answer is here.
-        probes = [
-            (slot, Outcome.LOST if slot.lost and r is None else r) for slot, r in await self.fleet.map(_probe)
-        ]
+        probes, reads = answers
+        last = self._last
         for slot, r in probes:
             if isinstance(r, str):
-                self._last.pop(slot.uuid, None)
-        missing = [slot for slot, r in probes if r is None and slot.uuid not in self._last]
-        if missing:  # back from stale, or never answered before: read it now
-            for slot, fresh in await self.fleet.map(self.fn, missing):
-                if not isinstance(fresh, str):
-                    self._last[slot.uuid] = fresh
+                last.pop(slot.uuid, None)
+        for slot, r in reads:
+            if not isinstance(r, str):
+                last[slot.uuid] = r
+        if not reads:  # the usual tick: the probes are every GPU with a reading, in fleet order
+            return [(slot, r if isinstance(r, str) else last[slot.uuid]) for slot, r in probes]
+        by_uuid = {slot.uuid: r for slot, r in (*probes, *reads)}
         out: list[tuple[GpuSlot, T | str]] = []
-        for slot, r in probes:
-            if isinstance(r, str):
-                out.append((slot, r))
-            else:
-                out.append((slot, self._last.get(slot.uuid, Outcome.FAILED)))
+        for slot in self.fleet.slots:
+            r = by_uuid.get(slot.uuid, Outcome.FAILED)
+            out.append((slot, r if isinstance(r, str) else last.get(slot.uuid, Outcome.FAILED)))
         return out
+
+
+class FleetCollector:
+    """An NVML collector whose reads ride in the tick's one GPU round.
+
+    `plan` says what to read this tick, `publish` turns the answers (one list per planned read, in
+    order) into families. The sampler plans every such collector, runs their reads as one round and
+    publishes each; `collect` runs one collector alone (tests, or a sampler of one).
+    """
+
+    name: str
+    interval_seconds: float | None = None
+
+    def __init__(self, fleet: GpuFleet) -> None:
+        self.fleet = fleet
+
+    def plan(self, state: NodeState) -> Sequence[Read]:
+        """The reads of this tick."""
+        raise NotImplementedError
+
+    def publish(self, answers: Sequence[Answers], state: NodeState) -> Sequence[Metric]:
+        """Families from the answers to this tick's plan; may update NodeState."""
+        raise NotImplementedError
+
+    async def collect(self, state: NodeState) -> Sequence[Metric]:
+        """Plan, read and publish on its own."""
+        return self.publish(await self.fleet.answer(self.plan(state)), state)
+
+    async def close(self) -> None:
+        """Nothing to release: the GPU fleet is closed by the exporter."""

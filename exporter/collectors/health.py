@@ -7,33 +7,37 @@ from collections.abc import Sequence
 from prometheus_client.core import Metric
 
 from exporter.collectors.base import NodeState
-from exporter.collectors.gpus import GpuFleet, Tiered
+from exporter.collectors.gpus import Answers, FleetCollector, GpuFleet, Read, Tiered
 from exporter.collectors.series import Series, table
 from exporter.collectors.xid import XidCounter
 from exporter.nvml import HealthReading, read_health
 from gpupulse.metrics import gpu as c
 
 
-class HealthCollector:
+class HealthCollector(FleetCollector):
     """ECC and remapped rows from NVML on the slow tier; XIDs as counted by the event thread.
 
     XID counters stay for lost GPUs: XID 79 with gpu_up 0 is how a GPU that fell off the bus shows.
     """
 
     name = "health"
-    interval_seconds: float | None = None
 
     def __init__(self, fleet: GpuFleet, xids: XidCounter, slow_interval_seconds: float = 0.0) -> None:
-        self.fleet, self.xids = fleet, xids
+        super().__init__(fleet)
+        self.xids = xids
         # ECC and remap counters change rarely: read on the slow tier, XIDs come from the event thread
         self._reads = Tiered(fleet, read_health, slow_interval_seconds)
         # per GPU: ECC corrected, uncorrected, remapped correctable, uncorrectable, pending, failed
         self._series: dict[str, tuple[Series, Series, Series, Series, Series, Series]] = {}
 
-    async def collect(self, state: NodeState) -> Sequence[Metric]:
-        """Sample health counters and add the XID counts."""
+    def plan(self, state: NodeState) -> Sequence[Read]:
+        """The slow tier's reads."""
+        return self._reads.plan()
+
+    def publish(self, answers: Sequence[Answers], state: NodeState) -> Sequence[Metric]:
+        """Health counters with the XID counts."""
         xid, ecc, rows, pending, failed = (table(spec).family() for spec in c.HEALTH_METRICS)
-        for slot, r in await self._reads.map():
+        for slot, r in self._reads.settle(answers):
             if not isinstance(r, HealthReading):
                 continue
             gs = self._series.get(slot.uuid)
@@ -67,6 +71,3 @@ class HealthCollector:
         for index, code, uuid, count in sorted(known):
             xid.add(xid.table.series(uuid, str(index), str(code)), float(count))
         return [f for f in (xid, ecc, rows, pending, failed) if f.rows]
-
-    async def close(self) -> None:
-        """Nothing to release: the GPU fleet is closed by the exporter."""

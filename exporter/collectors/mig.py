@@ -8,7 +8,7 @@ from dataclasses import replace
 from prometheus_client.core import Metric
 
 from exporter.collectors.base import GpuRef, NodeState
-from exporter.collectors.gpus import GpuFleet
+from exporter.collectors.gpus import Answers, FleetCollector, GpuFleet, Read
 from exporter.collectors.series import table
 from exporter.nvml import Device, MigInstance, poll_mig_gpm, read_mig
 from gpupulse.metrics import gpu as c
@@ -23,26 +23,28 @@ _GPM_SPECS = {
 MigResult = tuple[list[MigInstance], dict[int, dict[str, float]]]
 
 
-class MigCollector:
+class MigCollector(FleetCollector):
     """Enumerates instances every tick (handles change on reconfiguration) on MIG-enabled GPUs."""
 
     name = "mig"
-    interval_seconds: float | None = None
 
     def __init__(self, fleet: GpuFleet) -> None:
-        self.fleet = fleet
+        super().__init__(fleet)
 
     def _read(self, dev: Device) -> MigResult:
         instances = read_mig(dev)
         gpm = poll_mig_gpm(dev, [i.gpu_instance_id for i in instances], self.fleet.clock.monotonic)
         return instances, gpm
 
-    async def collect(self, state: NodeState) -> Sequence[Metric]:
-        """Read MIG instances and publish them to NodeState as GpuRefs with mig_uuid."""
+    def plan(self, state: NodeState) -> Sequence[Read]:
+        """The instances of every live MIG-enabled GPU."""
+        return [(self._read, [s for s in self.fleet.live() if s.device.static.mig_enabled])]
+
+    def publish(self, answers: Sequence[Answers], state: NodeState) -> Sequence[Metric]:
+        """Instance families; the instances to NodeState as GpuRefs with mig_uuid."""
         fam = {spec.name: table(spec).family() for spec in c.MIG_METRICS}
-        mig_slots = [s for s in self.fleet.live() if s.device.static.mig_enabled]
         refs: list[GpuRef] = []
-        for slot, r in await self.fleet.map(self._read, mig_slots):
+        for slot, r in answers[0]:
             if not isinstance(r, tuple):
                 continue
             instances, gpm = r
@@ -61,6 +63,3 @@ class MigCollector:
                 refs.append(replace(slot.ref(), mig_uuid=inst.mig_uuid))
         state.gpus = tuple(g for g in state.gpus if not g.mig_uuid) + tuple(refs)
         return [f for f in fam.values() if f.rows]
-
-    async def close(self) -> None:
-        """Nothing to release: the GPU fleet is closed by the exporter."""

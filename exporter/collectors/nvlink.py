@@ -7,20 +7,19 @@ from collections.abc import Sequence
 from prometheus_client.core import Metric
 
 from exporter.collectors.base import NodeState
-from exporter.collectors.gpus import GpuFleet, GpuSlot, Tiered
+from exporter.collectors.gpus import Answers, FleetCollector, GpuFleet, GpuSlot, Read, Tiered
 from exporter.collectors.series import Series, table
 from exporter.nvml import NvLinkState, nvlink_pairs, read_nvlink
 from gpupulse.metrics import gpu as c
 
 
-class NvLinkCollector:
+class NvLinkCollector(FleetCollector):
     """Link states on the slow tier; the peer topology once all GPUs have answered (it is static)."""
 
     name = "nvlink"
-    interval_seconds: float | None = None
 
     def __init__(self, fleet: GpuFleet, slow_interval_seconds: float = 0.0) -> None:
-        self.fleet = fleet
+        super().__init__(fleet)
         # Link states change rarely (a link trains down or fails): read on the slow tier; one call
         # per link, 18 per H100, was the largest share of a tick's NVML calls.
         self._reads = Tiered(fleet, read_nvlink, slow_interval_seconds)
@@ -58,12 +57,16 @@ class NvLinkCollector:
             self._peer_rows = (key, rows)
         return self._peer_rows[1]
 
-    async def collect(self, state: NodeState) -> Sequence[Metric]:
-        """Read link states and emit the peer info."""
+    def plan(self, state: NodeState) -> Sequence[Read]:
+        """The slow tier's reads."""
+        return self._reads.plan()
+
+    def publish(self, answers: Sequence[Answers], state: NodeState) -> Sequence[Metric]:
+        """Link states and the peer info."""
         up, peers = (table(spec).family() for spec in c.NVLINK_METRICS)
         links: dict[int, list[NvLinkState]] = {}
         complete = True
-        for slot, r in await self._reads.map():
+        for slot, r in self._reads.settle(answers):
             if not isinstance(r, list):
                 complete = False
                 continue
@@ -82,6 +85,3 @@ class NvLinkCollector:
         peers.rows.extend(rows)
         peers.values.extend([1.0] * len(rows))
         return [f for f in (up, peers) if f.rows]
-
-    async def close(self) -> None:
-        """Nothing to release: the GPU fleet is closed by the exporter."""

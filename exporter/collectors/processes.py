@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from prometheus_client.core import Metric
 
 from exporter.collectors.base import GpuProcess, NodeState, PodRef
-from exporter.collectors.gpus import GpuFleet
+from exporter.collectors.gpus import Answers, FleetCollector, GpuFleet, Read
 from exporter.collectors.series import Series, table
 from exporter.nvml import Device, ProcessReading, read_processes
 from gpupulse.metrics import gpu as c
@@ -25,27 +25,30 @@ class _Row:
         self.pod, self.memory, self.sm, self.process = pod, memory, sm, process
 
 
-class ProcessesCollector:
+class ProcessesCollector(FleetCollector):
     """Series exist only for processes NVML lists now, so gone processes drop out on the next tick."""
 
     name = "processes"
-    interval_seconds: float | None = None
 
     def __init__(self, fleet: GpuFleet, sample_window_seconds: float = 1.0) -> None:
-        self.fleet = fleet
+        super().__init__(fleet)
         self.window_us = int(sample_window_seconds * 1e6)
         self._rows: dict[tuple[str, int], _Row] = {}  # (GPU UUID, PID) -> its row, as of last tick
 
     def _read(self, dev: Device) -> tuple[list[ProcessReading], dict[int, list[float]]]:
         return read_processes(dev, int(self.fleet.clock.time() * 1e6), self.window_us)
 
-    async def collect(self, state: NodeState) -> Sequence[Metric]:
-        """List processes per GPU and publish them to NodeState."""
+    def plan(self, state: NodeState) -> Sequence[Read]:
+        """One process listing of every GPU."""
+        return [(self._read, self.fleet.slots)]
+
+    def publish(self, answers: Sequence[Answers], state: NodeState) -> Sequence[Metric]:
+        """Process series per GPU; the processes to NodeState."""
         memory, sm_util = (table(spec).family() for spec in c.PROCESS_METRICS)
         published: list[GpuProcess] = []
         pid_pods = state.pid_pods
         before, now = self._rows, {}
-        for slot, r in await self.fleet.map(self._read):
+        for slot, r in answers[0]:
             if not isinstance(r, tuple):
                 continue
             procs, sm = r
@@ -74,6 +77,3 @@ class ProcessesCollector:
         self._rows = now
         state.processes = tuple(published)
         return [f for f in (memory, sm_util) if f.rows]
-
-    async def close(self) -> None:
-        """Nothing to release: the GPU fleet is closed by the exporter."""

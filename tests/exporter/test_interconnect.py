@@ -12,7 +12,7 @@ import pytest
 
 from alerts.rules.training import NVLINK_THROUGHPUT, PCIE_THROUGHPUT, TRAINING_SERIES
 from exporter.collectors.gpus import Outcome
-from exporter.nvml import Device, _counter_rates, _placeholder
+from exporter.nvml import Device, _counter_rates, _placeholder, read_interconnect
 from gpupulse.metrics import gpu as c
 from gpupulse.metrics.catalog import ALL_SPECS
 from tests.exporter.harness import Harness, simulated_exporter
@@ -206,3 +206,28 @@ def test_a_repeated_cached_reading_keeps_the_older_baseline() -> None:
         100.0,
         50.0,
     )
+
+
+def test_a_kept_field_array_never_passes_an_old_timestamp_as_new() -> None:
+    # read_interconnect reuses its field-value array between ticks; a driver that stamps the first read
+    # and not the next must get our clock for the second, not a rate against its own old stamp
+    dev = Device(static=_placeholder(0), handle=None)
+    dev.absent.add("counters:pcie")  # NVLink counters only
+    dev.absent.update({"pcietx", "pcierx"})
+    reads = iter([(1024, 5_000_000), (3072, 0), (3072, 0)])
+
+    def field_values(handle: Any, count: Any, ref: Any) -> int:
+        value, stamp = next(reads)
+        for entry in ref._obj[: count.value]:
+            entry.nvmlReturn, entry.valueType = N.NVML_SUCCESS, N.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+            entry.value.ullVal = value
+            if stamp:
+                entry.timestamp = stamp
+        return N.NVML_SUCCESS
+
+    dev.functions["nvmlDeviceGetFieldValues"] = field_values
+    now = iter([4.0, 7.0, 9.0])
+    assert read_interconnect(dev, lambda: next(now)).nvlink_tx is None  # the baseline, stamped 5 s
+    second = read_interconnect(dev, lambda: next(now))  # unstamped: timed at our 7 s
+    assert second.nvlink_tx == (3072 - 1024) * 1024.0 / 2.0
+    assert read_interconnect(dev, lambda: next(now)).nvlink_tx == 0.0  # and again at 9 s: no traffic
