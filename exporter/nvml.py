@@ -120,17 +120,18 @@ class GpuStatic:
     gpm_supported: bool
 
 
-@dataclass(frozen=True)
-class MemoryInfo:
+class MemoryInfo(NamedTuple):
+    """A GPU's (or MIG instance's) memory (a tuple: one per GPU per tick, made cheaply)."""
+
     total_bytes: int
     used_bytes: int
     free_bytes: int
     reserved_bytes: int | None  # None on drivers without memory v2
 
 
-@dataclass(frozen=True)
-class DeviceReading:
-    """One sample of a GPU's dynamic state; None means absent on this GPU or this round."""
+class DeviceReading(NamedTuple):
+    """One sample of a GPU's dynamic state; None means absent on this GPU or this round (a tuple, made
+    once per GPU per tick: a frozen dataclass of 13 fields cost three times as much to build)."""
 
     memory: MemoryInfo | None = None
     utilization_ratio: float | None = None
@@ -313,8 +314,7 @@ def _memory(dev: Device, handle: Any, key: str) -> MemoryInfo | None:
     return None if m1 is None else MemoryInfo(int(m1.total), int(m1.used), int(m1.free), None)
 
 
-@dataclass(frozen=True)
-class SlowDeviceReading:
+class SlowDeviceReading(NamedTuple):
     """Device fields that change rarely, read on the slow tier (power limit, PCIe link, replays)."""
 
     power_limit_watts: float | None = None
@@ -335,28 +335,45 @@ def read_device_slow(dev: Device) -> SlowDeviceReading:
     )
 
 
+def _plain(structure: type[ctypes.Structure]) -> type[ctypes.Structure]:
+    """pynvml's structure layout without its Python-level __getattribute__/__setattr__, which convert
+    strings on every field access: for reading the fields of an output through a view of its memory."""
+    return type(structure.__name__ + "View", (ctypes.Structure,), {"_fields_": structure._fields_})
+
+
+_UtilizationView = _plain(pynvml.c_nvmlUtilization_t)
+_TemperatureView = _plain(pynvml.c_nvmlTemperature_v1_t)
+_MarginView = _plain(pynvml.c_nvmlMarginTemperature_v1_t)
+_MemoryView = _plain(pynvml.c_nvmlMemory_v2_t)
+_FieldValueView = _plain(pynvml.c_nvmlFieldValue_t)
+
+
 class _DeviceOutputs:
     """read_device's C arguments and outputs for one GPU, made once: a tick passes the same objects.
 
     pynvml's wrapper of each getter allocates its output, looks up the function and checks the return
     code around the one C call; the driver writes every output on success, so reusing them is safe.
-    The structures are pynvml's own (the simulation writes them as it writes the wrappers' ones).
+    The outputs the driver writes are pynvml's own structures (the simulation writes them as it writes
+    the wrappers' ones); read_device reads them through plain views of the same memory.
     """
 
     def __init__(self) -> None:
         byref = ctypes.byref
-        self.util = pynvml.c_nvmlUtilization_t()
-        self.util_ref = byref(self.util)
-        self.temp = pynvml.c_nvmlTemperature_v1_t()
-        self.temp.version = pynvml.nvmlTemperature_v1
-        self.temp.sensorType = pynvml.NVML_TEMPERATURE_GPU
-        self.temp_ref = byref(self.temp)
+        util = pynvml.c_nvmlUtilization_t()
+        self.util: Any = _UtilizationView.from_buffer(util)
+        self.util_ref = byref(util)
+        temp = pynvml.c_nvmlTemperature_v1_t()
+        temp.version = pynvml.nvmlTemperature_v1
+        temp.sensorType = pynvml.NVML_TEMPERATURE_GPU
+        self.temp: Any = _TemperatureView.from_buffer(temp)
+        self.temp_ref = byref(temp)
         self.sensor = ctypes.c_uint(pynvml.NVML_TEMPERATURE_GPU)
         self.temp_v1 = ctypes.c_uint()  # nvmlDeviceGetTemperature, for drivers without the V call
         self.temp_v1_ref = byref(self.temp_v1)
-        self.fields = (pynvml.c_nvmlFieldValue_t * 1)()
-        self.fields[0].fieldId = pynvml.NVML_FI_DEV_MEMORY_TEMP
-        self.fields_ref = byref(self.fields)
+        fields = (pynvml.c_nvmlFieldValue_t * 1)()
+        fields[0].fieldId = pynvml.NVML_FI_DEV_MEMORY_TEMP
+        self.field: Any = _FieldValueView.from_buffer(fields)
+        self.fields_ref = byref(fields)
         self.field_count = ctypes.c_int32(1)
         self.power = ctypes.c_uint()
         self.power_ref = byref(self.power)
@@ -372,14 +389,16 @@ class _DeviceOutputs:
         self.fan_ref = byref(self.fan)
         self.pstate = ctypes.c_uint()
         self.pstate_ref = byref(self.pstate)
-        self.margin = pynvml.c_nvmlMarginTemperature_v1_t()
-        self.margin.version = pynvml.nvmlMarginTemperature_v1
-        self.margin_ref = byref(self.margin)
+        margin = pynvml.c_nvmlMarginTemperature_v1_t()
+        margin.version = pynvml.nvmlMarginTemperature_v1
+        self.margin: Any = _MarginView.from_buffer(margin)
+        self.margin_ref = byref(margin)
         self.reasons = ctypes.c_ulonglong()
         self.reasons_ref = byref(self.reasons)
-        self.memory = pynvml.c_nvmlMemory_v2_t()
-        self.memory.version = pynvml.nvmlMemory_v2
-        self.memory_ref = byref(self.memory)
+        memory = pynvml.c_nvmlMemory_v2_t()
+        memory.version = pynvml.nvmlMemory_v2
+        self.memory: Any = _MemoryView.from_buffer(memory)
+        self.memory_ref = byref(memory)
 
 
 def _device_outputs(dev: Device) -> _DeviceOutputs:
@@ -402,7 +421,7 @@ def read_device(dev: Device) -> DeviceReading:
         temp = float(o.temp_v1.value)
     mem_temp = None
     if c("memtemp", "nvmlDeviceGetFieldValues", o.field_count, o.fields_ref):
-        mem_temp = _field_value(o.fields[0])
+        mem_temp = _field_value(o.field)
     power = o.power.value if c("power", "nvmlDeviceGetPowerUsage", o.power_ref) else None
     energy = o.energy.value if c("energy", "nvmlDeviceGetTotalEnergyConsumption", o.energy_ref) else None
     sm_clock = o.sm_clock.value if c("smclock", "nvmlDeviceGetClockInfo", o.sm_kind, o.sm_clock_ref) else None
@@ -418,19 +437,19 @@ def read_device(dev: Device) -> DeviceReading:
         o.reasons.value if c("reasons", "nvmlDeviceGetCurrentClocksEventReasons", o.reasons_ref) else None
     )
     return DeviceReading(
-        memory=_device_memory(dev, o),
-        utilization_ratio=None if util is None else util.gpu / 100.0,
-        memory_utilization_ratio=None if util is None else util.memory / 100.0,
-        temperature_celsius=temp,
-        memory_temperature_celsius=mem_temp,
-        thermal_margin_celsius=_float(margin),
-        power_watts=None if power is None else power / 1000.0,
-        energy_joules=None if energy is None else energy / 1000.0,
-        sm_clock_hertz=None if sm_clock is None else sm_clock * 1e6,
-        memory_clock_hertz=None if mem_clock is None else mem_clock * 1e6,
-        clock_event_reasons=reasons,
-        performance_state=None if pstate is None or pstate > 15 else int(pstate),
-        fan_speed_ratio=None if fan is None else fan / 100.0,
+        _device_memory(dev, o),
+        None if util is None else util.gpu / 100.0,
+        None if util is None else util.memory / 100.0,
+        temp,
+        mem_temp,
+        None if margin is None else float(margin),
+        None if power is None else power / 1000.0,
+        None if energy is None else energy / 1000.0,
+        None if sm_clock is None else sm_clock * 1e6,
+        None if mem_clock is None else mem_clock * 1e6,
+        reasons,
+        None if pstate is None or pstate > 15 else int(pstate),
+        None if fan is None else fan / 100.0,
     )
 
 
@@ -507,15 +526,21 @@ class _ProcessBuffer:
     def __init__(self, symbol: str) -> None:
         self.__name__ = symbol  # for error messages (Device.optional)
         self._array: Any = (_ProcessInfo * _INITIAL_ENTRIES)()
+        self._count = ctypes.c_uint()
+        self._count_ref = ctypes.byref(self._count)
+        self._fn: Any = None
 
     def __call__(self, handle: Any) -> list[tuple[int, int | None]]:
-        fn = pynvml._nvmlGetFunctionPointer(self.__name__)
+        fn = self._fn
+        if fn is None:
+            fn = self._fn = pynvml._nvmlGetFunctionPointer(self.__name__)
+        count = self._count
         for _ in range(4):  # processes may appear between the calls
-            count = ctypes.c_uint(len(self._array))
-            ret = fn(handle, ctypes.byref(count), self._array)
+            count.value = len(self._array)
+            ret = fn(handle, self._count_ref, self._array)
             if ret == pynvml.NVML_SUCCESS:
                 return [
-                    (int(p.pid), None if p.usedGpuMemory == _NOT_AVAILABLE else int(p.usedGpuMemory))
+                    (p.pid, None if p.usedGpuMemory == _NOT_AVAILABLE else p.usedGpuMemory)
                     for p in self._array[: count.value]
                 ]
             if ret != pynvml.NVML_ERROR_INSUFFICIENT_SIZE:
@@ -532,14 +557,22 @@ class _UtilizationBuffer:
 
     def __init__(self) -> None:
         self._array: Any = (_UtilizationSample * _INITIAL_ENTRIES)()
+        self._count = ctypes.c_uint()
+        self._count_ref = ctypes.byref(self._count)
+        self._since = ctypes.c_ulonglong()
+        self._fn: Any = None
 
     def __call__(self, handle: Any, since_us: int) -> list[Any]:
-        fn = pynvml._nvmlGetFunctionPointer(self.__name__)
+        fn = self._fn
+        if fn is None:
+            fn = self._fn = pynvml._nvmlGetFunctionPointer(self.__name__)
+        count, since = self._count, self._since
+        since.value = since_us
         for _ in range(4):
-            count = ctypes.c_uint(len(self._array))
-            ret = fn(handle, self._array, ctypes.byref(count), ctypes.c_ulonglong(since_us))
+            count.value = len(self._array)
+            ret = fn(handle, self._array, self._count_ref, since)
             if ret == pynvml.NVML_SUCCESS:
-                return list(self._array[: count.value])
+                return self._array[: count.value]  # type: ignore[no-any-return]
             if ret != pynvml.NVML_ERROR_INSUFFICIENT_SIZE:
                 raise pynvml.NVMLError(ret)  # NOT_FOUND: no sample since `since_us`
             self._array = (_UtilizationSample * (count.value * 2 + 5))()
@@ -814,6 +847,9 @@ class _GpmMetricCell(ctypes.Structure):
     _fields_ = pynvml.c_nvmlGpmMetric_t._fields_
 
 
+_GpmMetricsGetView = _plain(pynvml.c_nvmlGpmMetricsGet_t)
+
+
 class GpmSampler:
     """One rolling pair of GPM samples: each poll takes one sample and reports over (previous, current)."""
 
@@ -837,12 +873,24 @@ class GpmSampler:
         self._cells = [metrics[i] for i in range(len(self._ids))]
         for cell, metric_id in zip(self._cells, self._ids, strict=True):
             cell.metricId = metric_id
+        self._head: Any = _GpmMetricsGetView.from_buffer(self._mg)  # sample1, sample2 without pynvml's hooks
+        self._mg_ref = ctypes.byref(self._mg)
+        self._functions: dict[str, Any] = {}
+
+    def _c(self, symbol: str, *args: Any) -> None:
+        # the C function straight (pynvml's wrapper looks it up under a lock on every call)
+        fn = self._functions.get(symbol)
+        if fn is None:
+            fn = self._functions[symbol] = pynvml._nvmlGetFunctionPointer(symbol)
+        ret = fn(*args)
+        if ret != _SUCCESS:
+            raise classify(pynvml.NVMLError(ret), symbol)
 
     def _take(self, sample: Any) -> None:
         if self._gi is None:
-            call(pynvml.nvmlGpmSampleGet, self._handle, sample)
+            self._c("nvmlGpmSampleGet", self._handle, sample)
         else:
-            call(pynvml.nvmlGpmMigSampleGet, self._handle, self._gi, sample)
+            self._c("nvmlGpmMigSampleGet", self._handle, self._gi, sample)
 
     def poll(self) -> dict[str, float] | None:
         """Ratios (0..1), and for a whole GPU traffic rates in bytes/s, per metric name; None on the first
@@ -856,10 +904,11 @@ class GpmSampler:
             return None  # keep the old baseline
         try:
             self._take(self._cur)
-            self._mg.sample1, self._mg.sample2 = self._prev, self._cur
+            head = self._head
+            head.sample1, head.sample2 = self._prev, self._cur
             for cell in self._cells:
                 cell.nvmlReturn = pynvml.NVML_ERROR_UNKNOWN  # don't trust stale outputs
-            call(pynvml.nvmlGpmMetricsGet, self._mg)
+            self._c("nvmlGpmMetricsGet", self._mg_ref)
         finally:
             self._prev, self._cur = self._cur, self._prev  # rotate even on failure
             self._prev_t = now

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
 from prometheus_client.core import Metric
 
 from exporter.collectors.base import NodeState
 from exporter.collectors.gpus import Answers, FleetCollector, GpuFleet, GpuSlot, Outcome, Read, Tiered
-from exporter.collectors.series import Series, table
+from exporter.collectors.series import Rows, Series, Values, defer, table
 from exporter.nvml import CLOCK_EVENT_REASONS, DeviceReading, SlowDeviceReading, read_device, read_device_slow
 from gpupulse.metrics import gpu as c
 from gpupulse.metrics.spec import MetricSpec
@@ -45,8 +47,8 @@ class _GpuSeries:
 
     info: Series
     up: Series
-    values: tuple[tuple[str, int, Series], ...]  # (DeviceReading attribute, family position, series)
-    slow: tuple[tuple[str, int, Series], ...]  # the same for SlowDeviceReading
+    values: tuple[tuple[int, int, Series], ...]  # (DeviceReading field, family position, series)
+    slow: tuple[tuple[int, int, Series], ...]  # the same for SlowDeviceReading
     statics: tuple[tuple[int, Series, float], ...]  # static facts: (family position, series, value)
     memory: tuple[Series, Series, Series, Series]  # total, used, free, reserved
     clock_events: tuple[Series, ...]  # one per CLOCK_EVENT_REASONS entry, in its order
@@ -69,8 +71,14 @@ def _series_of(slot: GpuSlot, driver_version: str) -> _GpuSeries:
     return _GpuSeries(
         info=table(c.GPU_INFO).series(*gpu, s.name, s.pci_bus_id, driver_version, s.vbios_version, mig),
         up=table(c.GPU_UP).series(*gpu),
-        values=tuple((attr, _INDEX[spec.name], table(spec).series(*gpu)) for spec, attr in _VALUES),
-        slow=tuple((attr, _INDEX[spec.name], table(spec).series(*gpu)) for spec, attr in _SLOW_VALUES),
+        values=tuple(
+            (DeviceReading._fields.index(attr), _INDEX[spec.name], table(spec).series(*gpu))
+            for spec, attr in _VALUES
+        ),
+        slow=tuple(
+            (SlowDeviceReading._fields.index(attr), _INDEX[spec.name], table(spec).series(*gpu))
+            for spec, attr in _SLOW_VALUES
+        ),
         statics=tuple(statics),
         memory=(
             table(_MEMORY[0]).series(*gpu),
@@ -99,64 +107,80 @@ class DeviceCollector(FleetCollector):
         return [(read_device, self.fleet.slots), *self._slow.plan()]
 
     def publish(self, answers: Sequence[Answers], state: NodeState) -> Sequence[Metric]:
-        """Families of every GPU; the GPU list to NodeState."""
+        """Families of every GPU (their rows made when first read, see `defer`); the GPU list to
+        NodeState."""
         outcomes = answers[0]
         slow = {slot.uuid: r for slot, r in self._slow.settle(answers[1:])}
         self.fleet.note_device_round([r for _, r in outcomes])
         results = {slot.uuid: r for slot, r in outcomes}
-        fams = [table(spec).family() for spec in c.DEVICE_METRICS]
-        # the rows and values lists of every family, appended to directly: ~35 rows per GPU per tick
-        rows = [f.rows for f in fams]
-        values = [f.values for f in fams]
-        info, up = _INDEX[c.GPU_INFO.name], _INDEX[c.GPU_UP.name]
-        total, used, free, reserved = (_INDEX[spec.name] for spec in _MEMORY)
-        clock_event = _INDEX[c.GPU_CLOCK_EVENT.name]
+        tick: list[_GpuTick] = []
         answered = False
         for slot in self.fleet.slots:
             gs = self._series.get(slot.uuid)
             if gs is None:
                 gs = self._series[slot.uuid] = _series_of(slot, self.fleet.driver_version)
-            rows[info].append(gs.info)
-            values[info].append(1.0)
             reading = results.get(slot.uuid, Outcome.LOST)
-            rows[up].append(gs.up)
-            if not isinstance(reading, DeviceReading):
-                values[up].append(0.0)
-                continue
-            answered = True
-            values[up].append(1.0)
-            for attr, position, series in gs.values:
-                value = getattr(reading, attr)
-                if value is not None:
-                    rows[position].append(series)
-                    values[position].append(float(value))
-            slow_reading = slow.get(slot.uuid)
-            if isinstance(slow_reading, SlowDeviceReading):
-                for attr, position, series in gs.slow:
-                    value = getattr(slow_reading, attr)
-                    if value is not None:
-                        rows[position].append(series)
-                        values[position].append(float(value))
-            for position, series, static in gs.statics:
-                rows[position].append(series)
-                values[position].append(static)
-            mem = reading.memory
-            if mem is not None:
-                rows[total].append(gs.memory[0])
-                values[total].append(float(mem.total_bytes))
-                rows[used].append(gs.memory[1])
-                values[used].append(float(mem.used_bytes))
-                rows[free].append(gs.memory[2])
-                values[free].append(float(mem.free_bytes))
-                if mem.reserved_bytes is not None:
-                    rows[reserved].append(gs.memory[3])
-                    values[reserved].append(float(mem.reserved_bytes))
-            reasons = reading.clock_event_reasons
-            if reasons is not None:
-                rows[clock_event].extend(gs.clock_events)
-                values[clock_event].extend([1.0 if reasons & bit else 0.0 for _, bit in CLOCK_EVENT_REASONS])
+            if isinstance(reading, DeviceReading):
+                answered = True
+                tiered = slow.get(slot.uuid)
+                tick.append((gs, reading, tiered if isinstance(tiered, SlowDeviceReading) else None))
+            else:
+                tick.append((gs, None, None))
         self.fleet.answered = answered or not self.fleet.slots
         live = {slot.uuid for slot in self.fleet.live()}
         migs = tuple(g for g in state.gpus if g.mig_uuid and g.uuid in live)
         state.gpus = tuple(slot.ref() for slot in self.fleet.live()) + migs
-        return [f for f in fams if f.rows]
+        fams = [table(spec).family() for spec in c.DEVICE_METRICS]
+        defer(fams, partial(_rows_of, tick))
+        return fams
+
+
+# one GPU of a tick: its series, and its reading and slow-tier reading (None for a GPU not answering)
+_GpuTick = tuple[_GpuSeries, DeviceReading | None, SlowDeviceReading | None]
+_INFO, _UP = _INDEX[c.GPU_INFO.name], _INDEX[c.GPU_UP.name]
+_TOTAL, _USED, _FREE, _RESERVED = (_INDEX[spec.name] for spec in _MEMORY)
+_CLOCK_EVENT = _INDEX[c.GPU_CLOCK_EVENT.name]
+
+
+def _rows_of(tick: list[_GpuTick], rows: Rows, values: Values) -> None:
+    """The rows of every device family from one tick's readings (~35 per GPU): a lost or stale GPU
+    has gpu_info and gpu_up 0 only."""
+    for gs, reading, slow_reading in tick:
+        rows[_INFO].append(gs.info)
+        values[_INFO].append(1.0)
+        rows[_UP].append(gs.up)
+        if reading is None:
+            values[_UP].append(0.0)
+            continue
+        values[_UP].append(1.0)
+        fields: tuple[Any, ...] = reading  # by position: the fields gs.values names are numbers
+        for field, position, series in gs.values:
+            value = fields[field]
+            if value is not None:
+                rows[position].append(series)
+                values[position].append(float(value))
+        if slow_reading is not None:
+            slow_fields: tuple[Any, ...] = slow_reading
+            for field, position, series in gs.slow:
+                value = slow_fields[field]
+                if value is not None:
+                    rows[position].append(series)
+                    values[position].append(float(value))
+        for position, series, static in gs.statics:
+            rows[position].append(series)
+            values[position].append(static)
+        mem = reading.memory
+        if mem is not None:
+            rows[_TOTAL].append(gs.memory[0])
+            values[_TOTAL].append(float(mem.total_bytes))
+            rows[_USED].append(gs.memory[1])
+            values[_USED].append(float(mem.used_bytes))
+            rows[_FREE].append(gs.memory[2])
+            values[_FREE].append(float(mem.free_bytes))
+            if mem.reserved_bytes is not None:
+                rows[_RESERVED].append(gs.memory[3])
+                values[_RESERVED].append(float(mem.reserved_bytes))
+        reasons = reading.clock_event_reasons
+        if reasons is not None:
+            rows[_CLOCK_EVENT].extend(gs.clock_events)
+            values[_CLOCK_EVENT].extend([1.0 if reasons & bit else 0.0 for _, bit in CLOCK_EVENT_REASONS])

@@ -4,12 +4,13 @@ traffic per GPU (GPM where it exists, else NVML's PCIe sample and NVLink counter
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 
 from prometheus_client.core import Metric
 
 from exporter.collectors.base import NodeState
 from exporter.collectors.gpus import Answers, FleetCollector, GpuFleet, GpuSlot, Read
-from exporter.collectors.series import Series, table
+from exporter.collectors.series import Rows, Series, Values, defer, table
 from exporter.nvml import Device, InterconnectReading, poll_gpm, read_interconnect
 from gpupulse.metrics import gpu as c
 from gpupulse.metrics.spec import MetricSpec
@@ -63,23 +64,35 @@ class GpmCollector(FleetCollector):
         return [(self._read, self.fleet.live())]
 
     def publish(self, answers: Sequence[Answers], state: NodeState) -> Sequence[Metric]:
-        """GPM where supported (the first poll only sets the baseline), else NVML's counters."""
-        fams = [table(spec).family() for spec in _SPECS]
-        rows = [f.rows for f in fams]
-        values = [f.values for f in fams]
+        """GPM where supported (the first poll only sets the baseline), else NVML's counters; the rows
+        are made when first read (see `defer`)."""
+        tick: list[tuple[dict[str, tuple[int, Series]], dict[str, float] | InterconnectReading]] = []
         for slot, result in answers[0]:
-            if isinstance(result, dict):
-                series = self._series_of(slot)
-                for metric, value in result.items():
+            if isinstance(result, (dict, InterconnectReading)):
+                tick.append((self._series_of(slot), result))
+        fams = [table(spec).family() for spec in _SPECS]
+        defer(fams, partial(_rows_of, tick))
+        return fams
+
+
+_INTERCONNECT = ("pcie_tx", "pcie_rx", "nvlink_tx", "nvlink_rx")
+
+
+def _rows_of(
+    tick: list[tuple[dict[str, tuple[int, Series]], dict[str, float] | InterconnectReading]],
+    rows: Rows,
+    values: Values,
+) -> None:
+    for series, result in tick:
+        if isinstance(result, dict):
+            for metric, value in result.items():
+                position, one = series[metric]
+                rows[position].append(one)
+                values[position].append(value)
+        else:
+            for metric in _INTERCONNECT:
+                value = getattr(result, metric)
+                if value is not None:
                     position, one = series[metric]
                     rows[position].append(one)
                     values[position].append(value)
-            elif isinstance(result, InterconnectReading):
-                series = self._series_of(slot)
-                for metric in ("pcie_tx", "pcie_rx", "nvlink_tx", "nvlink_rx"):
-                    value = getattr(result, metric)
-                    if value is not None:
-                        position, one = series[metric]
-                        rows[position].append(one)
-                        values[position].append(value)
-        return [f for f in fams if f.rows]

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 
 from prometheus_client.core import Metric
 
 from exporter.collectors.base import GpuProcess, NodeState, PodRef
 from exporter.collectors.gpus import Answers, FleetCollector, GpuFleet, Read
-from exporter.collectors.series import Series, table
+from exporter.collectors.series import Rows, Series, Values, defer, table
 from exporter.nvml import Device, ProcessReading, read_processes
 from gpupulse.metrics import gpu as c
 
@@ -43,9 +44,11 @@ class ProcessesCollector(FleetCollector):
         return [(self._read, self.fleet.slots)]
 
     def publish(self, answers: Sequence[Answers], state: NodeState) -> Sequence[Metric]:
-        """Process series per GPU; the processes to NodeState."""
+        """Process series per GPU (their rows made when first read, see `defer`); the processes to
+        NodeState."""
         memory, sm_util = (table(spec).family() for spec in c.PROCESS_METRICS)
         published: list[GpuProcess] = []
+        tick: list[_ProcessTick] = []
         pid_pods = state.pid_pods
         before, now = self._rows, {}
         for slot, r in answers[0]:
@@ -68,12 +71,24 @@ class ProcessesCollector(FleetCollector):
                     row.process = GpuProcess(uuid, slot.index, pid, used, mig_uuid)
                 now[key] = row
                 published.append(row.process)
-                if used is not None:
-                    memory.add(row.memory, float(used))
-                if measured:
-                    # Samples are sparse: a process with no kernel time in the window has none: 0
-                    values = sm.get(pid)
-                    sm_util.add(row.sm, sum(values) / len(values) if values else 0.0)
+                # Samples are sparse: a process with no kernel time in the window has none (then 0)
+                tick.append((row.memory, row.sm, used, sm.get(pid, _NO_SAMPLES) if measured else None))
         self._rows = now
         state.processes = tuple(published)
-        return [f for f in (memory, sm_util) if f.rows]
+        defer((memory, sm_util), partial(_rows_of, tick))
+        return [memory, sm_util]
+
+
+_NO_SAMPLES: list[float] = []  # never appended to
+# one process of a tick: its memory and SM series, its memory, and its SM samples (None: not measured)
+_ProcessTick = tuple[Series, Series, int | None, list[float] | None]
+
+
+def _rows_of(tick: list[_ProcessTick], rows: Rows, values: Values) -> None:
+    for memory, sm, used, samples in tick:
+        if used is not None:
+            rows[0].append(memory)
+            values[0].append(float(used))
+        if samples is not None:
+            rows[1].append(sm)
+            values[1].append(sum(samples) / len(samples) if samples else 0.0)

@@ -12,7 +12,9 @@ only when a consumer asks for it (OTLP push, merging with a plug-in's family, te
 
 from __future__ import annotations
 
+import logging
 import math
+import threading
 from collections.abc import Callable, Sequence
 from typing import cast
 
@@ -22,6 +24,7 @@ from prometheus_client.utils import floatToGoString
 
 from gpupulse.metrics.spec import MetricSpec
 
+log = logging.getLogger(__name__)
 _go_float = cast(Callable[[float], str], floatToGoString)  # Go-style floats, as Prometheus prints
 _TABLE_MAX_SERIES = 50_000  # series churn (processes come and go): a table starts over past this
 # Every this many families made from a table (ticks, for most), it forgets the series its latest
@@ -125,7 +128,12 @@ class SeriesTable:
 
 
 class SeriesFamily(Metric):
-    """A gauge or counter family holding (series, value) rows; `samples` is built on first use."""
+    """A gauge or counter family holding (series, value) rows; `samples` is built on first use.
+
+    A family may be deferred (see `defer`): its rows are then made on first use, usually when a scrape
+    renders the snapshot, from what its tick kept; one deferred without rows renders nothing, as a
+    collector leaves an empty family out.
+    """
 
     def __init__(self, table: SeriesTable) -> None:
         # Metric.__init__ would validate the name again and assign samples; the catalog is validated.
@@ -134,14 +142,41 @@ class SeriesFamily(Metric):
         self.unit = ""
         self.type = "counter" if table.counter else "gauge"
         self.table = table
-        self.rows: list[Series] = []
-        self.values: list[float] = []
+        self._rows: list[Series] = []
+        self._values: list[float] = []
         self._samples: list[Sample] | None = None
+        self._fill: _Fill | None = None
+        self._deferred = False
+
+    @property
+    def rows(self) -> list[Series]:
+        """The series, one per row."""
+        if self._fill is not None:
+            self._filled()
+        return self._rows
+
+    @property
+    def values(self) -> list[float]:
+        """The values, one per row."""
+        if self._fill is not None:
+            self._filled()
+        return self._values
+
+    @property
+    def pending(self) -> bool:
+        """True while a deferred family's rows are not made yet."""
+        return self._fill is not None and self._fill.pending
+
+    def _filled(self) -> None:
+        fill = self._fill
+        if fill is not None:
+            fill.run()
+            self._fill = None
 
     def add(self, series: Series, value: float) -> None:
         """Add one row."""
-        self.rows.append(series)
-        self.values.append(value)
+        self._rows.append(series)
+        self._values.append(value)
 
     def add_metric(self, labels: Sequence[str], value: float) -> None:
         """Add one row by its label values, in the spec's label order."""
@@ -167,11 +202,14 @@ class SeriesFamily(Metric):
 
     @samples.setter
     def samples(self, value: list[Sample]) -> None:
+        self._filled()
         self._samples = list(value)
 
     def render_into(self, out: list[str]) -> None:
         """Append the family's exposition text (header and one line per row)."""
         table, rows, values = self.table, self.rows, self.values
+        if not rows and self._deferred:
+            return
         last = table.last_text
         # Same series with the same values as the last render of this spec: the same text. Series
         # compare by identity; -0.0 == 0.0 but prints differently, so a negative zero on either side
@@ -188,6 +226,57 @@ class SeriesFamily(Metric):
         text = table.header + "".join([s.line(v) for s, v in zip(rows, values, strict=True)])
         table.last_text = (rows, values, text)
         out.append(text)
+
+
+Rows = list[list[Series]]
+Values = list[list[float]]
+
+
+class _Fill:
+    """Makes the rows of a tick's deferred families once, on whichever thread first needs them.
+
+    It holds the families' lists, not the families: no reference cycle, so a snapshot nobody scraped
+    is freed by reference counting alone.
+    """
+
+    __slots__ = ("_fn", "_lock", "_rows", "_values")
+
+    def __init__(self, fn: Callable[[Rows, Values], None], rows: Rows, values: Values) -> None:
+        self._fn: Callable[[Rows, Values], None] | None = fn
+        self._rows, self._values = rows, values
+        self._lock = threading.Lock()
+
+    @property
+    def pending(self) -> bool:
+        return self._fn is not None
+
+    def run(self) -> None:
+        with self._lock:
+            fn, self._fn = self._fn, None
+            if fn is None:
+                return
+            try:
+                fn(self._rows, self._values)
+            except Exception:  # a bug in one collector's fill must not take the whole scrape down
+                log.exception("building deferred families failed; they are left out")
+                for rows in self._rows:
+                    rows.clear()
+                for values in self._values:
+                    values.clear()
+
+
+def defer(families: Sequence[SeriesFamily], fill: Callable[[Rows, Values], None]) -> None:
+    """Make the families' rows on first use: `fill(rows, values)` appends to each family's lists, in
+    the order of `families`.
+
+    A tick keeps what it read and returns the families at once; the rows are made when a scrape (or a
+    push) first reads them, and most ticks are never scraped (every 15-30 s, a tick every second).
+    `fill` runs at most once, on any thread, so it may read only what the tick handed it: readings
+    and series made before, never a table it would add to.
+    """
+    shared = _Fill(fill, [f._rows for f in families], [f._values for f in families])
+    for f in families:
+        f._fill, f._deferred = shared, True
 
 
 def _negative_zero(values: list[float]) -> bool:
