@@ -187,7 +187,7 @@ class AttributionCollector:
             )
         self._exported: set[tuple[str, int]] = set()
         self._dropped_total = 0
-        self._reader: ItemReader[int, ProcessInfo] = ItemReader("attribution-procfs")
+        self._reader: ItemReader[int, ProcessInfo | None] = ItemReader("attribution-procfs")
         self._resolver_busy = False
         self._last_pid_pods: dict[int, PodRef] = {}
         self._memo: _AllocationMemo | None = None
@@ -356,11 +356,20 @@ class AttributionCollector:
         for proc in processes:
             devices.setdefault(proc.pid, set()).add(proc.mig_uuid or proc.uuid)
         wanted = [ProcessDevices(pid, frozenset(keys)) for pid, keys in devices.items()]
+        procfs = self._procfs
+
+        def read(pid: int) -> ProcessInfo | None:
+            if pid == _RETAIN:  # after the reads, on their thread: descriptors of gone PIDs closed
+                procfs.retain(devices)
+                return None
+            return procfs.process(pid)
+
         s = self.settings
         got = await self._reader.read(
-            sorted(devices), self._procfs.process, s.procfs_timeout_seconds, s.procfs_item_timeout_seconds
+            [*sorted(devices), _RETAIN], read, s.procfs_timeout_seconds, s.procfs_item_timeout_seconds
         )
-        infos = dict(got.values)
+        got.unread.discard(_RETAIN)
+        infos = {pid: info for pid, info in got.values.items() if info is not None}
         pid_pods = await self._resolve(wanted, infos, allocations, view)
         last = self._last_pid_pods
         for pid, ref in pid_pods.items():
@@ -467,9 +476,11 @@ class AttributionCollector:
             await self._pods.close()
         self._reader.close()
         self._environ.close()
+        self._procfs.close()
 
 
 _NO_POD = PodRef("", "", "")
+_RETAIN = -1  # the last item of a round's /proc reads: close the kept descriptors of gone PIDs
 # gpu_process_state's values for a process in each state, in STATE_NAMES order
 _STATE_VALUES = {name: tuple(1.0 if other == name else 0.0 for other in STATE_NAMES) for name in STATE_NAMES}
 _NO_STATE = (0.0,) * len(STATE_NAMES)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import NamedTuple
 
 from exporter.attribution.podresources_proto import PodResources
@@ -36,8 +35,9 @@ def _no_lookup(uid: str) -> tuple[str, str] | None:
     raise _NeedsLookup(uid)
 
 
-@dataclass(frozen=True)
-class ProcessDevices:
+class ProcessDevices(NamedTuple):
+    """A GPU process and the devices it is on (a round makes one per GPU process)."""
+
     pid: int
     device_keys: frozenset[str]  # MIG UUIDs for MIG processes, else GPU UUIDs
 
