@@ -1,0 +1,174 @@
+"""A clean engine page's structure, kept per endpoint, so that the next page with the same structure
+is read by comparing its lines and converting its values instead of parsing it.
+
+Engines write the same page every scrape: the same families, label sets and comments, new values.
+After a page parsed without any problem, its lines without their values (a comment line whole) and
+where each kept sample's value sits are kept (`PagePlan`). The next page is compared with the plan
+chunk by chunk as it streams in (`PlanMatcher`): while every line up to its last space is the same,
+only the values of kept samples are read, by the parser's own number rules. The families are then
+made by the parser's own `_build`, so all that depends on values (cumulative buckets, NaN counts)
+is judged as before. The first line that differs, a value those rules do not read, a cut or a cap
+sends the whole page so far through the full parser: a plan never decides anything itself.
+
+A plan is made from a clean page (`make_plan`) by parsing it once more with every value replaced by
+its own line number, so that each kept row says which line it came from, and it is kept only if
+reading the real page through it gives exactly what the full parse gave.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from exporter.engines.exposition import Exposition, ExpositionParser
+
+PLAN_MAX_LINES = 4096  # a bigger page is parsed every time (a plan holds its lines' text)
+# (wire name, storage key, type, member sample names, rows as (suffix, raw labels, labels, value index))
+PlanFamily = tuple[str, str, str, dict[str, str], list[tuple[str, str, Any, int]]]
+
+
+@dataclass(frozen=True)
+class PagePlan:
+    """What a clean page was made of, for reading the next page with the same structure."""
+
+    settings: tuple[object, ...]  # (wanted, max_samples, note_prefixes) of the parse it came from
+    keys: list[str]  # per line: a comment or blank line whole, a sample line up to and with its last space
+    values_at: list[tuple[int, int]]  # (line number, key length) of each kept sample, in line order
+    value_lines: list[int]  # the line numbers alone, for bisect
+    families: list[PlanFamily]  # every kept family, in the parser's order
+    help: dict[str, str]  # the parser's HELP texts by wire name
+    families_seen: int
+    ray_prefixed: bool
+    prefixes_seen: frozenset[str]
+    samples: int
+
+
+class PlanMatcher:
+    """One page compared with a plan as it streams in; `values` holds the kept samples read so far."""
+
+    def __init__(self, plan: PagePlan, max_line_chars: int) -> None:
+        self.plan = plan
+        self.values: list[float] = []
+        self._max_line_chars = max_line_chars
+        self._parts: list[str] = []
+        self._carry = ""
+        self._pos = 0
+
+    def feed(self, text: str) -> bool:
+        """Take the next text; False once the page leaves the plan (the caller parses `text()`)."""
+        self._parts.append(text)
+        lines = text.split("\n")
+        lines[0] = self._carry + lines[0]
+        self._carry = lines.pop()
+        if len(self._carry) > self._max_line_chars:
+            return False  # the parser judges over-long lines where each chunk ends
+        plan, pos = self.plan, self._pos
+        end = pos + len(lines)
+        # a line without a space keys as itself: never as a blank line, nor as any plan key with a value
+        keys = [line if line[:1] == "#" else line[: line.rfind(" ") + 1] or line for line in lines]
+        if end > len(plan.keys) or keys != plan.keys[pos:end]:
+            return False
+        lo = bisect.bisect_left(plan.value_lines, pos)
+        hi = bisect.bisect_left(plan.value_lines, end)
+        tokens = [lines[i - pos][cut:] for i, cut in plan.values_at[lo:hi]]
+        # the parser's fast rule: what float() reads, but not Python's 1_000
+        if any("_" in token for token in tokens):
+            return False
+        try:
+            self.values += map(float, tokens)
+        except ValueError:
+            return False
+        self._pos = end
+        return True
+
+    def complete(self, tail: str) -> bool:
+        """Every line of the plan was met, and nothing follows the last newline."""
+        return self._pos == len(self.plan.keys) and not self._carry and not tail
+
+    def text(self) -> str:
+        """Everything fed so far."""
+        return "".join(self._parts)
+
+
+def make_plan(
+    text: str, expo: Exposition, new_parser: Callable[[], ExpositionParser], settings: tuple[object, ...]
+) -> PagePlan | None:
+    """The plan of a page the full parser read cleanly into `expo`; None when it has none."""
+    from exporter.engines.exposition import is_name  # the parser imports this module
+
+    lines = text.split("\n")
+    if lines.pop() != "" or len(lines) > PLAN_MAX_LINES:
+        return None  # a page without its last newline, or too big to keep
+    keys: list[str] = []
+    marked: list[str] = []
+    for i, line in enumerate(lines):
+        if line[:1] == "#" or not line:  # a comment, or a blank line between families
+            keys.append(line)
+            marked.append(line)
+            continue
+        cut = line.rfind(" ") + 1
+        if cut == 0 or line[:cut].isspace():
+            return None  # a line without a value, or a blank one
+        keys.append(line[:cut])
+        marked.append(f"{line[:cut]}{i}")  # its own line number for its value
+    recording = new_parser()
+    if not recording.feed("\n".join(marked) + "\n"):
+        return None
+    found = recording.plan_rows()
+    if found is None:
+        return None
+    families, used = found
+    lines_used = sorted(used)
+    if len(set(lines_used)) != len(lines_used) or any(not 0 <= i < len(lines) for i in lines_used):
+        return None
+    for _, _, _, members, rows in families:
+        for suffix, raw, _, i in rows:
+            # each row from its own line, `name{labels} value` (a value may also sit in a line's text
+            # before a timestamp: such a line is no plan's)
+            name = keys[i][: len(keys[i]) - len(raw) - 1]
+            if not keys[i].endswith(raw + " ") or members.get(name) != suffix or not is_name(name):
+                return None
+    index = {line_no: n for n, line_no in enumerate(lines_used)}
+    planned = [
+        (wire, key, kind, members, [(s, raw, ls, index[i]) for s, raw, ls, i in rows])
+        for wire, key, kind, members, rows in families
+    ]
+    plan = PagePlan(
+        settings=settings,
+        keys=keys,
+        values_at=[(i, len(keys[i])) for i in lines_used],
+        value_lines=lines_used,
+        families=planned,
+        help=dict(recording.help_texts()),
+        families_seen=recording.families_seen,
+        ray_prefixed=expo.ray_prefixed,
+        prefixes_seen=frozenset(expo.prefixes_seen),
+        samples=expo.samples,
+    )
+    # the proof: the real page read through the plan gives exactly what the full parse gave
+    check = new_parser()
+    matcher = PlanMatcher(plan, 1 << 62)
+    if not matcher.feed(text) or not matcher.complete(""):
+        return None
+    return plan if same(check.read_by_plan(plan, matcher.values), expo) else None
+
+
+def same(a: Exposition, b: Exposition) -> bool:
+    """Two readings of a page are the same, NaN values included (as their text is)."""
+    return (
+        repr((a.gauges, a.counters, a.histograms, a.help))
+        == repr((b.gauges, b.counters, b.histograms, b.help))
+        and (a.ray_prefixed, a.wanted, a.noted, a.prefixes_seen, a.malformed_families, a.malformed_count)
+        == (
+            b.ray_prefixed,
+            b.wanted,
+            b.noted,
+            b.prefixes_seen,
+            b.malformed_families,
+            b.malformed_count,
+        )
+        and (a.skipped_lines, a.samples, a.truncated) == (b.skipped_lines, b.samples, b.truncated)
+    )
