@@ -30,6 +30,7 @@ import codecs
 import functools
 import itertools
 import math
+import operator
 import re
 import sys
 from collections.abc import Callable, Collection, Iterable, Mapping
@@ -246,7 +247,7 @@ def _value(token: str) -> float:
     return float(token)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Child:
     labels: dict[str, str]
     buckets: list[tuple[float, float]] = field(default_factory=list)
@@ -669,6 +670,9 @@ class _LabelSet:
 
 
 _NO_LABELS = _LabelSet({}, None, {}, ())
+# One key object per distinct non-`le` label set: a histogram child's rows share it, so grouping them
+# is mostly an identity test (a bounded table; equal keys made after a clear still compare equal).
+_KEYS: dict[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]] = {}
 # What a parser keeps per endpoint between scrapes, in one bounded dict: parsed label blocks by their
 # text (keys start with "{"), (name, label text, labels) by a sample line's text before its value
 # (keys start with the metric name), (name, type) by a TYPE line and (name, "HELP", text or None
@@ -710,7 +714,10 @@ def _label_set(raw: str) -> _LabelSet:
             bound = _value(le)
         except ValueError:
             pass  # a bucket of this label set makes its family malformed
-    return _LabelSet(labels, le, rest, tuple(sorted(rest.items())), bound)
+    items = tuple(sorted(rest.items()))
+    if len(_KEYS) >= LABEL_CACHE_MAX:
+        _KEYS.clear()
+    return _LabelSet(labels, le, rest, _KEYS.setdefault(items, items), bound)
 
 
 def _sample(line: str, pos: int, cache: dict[str, _Cached] | None) -> tuple[str, _LabelSet, float]:
@@ -740,20 +747,27 @@ def _sample(line: str, pos: int, cache: dict[str, _Cached] | None) -> tuple[str,
     return raw, labels, value
 
 
-def _has_duplicates(rows: list[tuple[str, str, _LabelSet, float]]) -> bool:
+def _has_duplicates(rows: list[_Row]) -> bool:
     # Prometheus refuses a whole page with a series twice; here only that family goes.
+    if len({r[1] for r in rows}) == len(rows):
+        return False  # no label text twice (the common case, without a tuple per row)
     return len({(r[0], r[1]) for r in rows}) != len(rows)
 
 
-def _histogram_children(rows: list[tuple[str, str, _LabelSet, float]]) -> list[HistogramSeries] | None:
+def _histogram_children(rows: list[_Row]) -> list[HistogramSeries] | None:
     """Group _bucket/_sum/_count rows by their non-`le` labels; None when a child is inconsistent."""
     groups: dict[tuple[tuple[str, str], ...], _Child] = {}
+    last: tuple[tuple[str, str], ...] | None = None
+    child = _Child({})
     for suffix, _, ls, value in rows:
         if suffix == "_created":
             continue
-        child = groups.get(ls.key)
-        if child is None:
-            child = groups[ls.key] = _Child(ls.rest)
+        key = ls.key
+        if key is not last and key != last:  # a child's rows mostly come together
+            found = groups.get(key)
+            if found is None:
+                found = groups[key] = _Child(ls.rest)
+            child, last = found, key
         if suffix == "_bucket":
             if ls.bound is None:
                 return None  # no le, or one that is not a number
@@ -767,9 +781,11 @@ def _histogram_children(rows: list[tuple[str, str, _LabelSet, float]]) -> list[H
         buckets = sorted(child.buckets)
         if not buckets:
             continue
-        if len({b for b, _ in buckets}) != len(buckets):
+        bounds = [b for b, _ in buckets]
+        if len(set(bounds)) != len(bounds):
             return None  # one bound twice
-        if any(b[1] < a[1] for a, b in itertools.pairwise(buckets)):
+        counts = [v for _, v in buckets]
+        if any(map(operator.lt, counts[1:], counts)):
             return None  # cumulative counts that fall: not a histogram
         count = child.count if not math.isnan(child.count) else buckets[-1][1]
         if buckets[-1][0] != math.inf:

@@ -66,6 +66,8 @@ def _collapse_pid(samples: Sequence[Sample]) -> list[Sample]:
 
     The processes of one engine report the same engine state, so summing would double-count.
     """
+    if len(samples) <= 1 and not (samples and PID_LABEL in samples[0].labels):
+        return list(samples)  # one sample per model and engine, the common case: nothing to collapse
     best: dict[tuple[tuple[str, str], ...], Sample] = {}
     for s in samples:
         key = tuple(sorted((k, v) for k, v in s.labels.items() if k != PID_LABEL))
@@ -99,6 +101,13 @@ def merge_histograms(
     chosen = [c for c in children if keep is None or keep(c.labels)]
     if not chosen:
         return None
+    if len(chosen) == 1:  # one child (one engine, one model): its buckets, added to zeros as below
+        c = chosen[0]
+        return Histogram(
+            tuple((b * scale if b != math.inf else math.inf, 0.0 + v) for b, v in c.buckets),
+            (0.0 + (0.0 if math.isnan(c.sum) else c.sum)) * scale,
+            0.0 + c.count,
+        )
     bounds = tuple(b for b, _ in chosen[0].buckets)
     counts = [0.0] * len(bounds)
     total_sum = 0.0
@@ -133,20 +142,20 @@ class ModelView:
         self._label = model_label
         self.model = model
 
-    def _mine(self, labels: Labels) -> bool:
-        return labels.get(self._label, "") == self.model
-
     def gauge(self, name: str) -> list[Sample]:
         """Gauge samples of this model."""
-        return [s for s in self._expo.gauge(name) if self._mine(s.labels)]
+        label, model = self._label, self.model
+        return [s for s in self._expo.gauge(name) if s.labels.get(label, "") == model]
 
     def counter(self, name: str) -> list[Sample]:
         """Counter samples of this model."""
-        return [s for s in self._expo.counter(name) if self._mine(s.labels)]
+        label, model = self._label, self.model
+        return [s for s in self._expo.counter(name) if s.labels.get(label, "") == model]
 
     def histogram(self, name: str) -> list[HistogramSeries]:
         """Histogram children of this model."""
-        return [c for c in self._expo.histogram(name) if self._mine(c.labels)]
+        label, model = self._label, self.model
+        return [c for c in self._expo.histogram(name) if c.labels.get(label, "") == model]
 
 
 def models(expo: Exposition, prefix: str, model_label: str) -> list[str]:
