@@ -104,16 +104,16 @@ def merge_histograms(
     if len(chosen) == 1:  # one child (one engine, one model): its buckets, added to zeros as below
         c = chosen[0]
         return Histogram(
-            tuple((b * scale if b != math.inf else math.inf, 0.0 + v) for b, v in c.buckets),
+            tuple([(b * scale if b != math.inf else math.inf, 0.0 + v) for b, v in c.buckets]),
             (0.0 + (0.0 if math.isnan(c.sum) else c.sum)) * scale,
             0.0 + c.count,
         )
-    bounds = tuple(b for b, _ in chosen[0].buckets)
+    bounds = [b for b, _ in chosen[0].buckets]
     counts = [0.0] * len(bounds)
     total_sum = 0.0
     total_count = 0.0
     for c in chosen:
-        if tuple(b for b, _ in c.buckets) != bounds:
+        if [b for b, _ in c.buckets] != bounds:
             continue  # children with other bounds cannot be added bucket-wise
         for i, (_, v) in enumerate(c.buckets):
             counts[i] += v
