@@ -33,11 +33,11 @@ import math
 import operator
 import re
 import sys
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from exporter.engines.pageplan import PagePlan, PlanFamily, PlanMatcher, make_plan
+from exporter.engines.pageplan import PagePlan, PlanFamily, PlanMatcher, PlanOutput, make_plan
 from exporter.errors import ExpositionError
 
 Labels = Mapping[str, str]
@@ -250,9 +250,9 @@ def _value(token: str) -> float:
 @dataclass(slots=True)
 class _Child:
     labels: dict[str, str]
-    buckets: list[tuple[float, float]] = field(default_factory=list)
-    sum: float = math.nan
-    count: float = math.nan
+    buckets: list[tuple[float, int]] = field(default_factory=list)  # (bound, row)
+    sum: int | None = None  # its rows
+    count: int | None = None
 
 
 class ExpositionParser:
@@ -481,18 +481,30 @@ class ExpositionParser:
         return self._families_seen
 
     def read_by_plan(self, plan: PagePlan, values: list[float]) -> Exposition:
-        """The page a plan describes, with these values of its kept samples (in line order)."""
-        for wire, key, kind, members, rows in plan.families:
-            fam = _Family(wire, key, kind, True, members)
-            fam.rows = [(suffix, raw, ls, values[j]) for suffix, raw, ls, j in rows]
-            self._families[key] = fam
-        self._help = plan.help
-        self._families_seen = plan.families_seen
+        """The page a plan describes, with these values of its kept samples (in line order): what
+        _build gives for it, with what depends only on the structure decided when the plan was made."""
         expo = self.expo
         expo.ray_prefixed = plan.ray_prefixed
         expo.prefixes_seen = set(plan.prefixes_seen)
         expo.samples = plan.samples
-        self._build()
+        self._families_seen = plan.families_seen
+        for kind, key, help_text, payload in plan.outputs:
+            if help_text:
+                expo.help.setdefault(key, help_text)
+            if kind == "counter":
+                expo.counters[key] = [Sample(labels, values[j]) for labels, j in payload]
+            elif kind == "gauge":
+                expo.gauges[key] = [Sample(labels, values[j]) for labels, j in payload]
+            elif kind == "histogram":
+                children = _histogram_series(payload, values)
+                if children is None:
+                    self._malformed(_Family(key, key, kind, True, _NO_MEMBERS))
+                else:
+                    expo.histograms[key] = children
+        if not any(True for _ in expo.names()) and expo.malformed_count:
+            raise ExpositionError(
+                f"nothing readable in payload (0 unreadable lines, {expo.malformed_count} malformed)"
+            )
         return expo
 
     # ---- lines --------------------------------------------------------------------------------
@@ -756,10 +768,21 @@ def _has_duplicates(rows: list[_Row]) -> bool:
 
 def _histogram_children(rows: list[_Row]) -> list[HistogramSeries] | None:
     """Group _bucket/_sum/_count rows by their non-`le` labels; None when a child is inconsistent."""
+    shape = _histogram_shape(rows)
+    return None if shape is None else _histogram_series(shape, [r[3] for r in rows])
+
+
+# A histogram child as its rows' structure made it: (labels, bucket bounds in order, the rows their
+# counts are in, the row of its _sum, the row of its _count); what rows hold is judged each time.
+_ChildShape = tuple[dict[str, str], list[float], list[int], int | None, int | None]
+
+
+def _histogram_shape(rows: Sequence[tuple[str, str, _LabelSet, object]]) -> list[_ChildShape] | None:
+    """The children of a histogram's rows; None when a bucket has no bound or a child a bound twice."""
     groups: dict[tuple[tuple[str, str], ...], _Child] = {}
     last: tuple[tuple[str, str], ...] | None = None
     child = _Child({})
-    for suffix, _, ls, value in rows:
+    for n, (suffix, _, ls, _) in enumerate(rows):
         if suffix == "_created":
             continue
         key = ls.key
@@ -771,26 +794,78 @@ def _histogram_children(rows: list[_Row]) -> list[HistogramSeries] | None:
         if suffix == "_bucket":
             if ls.bound is None:
                 return None  # no le, or one that is not a number
-            child.buckets.append((ls.bound, value))
+            child.buckets.append((ls.bound, n))
         elif suffix == "_sum":
-            child.sum = value
+            child.sum = n
         elif suffix == "_count":
-            child.count = value
-    out: list[HistogramSeries] = []
+            child.count = n
+    out: list[_ChildShape] = []
     for child in groups.values():
-        buckets = sorted(child.buckets)
-        if not buckets:
+        if not child.buckets:
             continue
+        # by bound: rows of one child have distinct bounds (else it is dropped just below), so the
+        # order is the one sorting (bound, count) pairs gives
+        buckets = sorted(child.buckets)
         bounds = [b for b, _ in buckets]
         if len(set(bounds)) != len(bounds):
             return None  # one bound twice
-        counts = [v for _, v in buckets]
+        out.append((child.labels, bounds, [n for _, n in buckets], child.sum, child.count))
+    return out
+
+
+def _histogram_series(shape: list[_ChildShape], values: Sequence[float]) -> list[HistogramSeries] | None:
+    """The children with these row values; None when a child's cumulative counts fall."""
+    out: list[HistogramSeries] = []
+    for labels, bounds, at, sum_at, count_at in shape:
+        counts = [values[n] for n in at]
         if any(map(operator.lt, counts[1:], counts)):
             return None  # cumulative counts that fall: not a histogram
-        count = child.count if not math.isnan(child.count) else buckets[-1][1]
-        if buckets[-1][0] != math.inf:
+        total = values[sum_at] if sum_at is not None else math.nan
+        count = values[count_at] if count_at is not None else math.nan
+        if math.isnan(count):
+            count = counts[-1]
+        buckets = list(zip(bounds, counts, strict=True))
+        if bounds[-1] != math.inf:
             buckets.append((math.inf, count))
-        out.append(HistogramSeries(child.labels, tuple(buckets), child.sum, count))
+        out.append(HistogramSeries(labels, tuple(buckets), total, count))
+    return out
+
+
+def _held(rows: list[tuple[str, str, _LabelSet, int]], row: int | None) -> int | None:
+    return None if row is None else rows[row][3]
+
+
+def plan_outputs(families: list[PlanFamily], help_texts: Mapping[str, str]) -> list[PlanOutput] | None:
+    """What _build makes of a clean page's kept families (rows holding value indexes, in line order),
+    with the structure decided: for reading the next pages through a plan (pageplan.py)."""
+    keys = {f[1] for f in families}
+    out: list[PlanOutput] = []
+    for wire, key, kind, _, rows in families:
+        if not rows:
+            continue
+        help_text = help_texts.get(wire) or None
+        if kind == "counter":
+            out.append(
+                (kind, key, help_text, [(ls.labels, j) for suffix, _, ls, j in rows if suffix != "_created"])
+            )
+        elif kind == "histogram":
+            shape = _histogram_shape(rows)
+            if shape is None:
+                return None  # not a page a plan can describe
+            # the rows a child's counts are in, as the indexes of the page values those rows hold
+            at_values = [
+                (labels, bounds, [rows[n][3] for n in at], _held(rows, sum_at), _held(rows, count_at))
+                for labels, bounds, at, sum_at, count_at in shape
+            ]
+            out.append((kind, key, help_text, at_values))
+        elif kind in ("gauge", "untyped"):
+            base = key.removesuffix("_created")
+            if base != key and (base in keys or base + "_total" in keys):
+                out.append(("", key, help_text, None))  # a creation timestamp: its HELP only
+            else:
+                out.append(("gauge", key, help_text, [(ls.labels, j) for _, _, ls, j in rows]))
+        else:
+            out.append(("", key, help_text, None))  # summaries, info, stateset: their HELP only
     return out
 
 

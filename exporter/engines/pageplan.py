@@ -5,10 +5,11 @@ Engines write the same page every scrape: the same families, label sets and comm
 After a page parsed without any problem, its lines without their values (a comment line whole) and
 where each kept sample's value sits are kept (`PagePlan`). The next page is compared with the plan
 chunk by chunk as it streams in (`PlanMatcher`): while every line up to its last space is the same,
-only the values of kept samples are read, by the parser's own number rules. The families are then
-made by the parser's own `_build`, so all that depends on values (cumulative buckets, NaN counts)
-is judged as before. The first line that differs, a value those rules do not read, a cut or a cap
-sends the whole page so far through the full parser: a plan never decides anything itself.
+only the values of kept samples are read, by the parser's own number rules. What the structure
+decided (which families, their samples' labels, each histogram child's buckets in order) is kept
+with the plan, made by the parser's own code; what depends on values (cumulative buckets, NaN
+counts) is judged on every page by it too. The first line that differs, a value those rules do not
+read, a cut or a cap sends the whole page so far through the full parser.
 
 A plan is made from a clean page (`make_plan`) by parsing it once more with every value replaced by
 its own line number, so that each kept row says which line it came from, and it is kept only if
@@ -28,6 +29,9 @@ if TYPE_CHECKING:
 PLAN_MAX_LINES = 4096  # a bigger page is parsed every time (a plan holds its lines' text)
 # (wire name, storage key, type, member sample names, rows as (suffix, raw labels, labels, value index))
 PlanFamily = tuple[str, str, str, dict[str, str], list[tuple[str, str, Any, int]]]
+# what one family gives a page: (type, storage key, HELP text or None, samples' (labels, value index)
+# or a histogram's children), in the order the parser's _build gives them
+PlanOutput = tuple[str, str, str | None, Any]
 
 
 @dataclass(frozen=True)
@@ -38,8 +42,7 @@ class PagePlan:
     keys: list[str]  # per line: a comment or blank line whole, a sample line up to and with its last space
     values_at: list[tuple[int, int]]  # (line number, key length) of each kept sample, in line order
     value_lines: list[int]  # the line numbers alone, for bisect
-    families: list[PlanFamily]  # every kept family, in the parser's order
-    help: dict[str, str]  # the parser's HELP texts by wire name
+    outputs: list[PlanOutput]
     families_seen: int
     ray_prefixed: bool
     prefixes_seen: frozenset[str]
@@ -97,7 +100,7 @@ def make_plan(
     text: str, expo: Exposition, new_parser: Callable[[], ExpositionParser], settings: tuple[object, ...]
 ) -> PagePlan | None:
     """The plan of a page the full parser read cleanly into `expo`; None when it has none."""
-    from exporter.engines.exposition import is_name  # the parser imports this module
+    from exporter.engines.exposition import is_name, plan_outputs  # the parser imports this module
 
     lines = text.split("\n")
     if lines.pop() != "" or len(lines) > PLAN_MAX_LINES:
@@ -136,13 +139,15 @@ def make_plan(
         (wire, key, kind, members, [(s, raw, ls, index[i]) for s, raw, ls, i in rows])
         for wire, key, kind, members, rows in families
     ]
+    outputs = plan_outputs(planned, recording.help_texts())
+    if outputs is None:
+        return None
     plan = PagePlan(
         settings=settings,
         keys=keys,
         values_at=[(i, len(keys[i])) for i in lines_used],
         value_lines=lines_used,
-        families=planned,
-        help=dict(recording.help_texts()),
+        outputs=outputs,
         families_seen=recording.families_seen,
         ray_prefixed=expo.ray_prefixed,
         prefixes_seen=frozenset(expo.prefixes_seen),
