@@ -486,7 +486,7 @@ class ExpositionParser:
         expo = self.expo
         expo.ray_prefixed = plan.ray_prefixed
         expo.prefixes_seen = set(plan.prefixes_seen)
-        expo.samples = plan.samples
+        expo.samples = plan.samples_kept
         self._families_seen = plan.families_seen
         for kind, key, help_text, payload in plan.outputs:
             if help_text:

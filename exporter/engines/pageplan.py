@@ -18,10 +18,10 @@ reading the real page through it gives exactly what the full parse gave.
 
 from __future__ import annotations
 
-import bisect
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
     from exporter.engines.exposition import Exposition, ExpositionParser
@@ -40,23 +40,36 @@ class PagePlan:
 
     settings: tuple[object, ...]  # (wanted, max_samples, note_prefixes) of the parse it came from
     keys: list[str]  # per line: a comment or blank line whole, a sample line up to and with its last space
-    values_at: list[tuple[int, int]]  # (line number, key length) of each kept sample, in line order
-    value_lines: list[int]  # the line numbers alone, for bisect
+    cuts: list[slice]  # per line: what follows its key (a sample's value; nothing on other lines)
+    whole: Callable[[list[str]], tuple[str, ...]]  # what follows the key of comment and blank lines
+    samples: Callable[[list[str]], tuple[str, ...]]  # ... of every sample line
+    values: Callable[[list[str]], tuple[str, ...]]  # ... of the kept samples, in line order
     outputs: list[PlanOutput]
     families_seen: int
     ray_prefixed: bool
     prefixes_seen: frozenset[str]
-    samples: int
+    samples_kept: int
+
+
+def _picker(indexes: list[int]) -> Callable[[list[str]], tuple[str, ...]]:
+    """The items at these indexes, as a tuple (itemgetter, but for any number of them)."""
+    if not indexes:
+        return lambda items: ()
+    if len(indexes) == 1:
+        one = indexes[0]
+        return lambda items: (items[one],)
+    return cast("Callable[[list[str]], tuple[str, ...]]", operator.itemgetter(*indexes))
 
 
 class PlanMatcher:
-    """One page compared with a plan as it streams in; `values` holds the kept samples read so far."""
+    """One page compared with a plan as it streams in; `values` is set once the whole page matched."""
 
     def __init__(self, plan: PagePlan, max_line_chars: int) -> None:
         self.plan = plan
         self.values: list[float] = []
         self._max_line_chars = max_line_chars
         self._parts: list[str] = []
+        self._rests: list[str] = []  # what follows each line's plan key
         self._carry = ""
         self._pos = 0
 
@@ -70,26 +83,31 @@ class PlanMatcher:
             return False  # the parser judges over-long lines where each chunk ends
         plan, pos = self.plan, self._pos
         end = pos + len(lines)
-        # a line without a space keys as itself: never as a blank line, nor as any plan key with a value
-        keys = [line if line[:1] == "#" else line[: line.rfind(" ") + 1] or line for line in lines]
-        if end > len(plan.keys) or keys != plan.keys[pos:end]:
+        # Each line starts with its plan key (a line by line test in C); what follows is checked whole
+        # at the end: a comment or blank line has nothing more, a sample line no other space.
+        if end > len(plan.keys) or not all(map(str.startswith, lines, plan.keys[pos:end])):
             return False
-        lo = bisect.bisect_left(plan.value_lines, pos)
-        hi = bisect.bisect_left(plan.value_lines, end)
-        tokens = [lines[i - pos][cut:] for i, cut in plan.values_at[lo:hi]]
-        # the parser's fast rule: what float() reads, but not Python's 1_000
-        if "_" in "".join(tokens):
-            return False
-        try:
-            self.values += map(float, tokens)
-        except ValueError:
-            return False
+        self._rests += map(str.__getitem__, lines, plan.cuts[pos:end])
         self._pos = end
         return True
 
     def complete(self, tail: str) -> bool:
-        """Every line of the plan was met, and nothing follows the last newline."""
-        return self._pos == len(self.plan.keys) and not self._carry and not tail
+        """Every line of the plan was met with the same structure, nothing follows the last newline,
+        and the kept values read by the parser's fast rule; then `values` holds them."""
+        plan, rests = self.plan, self._rests
+        if self._pos != len(plan.keys) or self._carry or tail:
+            return False
+        if "".join(plan.whole(rests)) or " " in "".join(plan.samples(rests)):
+            return False  # a line whose last space is elsewhere: another structure
+        tokens = plan.values(rests)
+        # the parser's fast rule: what float() reads, but not Python's 1_000
+        if "_" in "".join(tokens):
+            return False
+        try:
+            self.values = list(map(float, tokens))
+        except ValueError:
+            return False
+        return True
 
     def text(self) -> str:
         """Everything fed so far."""
@@ -145,13 +163,15 @@ def make_plan(
     plan = PagePlan(
         settings=settings,
         keys=keys,
-        values_at=[(i, len(keys[i])) for i in lines_used],
-        value_lines=lines_used,
+        cuts=[slice(len(key), None) for key in keys],
+        whole=_picker([i for i, line in enumerate(lines) if line[:1] == "#" or not line]),
+        samples=_picker([i for i, line in enumerate(lines) if line[:1] != "#" and line]),
+        values=_picker(lines_used),
         outputs=outputs,
         families_seen=recording.families_seen,
         ray_prefixed=expo.ray_prefixed,
         prefixes_seen=frozenset(expo.prefixes_seen),
-        samples=expo.samples,
+        samples_kept=expo.samples,
     )
     # the proof: the real page read through the plan gives exactly what the full parse gave
     check = new_parser()
