@@ -1,7 +1,9 @@
 """Engine pages parsed line by line as they stream in: bounded, tolerant, and only what we map.
 
-About 500 lines because it is one streaming state machine (families, histogram grouping, caps) whose
-traps, listed below, are handled where the line is read.
+About 850 lines because it is one streaming state machine (families, histogram grouping, caps) whose
+traps, listed below, are handled where the line is read, plus the parser's side of page plans
+(pageplan.py): a page with the last clean page's structure is read by comparing lines, and its
+families are made from what that structure decided (`read_by_plan`, `plan_outputs`).
 
 Why not prometheus_client's parser: it refuses the whole page for one bad line (a sidecar sharing
 the endpoint takes every engine family down), holds the whole text, and builds objects for every
@@ -37,7 +39,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from exporter.engines.pageplan import PagePlan, PlanFamily, PlanMatcher, PlanOutput, make_plan
+from exporter.engines.pageplan import PagePlan, PlanFamily, PlanMatcher, PlanOutput, PlanSlot, make_plan
 from exporter.errors import ExpositionError
 
 Labels = Mapping[str, str]
@@ -60,38 +62,6 @@ LABEL_CACHE_MAX = 4096
 GARBAGE_LINES = 1000  # unreadable lines before the first family after which a page is given up
 PLAN_KEY = "\n"  # where an endpoint's page plan sits in its cache (no line holds a newline)
 _RECORD_MAX_CHARS = 1 << 20  # a page held to make a plan from; a bigger one gets none
-_PLAN_BACKOFF_MAX = 64  # scrapes without trying to make a plan, at most, for a page that keeps changing
-
-
-class _PlanSlot:
-    """An endpoint's page plan and how it fares; a page that keeps changing is not planned every time."""
-
-    def __init__(self) -> None:
-        self.plan: PagePlan | None = None
-        self.reads = 0  # pages read through the plan
-        self.skip = 0  # scrapes left before the next attempt at a plan
-        self.backoff = 0
-
-    def read(self, plan: PagePlan) -> None:
-        self.reads += 1
-        self.backoff = 0
-
-    def left(self) -> bool:
-        """A page left the plan; True when a new plan should be made from it."""
-        churning = self.reads == 0  # the plan never read a page: the structure changes every scrape
-        self.plan, self.reads = None, 0
-        if churning:
-            self._back_off()
-        return not churning
-
-    def made(self, plan: PagePlan | None) -> None:
-        self.plan, self.reads = plan, 0
-        if plan is None:
-            self._back_off()
-
-    def _back_off(self) -> None:
-        self.backoff = min(_PLAN_BACKOFF_MAX, max(4, 2 * self.backoff))
-        self.skip = self.backoff
 
 
 class Sample(NamedTuple):
@@ -285,16 +255,16 @@ class ExpositionParser:
         # A page plan (pageplan.py) for an endpoint parsed before (its cache is not empty): the page
         # is read through it while it matches, or recorded to make one.
         self._settings = (self._wanted, max_samples, note_prefixes)
-        self._slot: _PlanSlot | None = None
+        self._slot: PlanSlot | None = None
         self._matching: PlanMatcher | None = None
         self._record: list[str] | None = None
         self._recorded = 0
         if plans and label_cache:
             slot = label_cache.get(PLAN_KEY)
-            if isinstance(slot, _PlanSlot):
+            if isinstance(slot, PlanSlot):
                 self._slot = slot
             elif len(label_cache) < LABEL_CACHE_MAX:
-                self._slot = label_cache[PLAN_KEY] = _PlanSlot()
+                self._slot = label_cache[PLAN_KEY] = PlanSlot()
         if self._slot is not None:
             plan = self._slot.plan
             if plan is not None and plan.settings == self._settings:
@@ -690,7 +660,7 @@ _KEYS: dict[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]] = {}
 # (keys start with the metric name), (name, type) by a TYPE line and (name, "HELP", text or None
 # when the family is not kept, None) by a HELP line (keys start with "#").
 _Cached = (
-    _LabelSet | tuple[str, str, _LabelSet] | tuple[str, str] | tuple[str, str, str | None, None] | _PlanSlot
+    _LabelSet | tuple[str, str, _LabelSet] | tuple[str, str] | tuple[str, str, str | None, None] | PlanSlot
 )
 
 

@@ -27,6 +27,42 @@ if TYPE_CHECKING:
     from exporter.engines.exposition import Exposition, ExpositionParser
 
 PLAN_MAX_LINES = 4096  # a bigger page is parsed every time (a plan holds its lines' text)
+_PLAN_BACKOFF_MAX = 64  # scrapes without trying to make a plan, at most, for a page that keeps changing
+
+
+class PlanSlot:
+    """An endpoint's page plan and how it fares; a page that keeps changing is not planned every time."""
+
+    def __init__(self) -> None:
+        self.plan: PagePlan | None = None
+        self.reads = 0  # pages read through the plan
+        self.skip = 0  # scrapes left before the next attempt at a plan
+        self.backoff = 0
+
+    def read(self, plan: PagePlan) -> None:
+        """A page was read through the plan."""
+        self.reads += 1
+        self.backoff = 0
+
+    def left(self) -> bool:
+        """A page left the plan; True when a new plan should be made from it."""
+        churning = self.reads == 0  # the plan never read a page: the structure changes every scrape
+        self.plan, self.reads = None, 0
+        if churning:
+            self._back_off()
+        return not churning
+
+    def made(self, plan: PagePlan | None) -> None:
+        """A page was parsed in full and this plan made of it (None: it has none)."""
+        self.plan, self.reads = plan, 0
+        if plan is None:
+            self._back_off()
+
+    def _back_off(self) -> None:
+        self.backoff = min(_PLAN_BACKOFF_MAX, max(4, 2 * self.backoff))
+        self.skip = self.backoff
+
+
 # (wire name, storage key, type, member sample names, rows as (suffix, raw labels, labels, value index))
 PlanFamily = tuple[str, str, str, dict[str, str], list[tuple[str, str, Any, int]]]
 # what one family gives a page: (type, storage key, HELP text or None, samples' (labels, value index)
