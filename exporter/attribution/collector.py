@@ -231,19 +231,26 @@ class AttributionCollector:
 
     async def collect(self, state: NodeState) -> Sequence[Metric]:
         """Publish allocations and pid_pods into `state`; fail the round while the kubelet is unreachable."""
-        view, index, _ = await asyncio.gather(
-            self._kubelet_view(), self._slice_index(), self._first_sync(self._pods)
-        )
+        if self._starting():
+            view, index, _ = await asyncio.gather(
+                self._kubelet_view(), self._slice_index(), self._first_sync(self._pods)
+            )
+        else:  # what those give once started, without a task each
+            view = self._tracker.view() if self._tracker is not None else _NO_VIEW
+            index = self._slices.index() if self._slices is not None else None
         flat, rows, allocations = self._allocations(view.pods, index, tuple(state.gpus))
         state.allocations = allocations
         processes = tuple(state.processes)
         s = self.settings
-        procfs_round, environs = await asyncio.gather(
-            self._procfs_round(processes, allocations, view),
-            self._environ.read(
-                {p.pid for p in processes}, s.procfs_timeout_seconds, s.procfs_item_timeout_seconds
-            ),
-        )
+        pids = {p.pid for p in processes}
+        if self._environ.covers(pids):  # no environ to read: the /proc round alone, no task for it
+            environs = await self._environ.read(pids, s.procfs_timeout_seconds, s.procfs_item_timeout_seconds)
+            procfs_round = await self._procfs_round(processes, allocations, view)
+        else:
+            procfs_round, environs = await asyncio.gather(
+                self._procfs_round(processes, allocations, view),
+                self._environ.read(pids, s.procfs_timeout_seconds, s.procfs_item_timeout_seconds),
+            )
         state.pid_pods = procfs_round.pid_pods
 
         info = family(specs.GPU_ALLOCATION_INFO)
@@ -285,6 +292,16 @@ class AttributionCollector:
         made = (flat, rows, allocation_map(rows))
         self._memo = (pods, index, gpus, made)
         return made
+
+    def _starting(self) -> bool:
+        """Some source is still to give its first answer (the first rounds wait for it)."""
+        tracker = self._tracker
+        if tracker is not None and tracker.refresh_count == 0:
+            return True
+        return any(
+            source is not None and source.stats.lists == 0 and source.stats.failures == 0
+            for source in (self._slices, self._pods)
+        )
 
     async def _first_sync(self, source: Reflector | None) -> None:
         """Start a watch; the first round waits (kubelet_first_wait_seconds at most) for its LIST."""
@@ -333,7 +350,7 @@ class AttributionCollector:
     async def _kubelet_view(self) -> PodResourcesView:
         tracker = self._tracker
         if tracker is None:
-            return PodResourcesView(pods=(), error="", has_data=False)
+            return _NO_VIEW
         if tracker.refresh_count == 0:
             tracker.start()
             with contextlib.suppress(TimeoutError):
@@ -480,6 +497,7 @@ class AttributionCollector:
 
 
 _NO_POD = PodRef("", "", "")
+_NO_VIEW = PodResourcesView(pods=(), error="", has_data=False)  # the kubelet part is off
 _RETAIN = -1  # the last item of a round's /proc reads: close the kept descriptors of gone PIDs
 # gpu_process_state's values for a process in each state, in STATE_NAMES order
 _STATE_VALUES = {name: tuple(1.0 if other == name else 0.0 for other in STATE_NAMES) for name in STATE_NAMES}
