@@ -103,8 +103,12 @@ def merge_histograms(
         return None
     if len(chosen) == 1:  # one child (one engine, one model): its buckets, added to zeros as below
         c = chosen[0]
+        if scale == 1.0:  # b * 1.0 is b, whatever b is
+            buckets = tuple([(b, 0.0 + v) for b, v in c.buckets])
+        else:
+            buckets = tuple([(b * scale if b != math.inf else math.inf, 0.0 + v) for b, v in c.buckets])
         return Histogram(
-            tuple([(b * scale if b != math.inf else math.inf, 0.0 + v) for b, v in c.buckets]),
+            buckets,
             (0.0 + (0.0 if math.isnan(c.sum) else c.sum)) * scale,
             0.0 + c.count,
         )
@@ -164,8 +168,8 @@ def models(expo: Exposition, prefix: str, model_label: str) -> list[str]:
     for table in (expo.gauges, expo.counters):
         for name, samples in table.items():
             if name.startswith(prefix):
-                seen.update(s.labels.get(model_label, "") for s in samples)
+                seen.update([s.labels.get(model_label, "") for s in samples])
     for name, children in expo.histograms.items():
         if name.startswith(prefix):
-            seen.update(c.labels.get(model_label, "") for c in children)
+            seen.update([c.labels.get(model_label, "") for c in children])
     return sorted(seen)
