@@ -27,14 +27,6 @@ class _Answer(NamedTuple):
     ref: PodRef
 
 
-class _NeedsLookup(Exception):
-    """A resolve without blocking met a pod UID only a pod directory read can name."""
-
-
-def _no_lookup(uid: str) -> tuple[str, str] | None:
-    raise _NeedsLookup(uid)
-
-
 class ProcessDevices(NamedTuple):
     """A GPU process and the devices it is on (a round makes one per GPU process)."""
 
@@ -109,16 +101,19 @@ class PodResolver:
     ) -> dict[int, PodRef] | None:
         """What resolve() gives, when it needs no pod directory read (every pod UID it meets is named
         already or needs no name): never blocks. None, with nothing learned, when it would read one."""
-        lookup, before = self._lookup_uid, self._uid_names
+        lookup, uid_names, answers = self._lookup_uid, self._uid_names, self._answers
+        wanted: list[str] = []
         if lookup is not None:
-            self._lookup_uid = _no_lookup
+            self._lookup_uid = lambda uid: wanted.append(uid)  # noted; None: as if it had no hint
         try:
-            return self.resolve(processes, infos, allocations, pods)
-        except _NeedsLookup:
-            self._uid_names = before  # resolve() replaces the dict before changing it: untouched
-            return None
+            out = self.resolve(processes, infos, allocations, pods)
         finally:
             self._lookup_uid = lookup
+        if wanted:
+            # resolve() replaces both dicts before changing them: the ones before are untouched
+            self._uid_names, self._answers = uid_names, answers
+            return None
+        return out
 
     def _containers_of(self, pods: Sequence[PodResources]) -> dict[PodKey, tuple[str, ...]]:
         memo = self._containers

@@ -421,7 +421,7 @@ class ExpositionParser:
         def parser() -> ExpositionParser:
             return ExpositionParser(wanted, cap, prefixes, cache, plans=False)
 
-        return make_plan("".join(self._record), expo, parser, self._settings)
+        return make_plan("".join(self._record), expo, parser, self._settings, plan_outputs, is_name)
 
     def plan_rows(self) -> tuple[list[PlanFamily], list[int]] | None:
         """The kept families of a page whose values were line numbers (pageplan.make_plan), with each

@@ -21,10 +21,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
-
-if TYPE_CHECKING:
-    from exporter.engines.exposition import Exposition, ExpositionParser
+from typing import Any, Protocol, cast
 
 PLAN_MAX_LINES = 4096  # a bigger page is parsed every time (a plan holds its lines' text)
 _PLAN_BACKOFF_MAX = 64  # scrapes without trying to make a plan, at most, for a page that keeps changing
@@ -150,11 +147,31 @@ class PlanMatcher:
         return "".join(self._parts)
 
 
+class Parser(Protocol):
+    """The parser's side of plans (exposition.ExpositionParser; this module does not import it)."""
+
+    def feed(self, text: str) -> bool: ...
+
+    def plan_rows(self) -> tuple[list[PlanFamily], list[int]] | None: ...
+
+    def help_texts(self) -> dict[str, str]: ...
+
+    @property
+    def families_seen(self) -> int: ...
+
+    def read_by_plan(self, plan: PagePlan, values: list[float]) -> Any: ...
+
+
 def make_plan(
-    text: str, expo: Exposition, new_parser: Callable[[], ExpositionParser], settings: tuple[object, ...]
+    text: str,
+    expo: Any,
+    new_parser: Callable[[], Parser],
+    settings: tuple[object, ...],
+    outputs_of: Callable[[list[PlanFamily], dict[str, str]], list[PlanOutput] | None],
+    is_name: Callable[[str], bool],
 ) -> PagePlan | None:
-    """The plan of a page the full parser read cleanly into `expo`; None when it has none."""
-    from exporter.engines.exposition import is_name, plan_outputs  # the parser imports this module
+    """The plan of a page the full parser read cleanly into `expo` (an Exposition); None when it has
+    none. `outputs_of` is the parser's plan_outputs, `is_name` its test of a metric name."""
 
     lines = text.split("\n")
     if lines.pop() != "" or len(lines) > PLAN_MAX_LINES:
@@ -193,7 +210,7 @@ def make_plan(
         (wire, key, kind, members, [(s, raw, ls, index[i]) for s, raw, ls, i in rows])
         for wire, key, kind, members, rows in families
     ]
-    outputs = plan_outputs(planned, recording.help_texts())
+    outputs = outputs_of(planned, recording.help_texts())
     if outputs is None:
         return None
     plan = PagePlan(
@@ -217,8 +234,8 @@ def make_plan(
     return plan if same(check.read_by_plan(plan, matcher.values), expo) else None
 
 
-def same(a: Exposition, b: Exposition) -> bool:
-    """Two readings of a page are the same, NaN values included (as their text is)."""
+def same(a: Any, b: Any) -> bool:
+    """Two readings of a page (Expositions) are the same, NaN values included (as their text is)."""
     return (
         repr((a.gauges, a.counters, a.histograms, a.help))
         == repr((b.gauges, b.counters, b.histograms, b.help))
