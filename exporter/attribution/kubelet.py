@@ -32,6 +32,10 @@ class PodResourcesClient:
         self._socket_path = socket_path
         self._timeout_seconds = timeout_seconds
         self._max_message_bytes = max_message_bytes
+        # The kubelet answers the same bytes refresh after refresh while no pod comes or goes: those
+        # are decoded once (decoding 110 pods cost 3-4 ms of the 5 ms a refresh took, every 10 s), and
+        # the same objects come back, so what was made from them (allocations, PID -> pod) is kept.
+        self._last: tuple[bytes, tuple[PodResources, ...]] | None = None
 
     async def list(self) -> tuple[PodResources, ...]:
         """One List call within the timeout; raises PodResourcesError on any failure."""
@@ -46,10 +50,15 @@ class PodResourcesClient:
             timeout_seconds=self._timeout_seconds,
             max_message_bytes=self._max_message_bytes,
         )
+        last = self._last
+        if last is not None and last[0] == data:
+            return last[1]
         try:
-            return decode_list_response(data)
+            pods = decode_list_response(data)
         except PodResourcesDecodeError as exc:
             raise PodResourcesError(f"undecodable List answer: {exc}") from exc
+        self._last = (data, pods)
+        return pods
 
     async def close(self) -> None:
         """Nothing stays open between calls; kept so owners close clients the same way."""

@@ -11,7 +11,7 @@ environment is fixed at exec, so re-reading it every round would only cost sysca
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -122,6 +122,10 @@ class EnvironCache:
 
     def __len__(self) -> int:
         return len(self._env)
+
+    def covers(self, pids: Collection[int]) -> bool:
+        """Every one of these PIDs read already: read() would read nothing."""
+        return all(pid in self._env for pid in pids)
 
     async def read(
         self, pids: Iterable[int], timeout_seconds: float, item_timeout_seconds: float

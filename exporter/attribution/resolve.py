@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from exporter.attribution.podresources_proto import PodResources
 from exporter.collectors.base import PodRef
+from exporter.host.cgroup import CgroupIdentity
 from exporter.host.procfs import ProcessInfo
 
 UNATTRIBUTED = PodRef(namespace="", pod="", container="")
@@ -14,8 +15,21 @@ UNATTRIBUTED = PodRef(namespace="", pod="", container="")
 PodKey = tuple[str, str]  # (namespace, pod name)
 
 
-@dataclass(frozen=True)
-class ProcessDevices:
+class _Answer(NamedTuple):
+    """One PID's pod and the inputs it came from."""
+
+    identity: CgroupIdentity | None
+    readable: bool | None
+    device_keys: frozenset[str]
+    allocations: Mapping[str, Sequence[PodRef]]
+    containers: Mapping[PodKey, tuple[str, ...]]
+    named: PodKey | None  # the name its pod UID had
+    ref: PodRef
+
+
+class ProcessDevices(NamedTuple):
+    """A GPU process and the devices it is on (a round makes one per GPU process)."""
+
     pid: int
     device_keys: frozenset[str]  # MIG UUIDs for MIG processes, else GPU UUIDs
 
@@ -26,6 +40,9 @@ class PodResolver:
     def __init__(self, lookup_uid: Callable[[str], tuple[str, str] | None] | None = None) -> None:
         self._lookup_uid = lookup_uid
         self._uid_names: dict[str, PodKey] = {}
+        # containers per pod of the last kubelet answer: the tracker replaces its answer whole
+        self._containers: tuple[Sequence[PodResources], dict[PodKey, tuple[str, ...]]] | None = None
+        self._answers: dict[int, _Answer] = {}  # last round's answer per PID, with what it came from
 
     @property
     def known_uids(self) -> int:
@@ -40,18 +57,72 @@ class PodResolver:
         pods: Sequence[PodResources],
     ) -> dict[int, PodRef]:
         """Pod of every process; UNATTRIBUTED where it cannot be told (blocking when lookup reads files)."""
-        containers = {(p.namespace, p.name): tuple(c.name for c in p.containers) for p in pods}
+        containers = self._containers_of(pods)
         self._uid_names = {uid: key for uid, key in self._uid_names.items() if key in containers}
         out = {}
         seen_uids = set()
+        last, answers = self._answers, {}
         for proc in processes:
             info = infos.get(proc.pid)
-            if info is not None and info.identity is not None:
-                seen_uids.add(info.identity.pod_uid)
-            out[proc.pid] = self._resolve_one(proc, info, allocations, containers)
+            identity = info.identity if info is not None else None
+            readable = info.cgroup_readable if info is not None else None
+            named = None
+            if identity is not None:
+                seen_uids.add(identity.pod_uid)
+                named = self._uid_names.get(identity.pod_uid)
+            got = last.get(proc.pid)
+            # The same inputs give the same answer, where it needs no lookup and teaches nothing: a
+            # named UID, or none at all (every round once the pods are known).
+            if (
+                got is None
+                or (identity is not None and named is None)
+                or got.named != named
+                or got.readable != readable
+                or got.allocations is not allocations
+                or got.containers is not containers
+                or got.device_keys != proc.device_keys
+                or (got.identity is not identity and got.identity != identity)
+            ):
+                ref = self._resolve_one(proc, info, allocations, containers)
+                got = _Answer(identity, readable, proc.device_keys, allocations, containers, named, ref)
+            answers[proc.pid] = got
+            out[proc.pid] = got.ref
+        self._answers = answers
         # Forget UIDs of pods whose processes left the GPUs; they are looked up again if they return.
         self._uid_names = {uid: key for uid, key in self._uid_names.items() if uid in seen_uids}
         return out
+
+    def resolve_known(
+        self,
+        processes: Sequence[ProcessDevices],
+        infos: Mapping[int, ProcessInfo],
+        allocations: Mapping[str, Sequence[PodRef]],
+        pods: Sequence[PodResources],
+    ) -> dict[int, PodRef] | None:
+        """What resolve() gives, when it needs no pod directory read (every pod UID it meets is named
+        already or needs no name): never blocks. None, with nothing learned, when it would read one."""
+        lookup, uid_names, answers = self._lookup_uid, self._uid_names, self._answers
+        wanted: list[str] = []
+        if lookup is not None:
+            self._lookup_uid = lambda uid: wanted.append(uid)  # noted; None: as if it had no hint
+        try:
+            out = self.resolve(processes, infos, allocations, pods)
+        finally:
+            self._lookup_uid = lookup
+        if wanted:
+            # resolve() replaces both dicts before changing them: the ones before are untouched
+            self._uid_names, self._answers = uid_names, answers
+            return None
+        return out
+
+    def _containers_of(self, pods: Sequence[PodResources]) -> dict[PodKey, tuple[str, ...]]:
+        memo = self._containers
+        if memo is None or memo[0] is not pods:
+            memo = self._containers = (
+                pods,
+                {(p.namespace, p.name): tuple(c.name for c in p.containers) for p in pods},
+            )
+        return memo[1]
 
     def _resolve_one(
         self,

@@ -26,7 +26,7 @@ from exporter.collectors.flags import add_procfs_argument
 from exporter.engines.derived import DerivedHistogram
 from exporter.engines.detect import NORMALIZERS, PREFIXES, WANTED, detect_kind
 from exporter.engines.exposition import LABEL_CACHE_MAX, Exposition, ExpositionParser
-from exporter.engines.gpumap import engine_gpus, gpu_indexes
+from exporter.engines.gpumap import NodeIndex, engine_gpus, node_index
 from exporter.engines.http import HttpClient
 from exporter.engines.reading import MIXED, ModelReading
 from exporter.engines.render import Budget, EndpointView, Families
@@ -175,7 +175,7 @@ class EnginesCollector:
                 self._note_success(ep)
         budget = Budget(total=self.settings.max_series, per_endpoint=self.settings.max_series_per_endpoint)
         fams = Families(budget)
-        index = gpu_indexes(state)
+        index = node_index(state)
         for ep in sorted(endpoints, key=lambda e: e.target.url):
             fams.add(self._view(ep, state, index))
         self._dropped_total += budget.dropped
@@ -368,7 +368,7 @@ class EnginesCollector:
         ):
             ep.cold_start_seconds = max(0.0, ep.first_success_at - ep.process_start)
 
-    def _view(self, ep: Endpoint, state: NodeState, index: dict[str, str]) -> EndpointView:
+    def _view(self, ep: Endpoint, state: NodeState, index: NodeIndex) -> EndpointView:
         t = ep.target
         kind = ep.kind or (t.kind if t.kind != AUTO else "unknown")
         return EndpointView(

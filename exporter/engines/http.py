@@ -30,6 +30,7 @@ _STATUS = re.compile(rb"HTTP/1\.([01]) ([0-9]{3})(?: [^\r\n]*)?")
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _URL_SAFE = "".join(chr(c) for c in range(0x21, 0x7F))  # printable ASCII but the space
 _HEX = re.compile(rb"[0-9A-Fa-f]{1,16}")
+_MEMO_MAX = 1024  # requests and connection keys kept per client (endpoints come and go)
 
 
 @dataclass
@@ -151,37 +152,14 @@ class HttpClient:
         self._ssl = ssl_context
         self._idle: dict[tuple[str, str, int], _Connection] = {}
         self.connections_opened = 0  # for tests and the bench: keep-alive at work
+        self._requests: dict[tuple[object, ...], tuple[tuple[str, str, int], bytes]] = {}
+        self._places: dict[str, tuple[str, str, int]] = {}  # URL -> connection key, for retain
 
     @contextlib.asynccontextmanager
     async def get(self, url: str, headers: dict[str, str]) -> AsyncIterator[Response]:
         """GET url; the response is usable inside the block. The caller bounds the time (a timeout
         around the block); the connection is kept for the next GET only when the body was read whole."""
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise HttpError(f"not an http(s) URL: {url}")
-        host = parts.hostname
-        try:
-            port = parts.port or (443 if parts.scheme == "https" else 80)
-        except ValueError as exc:
-            raise HttpError(f"bad port in {url}") from exc
-        key = (parts.scheme, host, port)
-        # what a request line may not hold raw (spaces, controls, non-ASCII) is percent-encoded
-        target = quote((parts.path or "/") + (f"?{parts.query}" if parts.query else ""), safe=_URL_SAFE)
-        try:
-            ascii_host = host if host.isascii() else host.encode("idna").decode("ascii")
-            host_header = f"[{host}]" if ":" in host else ascii_host
-        except UnicodeError as exc:
-            raise HttpError(f"host name {host!r} cannot be sent") from exc
-        if parts.port is not None:
-            host_header += f":{port}"
-        lines = [f"GET {target} HTTP/1.1", f"Host: {host_header}", f"User-Agent: {self.user_agent}"]
-        lines += [f"{k}: {v}" for k, v in headers.items()]
-        try:
-            request = ("\r\n".join(lines) + "\r\n\r\n").encode("ascii")
-        except UnicodeEncodeError as exc:
-            raise HttpError(f"a request header is not ASCII: {exc}") from exc
-        if any(c in v for v in headers.values() for c in "\r\n"):
-            raise HttpError("a request header holds a line break")
+        key, request = self._request(url, headers)
         resp = await self._exchange(key, request)
         try:
             yield resp
@@ -217,19 +195,32 @@ class HttpClient:
             raise HttpError("connection closed before any response")
         return resp
 
+    def _request(self, url: str, headers: dict[str, str]) -> tuple[tuple[str, str, int], bytes]:
+        # the same GETs every round: each URL's request is made once
+        memo = (url, tuple(headers.items()), self.user_agent)
+        found = self._requests.get(memo)
+        if found is None:
+            found = _request_of(url, headers, self.user_agent)
+            if len(self._requests) >= _MEMO_MAX:
+                self._requests.clear()
+            self._requests[memo] = found
+        return found
+
     def retain(self, urls: Iterable[str]) -> None:
         """Close the idle connections to any place none of these URLs points at (gone endpoints)."""
         keep = set()
         for url in urls:
-            with contextlib.suppress(ValueError):
-                parts = urlsplit(url)
-                keep.add(
-                    (
-                        parts.scheme,
-                        parts.hostname or "",
-                        parts.port or (443 if parts.scheme == "https" else 80),
-                    )
-                )
+            key = self._places.get(url)
+            if key is None:
+                with contextlib.suppress(ValueError):
+                    parts = urlsplit(url)
+                    port = parts.port or (443 if parts.scheme == "https" else 80)
+                    key = (parts.scheme, parts.hostname or "", port)
+                    if len(self._places) >= _MEMO_MAX:
+                        self._places.clear()
+                    self._places[url] = key
+            if key is not None:
+                keep.add(key)
         for key in [k for k in self._idle if k not in keep]:
             self._idle.pop(key).close()
 
@@ -272,6 +263,37 @@ class HttpClient:
                 return None
             raise HttpError(f"connection lost before the response: {exc!r}") from exc
         return _response(conn, head)
+
+
+def _request_of(url: str, headers: dict[str, str], user_agent: str) -> tuple[tuple[str, str, int], bytes]:
+    """(connection key, request bytes) of a GET; HttpError when the URL or a header cannot be sent."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise HttpError(f"not an http(s) URL: {url}")
+    host = parts.hostname
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError as exc:
+        raise HttpError(f"bad port in {url}") from exc
+    key = (parts.scheme, host, port)
+    # what a request line may not hold raw (spaces, controls, non-ASCII) is percent-encoded
+    target = quote((parts.path or "/") + (f"?{parts.query}" if parts.query else ""), safe=_URL_SAFE)
+    try:
+        ascii_host = host if host.isascii() else host.encode("idna").decode("ascii")
+        host_header = f"[{host}]" if ":" in host else ascii_host
+    except UnicodeError as exc:
+        raise HttpError(f"host name {host!r} cannot be sent") from exc
+    if parts.port is not None:
+        host_header += f":{port}"
+    lines = [f"GET {target} HTTP/1.1", f"Host: {host_header}", f"User-Agent: {user_agent}"]
+    lines += [f"{k}: {v}" for k, v in headers.items()]
+    try:
+        request = ("\r\n".join(lines) + "\r\n\r\n").encode("ascii")
+    except UnicodeEncodeError as exc:
+        raise HttpError(f"a request header is not ASCII: {exc}") from exc
+    if any(c in v for v in headers.values() for c in "\r\n"):
+        raise HttpError("a request header holds a line break")
+    return key, request
 
 
 def _response(conn: _Connection, head: bytes) -> Response:

@@ -66,6 +66,8 @@ def _collapse_pid(samples: Sequence[Sample]) -> list[Sample]:
 
     The processes of one engine report the same engine state, so summing would double-count.
     """
+    if len(samples) <= 1 and not (samples and PID_LABEL in samples[0].labels):
+        return list(samples)  # one sample per model and engine, the common case: nothing to collapse
     best: dict[tuple[tuple[str, str], ...], Sample] = {}
     for s in samples:
         key = tuple(sorted((k, v) for k, v in s.labels.items() if k != PID_LABEL))
@@ -99,12 +101,23 @@ def merge_histograms(
     chosen = [c for c in children if keep is None or keep(c.labels)]
     if not chosen:
         return None
-    bounds = tuple(b for b, _ in chosen[0].buckets)
+    if len(chosen) == 1:  # one child (one engine, one model): its buckets, added to zeros as below
+        c = chosen[0]
+        if scale == 1.0:  # b * 1.0 is b, whatever b is
+            buckets = tuple([(b, 0.0 + v) for b, v in c.buckets])
+        else:
+            buckets = tuple([(b * scale if b != math.inf else math.inf, 0.0 + v) for b, v in c.buckets])
+        return Histogram(
+            buckets,
+            (0.0 + (0.0 if math.isnan(c.sum) else c.sum)) * scale,
+            0.0 + c.count,
+        )
+    bounds = [b for b, _ in chosen[0].buckets]
     counts = [0.0] * len(bounds)
     total_sum = 0.0
     total_count = 0.0
     for c in chosen:
-        if tuple(b for b, _ in c.buckets) != bounds:
+        if [b for b, _ in c.buckets] != bounds:
             continue  # children with other bounds cannot be added bucket-wise
         for i, (_, v) in enumerate(c.buckets):
             counts[i] += v
@@ -133,20 +146,20 @@ class ModelView:
         self._label = model_label
         self.model = model
 
-    def _mine(self, labels: Labels) -> bool:
-        return labels.get(self._label, "") == self.model
-
     def gauge(self, name: str) -> list[Sample]:
         """Gauge samples of this model."""
-        return [s for s in self._expo.gauge(name) if self._mine(s.labels)]
+        label, model = self._label, self.model
+        return [s for s in self._expo.gauge(name) if s.labels.get(label, "") == model]
 
     def counter(self, name: str) -> list[Sample]:
         """Counter samples of this model."""
-        return [s for s in self._expo.counter(name) if self._mine(s.labels)]
+        label, model = self._label, self.model
+        return [s for s in self._expo.counter(name) if s.labels.get(label, "") == model]
 
     def histogram(self, name: str) -> list[HistogramSeries]:
         """Histogram children of this model."""
-        return [c for c in self._expo.histogram(name) if self._mine(c.labels)]
+        label, model = self._label, self.model
+        return [c for c in self._expo.histogram(name) if c.labels.get(label, "") == model]
 
 
 def models(expo: Exposition, prefix: str, model_label: str) -> list[str]:
@@ -155,8 +168,8 @@ def models(expo: Exposition, prefix: str, model_label: str) -> list[str]:
     for table in (expo.gauges, expo.counters):
         for name, samples in table.items():
             if name.startswith(prefix):
-                seen.update(s.labels.get(model_label, "") for s in samples)
+                seen.update([s.labels.get(model_label, "") for s in samples])
     for name, children in expo.histograms.items():
         if name.startswith(prefix):
-            seen.update(c.labels.get(model_label, "") for c in children)
+            seen.update([c.labels.get(model_label, "") for c in children])
     return sorted(seen)

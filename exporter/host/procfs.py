@@ -11,10 +11,11 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from exporter.host.cgroup import CgroupIdentity, parse_cgroup
+from exporter.host.kept import READ_BYTES, KeptFiles, read_rest
 from gpupulse.metrics.attribution import PROCESS_STATE_NAMES
 
 DEFAULT_PROCFS = "/proc"
@@ -31,14 +32,15 @@ PROCESS_STATES: dict[str, str] = {
     "I": "idle",  # an idle kernel thread
 }
 STATE_OTHER = "other"
+_DIGITS = re.compile(r"[0-9]{1,20}")
 _START_FIELD = 19  # starttime (field 22 of /proc/<pid>/stat) in stat_fields, which start at field 3
 _MAX_KEPT_CGROUPS = 4096
-_READ_BYTES = 64 * 1024
 STATE_NAMES = PROCESS_STATE_NAMES
 
 
-@dataclass(frozen=True)
-class ProcessInfo:
+class ProcessInfo(NamedTuple):
+    """What one round read of a process (a tuple: a round makes one per GPU process)."""
+
     pid: int
     cgroup_readable: bool  # False: process gone or procfs not ours (no hostPID); pod unknown
     identity: CgroupIdentity | None  # None with cgroup_readable: a process outside any pod
@@ -61,14 +63,7 @@ def read_text(path: str) -> str | None:
     except OSError:
         return None
     try:
-        chunk = os.read(fd, _READ_BYTES)
-        if len(chunk) < _READ_BYTES:  # the common case: stat, io, cgroup fit in one read
-            return chunk.decode("utf-8", "replace")
-        chunks = [chunk]
-        while chunk:  # maps, a big net/tcp: read to the end
-            chunk = os.read(fd, _READ_BYTES)
-            chunks.append(chunk)
-        return b"".join(chunks).decode("utf-8", "replace")
+        return read_rest(fd, os.read(fd, READ_BYTES))
     except OSError:
         return None
     finally:
@@ -78,13 +73,31 @@ def read_text(path: str) -> str | None:
 class Procfs:
     """One procfs tree: the host's /proc, or a fixture tree in tests."""
 
-    def __init__(self, root: str = DEFAULT_PROCFS, clock_ticks_per_second: int | None = None) -> None:
+    def __init__(
+        self,
+        root: str = DEFAULT_PROCFS,
+        clock_ticks_per_second: int | None = None,
+        kept: KeptFiles | None = None,
+    ) -> None:
         self.root = root
         self._ticks = float(clock_ticks_per_second or os.sysconf("SC_CLK_TCK"))
         self._pod_cgroups: dict[int, tuple[str, CgroupIdentity]] = {}  # pid -> (start time, its pod)
+        # stat and io are read every round for every GPU process: through kept descriptors
+        self._kept = kept if kept is not None else KeptFiles()
 
     def _read(self, pid: int, name: str) -> str | None:
         return read_text(f"{self.root}/{pid}/{name}")
+
+    def _read_kept(self, pid: int, name: str) -> str | None:
+        return self._kept.read(f"{self.root}/{pid}/{name}")
+
+    def retain(self, pids: Iterable[int]) -> None:
+        """Close the kept descriptors of every other PID (blocking: from the thread that reads)."""
+        self._kept.retain({f"{self.root}/{pid}/{name}" for pid in pids for name in ("stat", "io")})
+
+    def close(self) -> None:
+        """Close the kept descriptors."""
+        self._kept.close()
 
     def process(self, pid: int) -> ProcessInfo:
         """Cgroup identity, CPU seconds, I/O bytes and state of one process; missing parts are None.
@@ -93,8 +106,9 @@ class Procfs:
         runs, and it stays. It is kept by (PID, start time), so a reused PID is read afresh, and a
         process outside any pod (a runtime may move it in later) is read every time.
         """
-        stat = self._read(pid, "stat")
-        fields = stat_fields(stat) if stat is not None else []
+        stat = self._read_kept(pid, "stat")
+        # up to starttime only: the 30 fields after it are not read here
+        fields = stat[stat.rfind(")") + 2 :].split(None, _START_FIELD + 1) if stat is not None else []
         start = fields[_START_FIELD] if len(fields) > _START_FIELD else None
         known = self._pod_cgroups.get(pid)
         identity: CgroupIdentity | None
@@ -136,9 +150,15 @@ class Procfs:
 
         rchar/wchar rather than read_bytes/write_bytes: those count only what reached a block device,
         so a checkpoint written to NFS, a FUSE mount or an object store (a socket) shows none."""
-        text = self._read(pid, "io")
+        text = self._read_kept(pid, "io")
         if text is None:
             return None, None
+        # The kernel writes rchar and wchar first, once each: read those two lines alone.
+        head = text.split("\n", 2)
+        if len(head) == 3 and head[0].startswith("rchar: ") and head[1].startswith("wchar: "):
+            r, w = head[0][7:], head[1][7:]
+            if _DIGITS.fullmatch(r) and _DIGITS.fullmatch(w) and "char" not in head[2]:
+                return int(r), int(w)
         values: dict[str, int] = {}
         for line in text.splitlines():
             key, _, value = line.partition(":")

@@ -67,6 +67,30 @@ async def test_answer_of_several_windows_arrives_whole(kubelet: FakeKubelet) -> 
     assert await list_once(kubelet.socket_path) == kubelet.pods
 
 
+async def test_an_unchanged_answer_gives_the_same_pods_and_any_change_is_read(kubelet: FakeKubelet) -> None:
+    # refreshes with the same bytes return the objects already decoded (what was made from them is
+    # kept downstream); a new pod, a changed device, a garbage answer or a failure are each read anew
+    client = PodResourcesClient(kubelet.socket_path, 5.0)
+    kubelet.pods = many_pods(3)  # type: ignore[assignment]
+    first = await client.list()
+    assert first == kubelet.pods and await client.list() is first
+    kubelet.pods = many_pods(4)  # type: ignore[assignment]
+    grown = await client.list()
+    assert grown == kubelet.pods and grown is not first
+    kubelet.pods = (pod("batch", "job-00000-" + "x" * 40, {"worker": {"nvidia.com/gpu": [GPU_UUIDS[7]]}}),)
+    assert await client.list() == kubelet.pods
+    kubelet.garbage = b"\xff\xff\xff"
+    with pytest.raises(PodResourcesError, match="undecodable"):
+        await client.list()
+    kubelet.garbage = None
+    kubelet.fail_with = grpc.StatusCode.UNAVAILABLE
+    with pytest.raises(PodResourcesError, match="UNAVAILABLE"):
+        await client.list()
+    kubelet.fail_with = None
+    kubelet.pods = many_pods(3)  # type: ignore[assignment]
+    assert await client.list() == first
+
+
 async def test_status_message_is_percent_decoded(kubelet: FakeKubelet) -> None:
     kubelet.fail_with = grpc.StatusCode.RESOURCE_EXHAUSTED
     kubelet.fail_message = "100% of 16 slots busy, ünïcode\nsecond line"

@@ -118,3 +118,55 @@ def test_scenario_refuses_bad_host_states(host_state: object, where: str) -> Non
         parse_scenario(
             {"gpus": [{"model": "H100"}], "processes": [{"pid": 1, "gpu": 0, "host_state": host_state}]}
         )
+
+
+def _io_by_every_line(text: str) -> tuple[int | None, int | None]:
+    """The reading of /proc/<pid>/io line by line, key by key (the last of a key wins)."""
+    values: dict[str, int] = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        value = value.strip()
+        if key in ("rchar", "wchar") and value.isdigit() and len(value) <= 20:
+            values[key] = int(value)
+    return values.get("rchar"), values.get("wchar")
+
+
+KERNEL_IO = (
+    "rchar: 1580\nwchar: 99\nsyscr: 5\nsyscw: 1\nread_bytes: 0\nwrite_bytes: 0\ncancelled_write_bytes: 0\n"
+)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        KERNEL_IO,
+        "rchar: 0\nwchar: 0\n\n",
+        "rchar: 007\nwchar: 12345678901234567890\nx\n",  # leading zeros; 20 digits
+        "rchar: 1\nwchar: 123456789012345678901\nx\n",  # 21 digits: not a count
+        "rchar: 1\nwchar: 2\nrchar: 3\n",  # a key twice: the last wins
+        "rchar: 1\nwchar: 2\nsyscr: 5\nwchar: 9\n",
+        "wchar: 2\nrchar: 1\nsyscr: 5\n",  # another order
+        "rchar: 1\r\nwchar: 2\r\nsyscr: 5\r\n",  # CRLF
+        "rchar:  1\nwchar:\t2\nsyscr: 5\n",  # other blanks
+        "rchar: ²\nwchar: 2\nx\n",  # a digit Python's isdigit knows and int() does not
+        "rchar: 1\x0bwchar: 2\nwchar: 3\nx\n",  # a vertical tab splits a line for splitlines only
+        "rchar: -1\nwchar: 2\nx\n",
+        "rchar: 1\nwchar: 2",  # cut short
+        "",
+        "\xff\xfe rchar 12\nwchar: 34\nx\n",
+    ],
+)
+def test_io_counters_read_as_line_by_line_reading_would(tmp_path: Path, text: str) -> None:
+    tree = ProcfsTree(tmp_path / "proc")
+    tree.add(1, cgroup_v2_systemd(UIDS[0], CIDS[0]))
+    (tree.root / "1" / "io").write_text(text)
+    fs = Procfs(str(tree.root), clock_ticks_per_second=CLOCK_TICKS)
+    try:
+        expected: object = _io_by_every_line(text)
+    except ValueError as exc:  # int() of a digit it cannot read: the read of this PID fails
+        expected = type(exc)
+    try:
+        got: object = fs.io_bytes(1)
+    except ValueError as exc:
+        got = type(exc)
+    assert got == expected

@@ -373,3 +373,43 @@ async def test_a_url_with_spaces_or_non_ascii_is_sent_percent_encoded(
     finally:
         await client.close()
     assert seen[0].startswith(b"GET /m%C3%A9trics%20%C3%A4?q=1%202 HTTP/1.1\r\n")
+
+
+async def test_each_get_sends_the_headers_it_was_given_and_a_bad_url_fails_every_time() -> None:
+    # requests are made once per URL and headers and kept: a GET with other headers, or another
+    # user agent, must not be sent as the first one was
+    seen: list[dict[str, str]] = []
+
+    async def echo(request: web.Request) -> web.Response:
+        seen.append(dict(request.headers))
+        return web.Response(body=PAGE, content_type="text/plain")
+
+    app = web.Application()
+    app.router.add_get("/metrics", echo)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/metrics"  # type: ignore[union-attr]
+    client = HttpClient()
+    try:
+        for headers in ({"Accept": "a"}, {"Accept": "b"}, {"Accept": "a", "X-Extra": "1"}, {"Accept": "a"}):
+            async with client.get(url, headers) as resp:
+                b"".join([c async for c in resp.chunks()])
+        client.user_agent = "other-agent"
+        async with client.get(url, {"Accept": "a"}) as resp:
+            b"".join([c async for c in resp.chunks()])
+        for _ in range(2):
+            with pytest.raises(HttpError, match="bad port"):
+                async with client.get("http://127.0.0.1:99999/metrics", {}):
+                    pass
+            with pytest.raises(HttpError, match="line break"):
+                async with client.get(url, {"X-Bad": "a\r\nInjected: 1"}):
+                    pass
+    finally:
+        await client.close()
+        await runner.cleanup()
+    assert [h.get("Accept") for h in seen] == ["a", "b", "a", "a", "a"]
+    assert [h.get("X-Extra") for h in seen] == [None, None, "1", None, None]
+    assert [h["User-Agent"] for h in seen] == ["gpupulse-exporter"] * 4 + ["other-agent"]
+    assert client.connections_opened == 1
