@@ -155,12 +155,23 @@ class SeriesFamily(Metric):
             self._filled()
         return self._rows
 
+    @rows.setter
+    def rows(self, rows: list[Series]) -> None:
+        # a whole list at once (a collector that builds rows with one comprehension); pair with values
+        self._filled()
+        self._rows = rows
+
     @property
     def values(self) -> list[float]:
         """The values, one per row."""
         if self._fill is not None:
             self._filled()
         return self._values
+
+    @values.setter
+    def values(self, values: list[float]) -> None:
+        self._filled()
+        self._values = values
 
     @property
     def pending(self) -> bool:
