@@ -90,7 +90,7 @@ def _procfs_tree(root: Path, pods_dir: Path, processes: int) -> list[GpuProcess]
             (pod_dir / "etc-hosts").write_text(f"127.0.0.1\tlocalhost\n10.0.0.{pod_no}\tpod-{pod_no}\n")
             (pod_dir / "volumes/kubernetes.io~projected/token/namespace").write_text(f"ns-{pod_no % 7}")
         gpu = GPUS[pod_no % 8]
-        out.append(GpuProcess(uuid=gpu.uuid, index=gpu.index, pid=pid, used_memory_bytes=None))
+        out.append(GpuProcess(uuid=gpu.uuid, index=gpu.index, pid=pid))
     return out
 
 

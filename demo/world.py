@@ -319,7 +319,7 @@ class World:
         """The processes the simulated NVML lists now, per GPU."""
         now = self.sim.clock.monotonic()
         return [
-            GpuProcess(self.uuid(gpu.index), str(gpu.index), p.pid, None)
+            GpuProcess(self.uuid(gpu.index), str(gpu.index), p.pid)
             for gpu in self.sim.state.gpus
             if not gpu.mig_enabled
             for p in gpu.processes

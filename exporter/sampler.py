@@ -202,7 +202,8 @@ class Sampler:
         any other beside it."""
         nvml = [c for c in fast if isinstance(c, FleetCollector)]
         group = [c for c in nvml if c.fleet is nvml[0].fleet]
-        others = [c for c in fast if not any(c is g for g in group)]  # another fleet's run alone (tests)
+        grouped = set(map(id, group))
+        others = [c for c in fast if id(c) not in grouped]  # another fleet's run alone (tests)
         if not others:
             return await self._run_fleet(group) if group else []
         beside = asyncio.gather(*(self._run_collector(c) for c in others))
@@ -293,6 +294,8 @@ def merge_families(families: list[Metric]) -> list[Metric]:
     Collectors may share a family (gpupulse_series_dropped_total is written by attribution and by
     engines); two HELP/TYPE blocks of one name are invalid exposition, so their samples are joined.
     """
+    if len({f.name for f in families}) == len(families):  # the usual tick: nothing shared
+        return families
     groups: dict[str, list[Metric]] = {}
     for family in families:
         groups.setdefault(family.name, []).append(family)

@@ -29,12 +29,12 @@ class GpuRef:
 
 @dataclass(frozen=True)
 class GpuProcess:
-    """One process NVML reports on a GPU (host PID namespace)."""
+    """One process NVML reports on a GPU (host PID namespace): which process, not how much memory it
+    holds (that is a metric, and would make a new object every tick)."""
 
     uuid: str
     index: str
     pid: int
-    used_memory_bytes: int | None
     mig_uuid: str = ""
 
 

@@ -42,6 +42,10 @@ class MigCollector(FleetCollector):
 
     def publish(self, answers: Sequence[Answers], state: NodeState) -> Sequence[Metric]:
         """Instance families; the instances to NodeState as GpuRefs with mig_uuid."""
+        if not answers[0]:  # no MIG-enabled GPU answered (on most nodes, none has MIG on)
+            if any(g.mig_uuid for g in state.gpus):
+                state.gpus = tuple(g for g in state.gpus if not g.mig_uuid)
+            return []
         fam = {spec.name: table(spec).family() for spec in c.MIG_METRICS}
         refs: list[GpuRef] = []
         for slot, r in answers[0]:

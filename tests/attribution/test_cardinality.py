@@ -37,7 +37,7 @@ def make_collector(
 
 def gpu_proc(pid: int) -> GpuProcess:
     gpu = pid % 8
-    return GpuProcess(uuid=GPU_UUIDS[gpu], index=str(gpu), pid=pid, used_memory_bytes=None)
+    return GpuProcess(uuid=GPU_UUIDS[gpu], index=str(gpu), pid=pid)
 
 
 async def test_cap_keeps_existing_series_and_counts_the_rest(
@@ -87,7 +87,6 @@ async def test_churn_of_1000_processes_leaves_no_series_or_state_behind(
                     uuid=GPU_UUIDS[pid % pods_per_round],
                     index=str(pid % pods_per_round),
                     pid=pid,
-                    used_memory_bytes=None,
                 )
                 for pid in live
             ]

@@ -47,7 +47,7 @@ async def _all_families(
     procfs.set_environ(
         4001, {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
     )
-    state = NodeState(gpus=gpus, processes=[GpuProcess(GPU_UUIDS[0], "0", 4001, None)])
+    state = NodeState(gpus=gpus, processes=[GpuProcess(GPU_UUIDS[0], "0", 4001)])
     attribution = AttributionCollector(
         AttributionSettings(
             kubelet_socket_path=kubelet.socket_path, kubelet_pods_dir="", procfs_path=str(procfs.root)

@@ -135,7 +135,7 @@ async def test_files_mapped_by_gpu_processes_are_found_and_labelled_with_their_p
         PageCacheSettings(procfs_path=str(procfs.root)), procfs=Procfs(str(procfs.root))
     )
     state = NodeState(
-        processes=[GpuProcess(uuid=GPU_UUIDS[0], index="0", pid=4242, used_memory_bytes=None)],
+        processes=[GpuProcess(uuid=GPU_UUIDS[0], index="0", pid=4242)],
         pid_pods={4242: PodRef("serving", "llama-0", "vllm")},
     )
     families = await collector.collect(state)

@@ -139,7 +139,7 @@ async def test_without_kubelet_processes_are_still_measured(tmp_path: Path) -> N
     (proc / "stat").write_text("77 (llama) S 1 77 77 0 -1 0 0 0 0 0 250 50 0 0\n")
     settings = attribution.AttributionSettings(kubelet_socket_path="", procfs_path=str(tmp_path / "proc"))
     collector = attribution.AttributionCollector(settings, procfs=Procfs(str(tmp_path / "proc"), 100))
-    state = NodeState(processes=[GpuProcess(uuid="GPU-x", index="0", pid=77, used_memory_bytes=None)])
+    state = NodeState(processes=[GpuProcess(uuid="GPU-x", index="0", pid=77)])
     families = await collector.collect(state)  # no CollectorError: nothing to attribute to
     await collector.close()
     assert [s.value for s in samples(families, "gpu_process_host_cpu_seconds_total")] == [3.0]

@@ -42,9 +42,7 @@ def make_collector(
 
 
 def proc(gpu: int, pid: int, mig_uuid: str = "") -> GpuProcess:
-    return GpuProcess(
-        uuid=GPU_UUIDS[gpu], index=str(gpu), pid=pid, used_memory_bytes=1 << 30, mig_uuid=mig_uuid
-    )
+    return GpuProcess(uuid=GPU_UUIDS[gpu], index=str(gpu), pid=pid, mig_uuid=mig_uuid)
 
 
 async def test_exclusive_gpu_process_gets_its_pod_and_host_cpu_seconds(

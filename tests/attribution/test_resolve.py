@@ -143,7 +143,7 @@ async def test_a_hung_pod_directory_read_keeps_the_last_mapping_and_known_pods_n
     )
     slow = _SlowPodDir(tmp_path / "pods")
     collector.use_pod_directory(slow.lookup)
-    two = [GpuProcess(GPU_UUIDS[0], "0", 4000 + i, 1 << 30) for i in range(2)]
+    two = [GpuProcess(GPU_UUIDS[0], "0", 4000 + i) for i in range(2)]
     state = NodeState(gpus=gpus, processes=two)
     try:
         await collector.collect(state)
@@ -154,7 +154,7 @@ async def test_a_hung_pod_directory_read_keeps_the_last_mapping_and_known_pods_n
             assert state.pid_pods == named and slow.reads == 2
         # a third pod's process, and its directory read hangs: the round ends with the last mapping
         slow.release.clear()
-        state.processes = [*two, GpuProcess(GPU_UUIDS[0], "0", 4002, 1 << 30)]
+        state.processes = [*two, GpuProcess(GPU_UUIDS[0], "0", 4002)]
         await collector.collect(state)
         assert state.pid_pods == named and slow.reads == 3
         await collector.collect(state)  # the hung read is not stacked on

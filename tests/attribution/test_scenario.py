@@ -25,7 +25,7 @@ def node_view(doc: dict[str, Any]) -> tuple[list[GpuRef], list[GpuProcess]]:
     for p in doc["processes"]:
         g = doc["gpus"][p["gpu"]]
         mig = g["mig"]["instances"][p["mig_instance"]]["uuid"] if "mig_instance" in p else ""
-        processes.append(GpuProcess(g["uuid"], str(p["gpu"]), p["pid"], None, mig_uuid=mig))
+        processes.append(GpuProcess(g["uuid"], str(p["gpu"]), p["pid"], mig_uuid=mig))
     return gpus, processes
 
 

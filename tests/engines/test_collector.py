@@ -166,7 +166,7 @@ async def test_engine_gpus_from_pid_tree_in_procfs(fake_engines: str, clock: Fak
     settings = EngineSettings(procfs_path=FIXTURES / "procfs", scrape_timeout_seconds=2.0)
     state = NodeState(
         gpus=[GpuRef("GPU-a", "0", "H100", "b0"), GpuRef("GPU-b", "1", "H100", "b1")],
-        processes=[GpuProcess("GPU-b", "1", 4250, 10 << 30), GpuProcess("GPU-a", "0", 4300, 1 << 30)],
+        processes=[GpuProcess("GPU-b", "1", 4250), GpuProcess("GPU-a", "0", 4300)],
     )
     target = Target(f"{fake_engines}/vllm-0.33.0", pid=4242)  # EngineCore 4250 is its child
     collector = EnginesCollector([ListSource([target])], settings, clock)

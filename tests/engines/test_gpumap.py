@@ -54,7 +54,7 @@ def _node(rng: random.Random) -> NodeState:
     }
     processes = [
         GpuProcess(
-            rng.choice(devices[: len(gpus)] or ["GPU-x"]), str(rng.randint(0, 9)), rng.randint(1, 40), 1
+            rng.choice(devices[: len(gpus)] or ["GPU-x"]), str(rng.randint(0, 9)), rng.randint(1, 40)
         )
         for _ in range(rng.randint(0, 20))
     ]

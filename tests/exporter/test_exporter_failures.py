@@ -337,3 +337,39 @@ async def test_reads_queued_in_one_turn_share_a_batch_and_each_gets_its_own_answ
         assert all(len(names) == 1 for names in by_gpu.values()), by_gpu
         assert all(name.startswith("nvml-") for _, name in threads)
         assert await h.fleet.run(first, lambda dev: dev.static.uuid) == first.uuid  # and a later one alone
+
+
+async def test_a_gpu_listing_the_same_processes_keeps_its_rows_and_reports_new_values(tmp_path: Path) -> None:
+    from exporter.collectors.base import PodRef
+
+    # one GPU, the same two PIDs every tick (one listed as compute and graphics), memory that grows
+    scenario = tmp_path / "steady.yaml"
+    scenario.write_text(
+        yaml.safe_dump(
+            {
+                "name": "steady",
+                "gpus": [{"model": "H100-SXM5-80GB"}],
+                "processes": [
+                    {"pid": 700, "gpu": 0, "memory_bytes": [[0, "1GiB"], [100, "101GiB"]]},
+                    {"pid": 701, "gpu": 0, "memory_bytes": "2GiB"},
+                    {"pid": 701, "gpu": 0, "memory_bytes": "2GiB", "type": "graphics"},
+                ],
+            }
+        )
+    )
+    async with simulated_exporter(scenario, start_seconds=1.0, collectors=["processes"]) as h:
+        await h.tick(0)
+        first = series(h.text(), "gpu_process_memory_used_bytes")
+        published = h.sampler.state.processes
+        await h.tick(10.0)
+        second = series(h.text(), "gpu_process_memory_used_bytes")
+        assert first.keys() == second.keys() and len(second) == 2  # 701 once, with both contexts
+        grown = [k for k in second if 'pid="700"' in k]
+        assert second[grown[0]] == first[grown[0]] + 10 * 2**30
+        assert h.sampler.state.processes == published
+        # attribution replaces the PID -> pod map: the same listing gets the pod's labels next tick
+        h.sampler.state.pid_pods = {700: PodRef("serving", "llama-0", "vllm")}
+        await h.tick(1.0)
+        third = series(h.text(), "gpu_process_memory_used_bytes")
+        assert [k for k in third if 'pid="700"' in k and 'pod="llama-0"' in k]
+        assert not [k for k in third if 'pid="700"' in k and 'pod=""' in k]
