@@ -1,5 +1,6 @@
 """The GPUs every NVML collector shares: a tick's batches in a row, a worker thread per GPU for when
-one hangs, deadlines, lost and stale state."""
+one hangs, deadlines, lost and stale state; and the shape of a collector whose reads ride in the
+tick's one round (FleetCollector: plan the reads, publish from the answers)."""
 
 from __future__ import annotations
 
