@@ -530,7 +530,7 @@ class _ProcessBuffer:
         self._count_ref = ctypes.byref(self._count)
         self._fn: Any = None
 
-    def __call__(self, handle: Any) -> list[tuple[int, int | None]]:
+    def __call__(self, handle: Any, mig_uuid: str = "") -> list[ProcessReading]:
         fn = self._fn
         if fn is None:
             fn = self._fn = pynvml._nvmlGetFunctionPointer(self.__name__)
@@ -539,8 +539,9 @@ class _ProcessBuffer:
             count.value = len(self._array)
             ret = fn(handle, self._count_ref, self._array)
             if ret == pynvml.NVML_SUCCESS:
+                absent = _NOT_AVAILABLE
                 return [
-                    (p.pid, None if p.usedGpuMemory == _NOT_AVAILABLE else p.usedGpuMemory)
+                    ProcessReading(p.pid, None if p.usedGpuMemory == absent else p.usedGpuMemory, mig_uuid)
                     for p in self._array[: count.value]
                 ]
             if ret != pynvml.NVML_ERROR_INSUFFICIENT_SIZE:
@@ -602,10 +603,8 @@ def read_processes(
         handles = [(mh, uuid) for mh, uuid in _mig_handles(dev)]
     compute, graphics, utilization = _buffers(dev)
     for handle, mig_uuid in handles:
-        listed = dev.optional("procs", compute, handle) or []
-        listed += dev.optional("gprocs", graphics, handle) or []
-        for pid, used in listed:
-            procs.append(ProcessReading(pid, used, mig_uuid))
+        procs += dev.optional("procs", compute, handle, mig_uuid) or ()
+        procs += dev.optional("gprocs", graphics, handle, mig_uuid) or ()
     sm: dict[int, list[float]] = {}
     if not dev.static.mig_enabled and "putil" not in dev.absent:
         since = dev.last_process_sample_us or max(0, now_us - window_us)
