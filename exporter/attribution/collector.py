@@ -398,6 +398,10 @@ class AttributionCollector:
         for pid in got.unread:
             if pid in last:
                 pid_pods[pid] = last[pid]
+        if pid_pods == last:
+            # the same map object while nothing changed: the processes collector reuses its rows
+            # while NodeState.pid_pods is the map it made them from (a new one costs it every row)
+            pid_pods = last
         self._last_pid_pods = pid_pods
         return _ProcfsRound(infos, pid_pods)
 

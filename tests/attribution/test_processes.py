@@ -341,3 +341,39 @@ async def test_a_new_kubelet_answer_moves_allocations_and_process_series_in_the_
     assert label_rows(moved, "gpu_allocation_info", "pod") == {("llama-1",)}
     assert label_rows(moved, CPU_TOTAL, *rows) == {("4001", "2", "")}
     assert label_rows(moved, "gpu_process_state", "pid") == {("4001",)}
+
+
+async def test_an_unchanged_pid_pod_map_is_published_as_the_same_object_and_a_change_as_a_new_one(
+    kubelet: FakeKubelet, procfs: ProcfsTree, tmp_path: Path, gpus: list[GpuRef]
+) -> None:
+    # The processes collector reuses its rows while NodeState.pid_pods is the map they came from, so
+    # a round that learned nothing new must not hand it a fresh (equal) map; any change must.
+    kubelet.pods = (
+        pod("serving", "llama-0", {"vllm": {"nvidia.com/gpu": [GPU_UUIDS[0]]}}),
+        pod("vision", "resnet", {"triton": {"nvidia.com/gpu": [GPU_UUIDS[1]]}}),
+    )
+    procfs.add(4001, cgroup_v2_systemd(UIDS[0], CIDS[0]), utime_ticks=100)
+    procfs.add(4002, cgroup_v2_systemd(UIDS[1], CIDS[1]), utime_ticks=100)
+    state = NodeState(gpus=gpus, processes=[proc(0, 4001), proc(1, 4002)])
+    collector = make_collector(kubelet, procfs, tmp_path)
+    try:
+        await collector.collect(state)
+        first = state.pid_pods
+        procfs.add(4001, cgroup_v2_systemd(UIDS[0], CIDS[0]), utime_ticks=500)  # new values only
+        await collector.collect(state)
+        assert state.pid_pods is first
+        kubelet.pods = (
+            pod("serving", "llama-1", {"vllm": {"nvidia.com/gpu": [GPU_UUIDS[0]]}}),
+            pod("vision", "resnet", {"triton": {"nvidia.com/gpu": [GPU_UUIDS[1]]}}),
+        )
+        assert collector.tracker is not None
+        await collector.tracker.refresh_once()
+        await collector.collect(state)
+        renamed = state.pid_pods
+        assert renamed is not first and renamed[4001] == PodRef("serving", "llama-1", "vllm")
+        assert first[4001] == PodRef("serving", "llama-0", "vllm")  # a published map is never changed
+        state.processes = [proc(0, 4001)]  # 4002 left the GPUs
+        await collector.collect(state)
+        assert state.pid_pods is not renamed and set(state.pid_pods) == {4001}
+    finally:
+        await collector.close()
