@@ -35,6 +35,7 @@ from exporter.engines.settings import EngineSettings, KubeSettings
 from exporter.engines.targets import AUTO, StaticSource, Target
 from exporter.errors import CollectorError, ExpositionError, ScrapeError
 from exporter.host import procfs
+from exporter.host.kept import KeptFiles
 from exporter.kube.client import in_cluster_api_url
 from gpupulse.clock import Clock, SystemClock
 from gpupulse.durations import duration_flag
@@ -122,6 +123,9 @@ class EnginesCollector:
         self._dropped_total = 0.0
         self._warned_duplicates: set[str] = set()
         self._procfs: ItemReader[str, object] = ItemReader("engines-procfs")
+        # /proc/<pid>/stat of the engines and GPU processes is read every round: through kept
+        # descriptors (one pread each instead of open, read and close), used on the procfs worker only
+        self._stat_files = KeptFiles()
         self._ancestors: dict[int, int] = {}  # GPU processes' ancestry, reused for the ancestors
         self._boot_seconds: float | None = None  # btime of /proc/stat, read once (set on the worker)
 
@@ -204,9 +208,12 @@ class EnginesCollector:
                 scanning.add(url)
 
         def read(key: str) -> object:
-            if key == _PARENTS:
+            if key == _PARENTS:  # the last key: after the endpoints' reads, on their thread
+                root = self.settings.procfs_path
+                # descriptors of processes no longer followed are closed (their PIDs may be reused)
+                self._stat_files.retain(procfs.stat_paths(root, [*found, *gpu_pids] if found else ()))
                 # the GPU processes' ancestry, only when some endpoint has a process to look under
-                return procfs.parents_of(self.settings.procfs_path, gpu_pids, known) if found else {}
+                return procfs.parents_of(root, gpu_pids, known, self._stat_files) if found else {}
             resolved = self._resolve_one(by_url[key], state, now, key in scanning)
             if resolved.pid is not None:
                 found.append(resolved.pid)
@@ -236,21 +243,27 @@ class EnginesCollector:
         `scan`: the loop has recorded this round's PID search (ep has no PID)."""
         root = self.settings.procfs_path
         pid, tried_at = ep.pid, ep.pid_tried_at
-        if pid is not None and not procfs.alive(root, pid):
+        # the start time read first: a stat that reads (through its kept descriptor) is a live process
+        start = self._start_of(pid) if pid is not None else None
+        if pid is not None and start is None and not procfs.alive(root, pid):
             pid, tried_at = ep.target.pid, None
             if pid is not None and not procfs.alive(root, pid):
                 pid = None
+            start = self._start_of(pid) if pid is not None else None
         if pid is None and (scan or self._may_find_pid(ep.target, tried_at, now)):
             tried_at = now
             pid = self._find_pid(ep.target, state)
-        start = None
-        if pid is not None:
-            if self._boot_seconds is None:
-                self._boot_seconds = procfs.boot_time_seconds(root)
-            start = procfs.process_start_seconds(
-                root, pid, self.settings.clock_ticks_per_second, self._boot_seconds
-            )
+            start = self._start_of(pid) if pid is not None else None
         return _Resolved(pid, tried_at, start)
+
+    def _start_of(self, pid: int) -> float | None:
+        """Blocking: the process's start time (epoch seconds), None when its stat cannot be read."""
+        root = self.settings.procfs_path
+        if self._boot_seconds is None:
+            self._boot_seconds = procfs.boot_time_seconds(root)
+        return procfs.process_start_seconds(
+            root, pid, self.settings.clock_ticks_per_second, self._boot_seconds, self._stat_files
+        )
 
     def _may_find_pid(self, t: Target, tried_at: float | None, now: float) -> bool:
         if t.port is None:
@@ -395,6 +408,7 @@ class EnginesCollector:
                 st.task.cancel()
             await st.source.close()
         self._procfs.close()
+        self._stat_files.close()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

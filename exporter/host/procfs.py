@@ -264,9 +264,15 @@ def pid_for_port(procfs: Path, port: int, candidates: Iterable[int] | None = Non
     return pid_owning_socket(procfs, inodes, pool)
 
 
-def _stat_fields(procfs: Path, pid: int) -> list[str] | None:
-    raw = read_text(f"{procfs}/{pid}/stat")
+def _stat_fields(procfs: Path, pid: int, kept: KeptFiles | None = None) -> list[str] | None:
+    path = f"{procfs}/{pid}/stat"
+    raw = read_text(path) if kept is None else kept.read(path)
     return None if raw is None else stat_fields(raw)
+
+
+def stat_paths(procfs: Path, pids: Iterable[int]) -> set[str]:
+    """The /proc/<pid>/stat paths _stat_fields reads for these PIDs (to retain their kept descriptors)."""
+    return {f"{procfs}/{pid}/stat" for pid in pids}
 
 
 def parent_map(procfs: Path) -> dict[int, int]:
@@ -279,16 +285,19 @@ def parent_map(procfs: Path) -> dict[int, int]:
     return out
 
 
-def parents_of(procfs: Path, pids: Iterable[int], known: Mapping[int, int]) -> dict[int, int]:
+def parents_of(
+    procfs: Path, pids: Iterable[int], known: Mapping[int, int], kept: KeptFiles | None = None
+) -> dict[int, int]:
     """PID -> parent PID for each pid and its ancestors.
 
     A few reads per GPU process instead of a scan of every process on the node (thousands on a busy
-    one). The pids themselves are read afresh; ancestors come from `known` (earlier rounds) when there,
-    as a process's parent changes only when its parent dies, and then its child's entry changes too.
+    one). The pids themselves are read afresh (through `kept` descriptors when given); ancestors come
+    from `known` (earlier rounds) when there, as a process's parent changes only when its parent dies,
+    and then its child's entry changes too.
     """
     out: dict[int, int] = {}
     for pid in pids:
-        fields = _stat_fields(procfs, pid)
+        fields = _stat_fields(procfs, pid, kept)
         if not fields or len(fields) < 2:
             continue
         out[pid] = parent = int(fields[1])
@@ -334,13 +343,18 @@ def boot_time_seconds(procfs: Path) -> float | None:
 
 
 def process_start_seconds(
-    procfs: Path, pid: int, clock_ticks_per_second: int | None = None, boot_seconds: float | None = None
+    procfs: Path,
+    pid: int,
+    clock_ticks_per_second: int | None = None,
+    boot_seconds: float | None = None,
+    kept: KeptFiles | None = None,
 ) -> float | None:
     """Process start time (epoch seconds): starttime (field 22, ticks since boot) + btime.
 
     `boot_seconds`: btime read earlier (it is fixed until a reboot); /proc/stat is generated from
-    every CPU's counters on each read, which costs on a node with many cores."""
-    fields = _stat_fields(procfs, pid)
+    every CPU's counters on each read, which costs on a node with many cores. `kept`: stat read
+    through a kept descriptor (None once the process is gone, as by path)."""
+    fields = _stat_fields(procfs, pid, kept)
     boot = boot_seconds if boot_seconds is not None else boot_time_seconds(procfs)
     if not fields or len(fields) < 20 or boot is None:
         return None

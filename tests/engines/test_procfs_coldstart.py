@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.collectors.base import NodeState
+from exporter.collectors.base import GpuProcess, NodeState
 from exporter.engines.collector import EnginesCollector
 from exporter.engines.settings import EngineSettings
 from exporter.engines.targets import Target
@@ -83,9 +83,9 @@ def test_gpu_process_ancestry_is_read_without_scanning_every_process(monkeypatch
     reads: list[int] = []
     real = procfs._stat_fields
 
-    def counted(root: object, pid: int) -> list[str] | None:
+    def counted(root: object, pid: int, kept: object = None) -> list[str] | None:
         reads.append(pid)
-        return real(root, pid)  # type: ignore[arg-type]
+        return real(root, pid, kept)  # type: ignore[arg-type]
 
     monkeypatch.setattr(procfs, "_stat_fields", counted)
     parents = procfs.parents_of(ROOT, [4250], {})
@@ -213,3 +213,80 @@ async def test_boot_time_is_read_once_not_every_round(
     finally:
         await collector.close()
     assert len(boots) == 1
+
+
+def _copy_procfs(tmp_path: Path) -> Path:
+    import shutil
+
+    root = tmp_path / "proc"
+    shutil.copytree(ROOT, root, symlinks=True)
+    return root
+
+
+def _set_start(root: Path, pid: int, start_ticks: int) -> None:
+    """The process at pid is replaced by one started at start_ticks (a new stat file, as a new process
+    has: a kept descriptor of the old one must not answer for it)."""
+    stat = root / str(pid) / "stat"
+    text = stat.read_text()
+    head, rest = text[: text.rfind(")") + 2], text[text.rfind(")") + 2 :].split(" ")
+    rest[19] = str(start_ticks)  # starttime, field 22 (the fields after comm start at field 3)
+    stat.unlink()
+    stat.write_text(head + " ".join(rest))
+
+
+async def test_stat_files_are_kept_open_between_rounds_and_a_restart_under_the_same_pid_is_seen(
+    fake_engines: str, tmp_path: Path
+) -> None:
+    # An engine's and its GPU processes' stat are read every round through kept descriptors; a new
+    # process under the same PID (a restart) must still show as one, its start time read afresh.
+    root = _copy_procfs(tmp_path)
+    clock = FakeClock(BOOT + 5.0)
+    target = Target(f"{fake_engines}/vllm-0.33.0", namespace="serving", pod="llama-0", pid=4242)
+    settings = EngineSettings(procfs_path=root, clock_ticks_per_second=100)
+    collector = EnginesCollector([ListSource([target])], settings, clock)
+    state = NodeState(processes=[GpuProcess("GPU-a", "0", 4250)])
+    try:
+        clock.now = BOOT + 55.5
+        await collector.collect(state)
+        ep = collector._endpoints[target.url]
+        assert ep.process_start == BOOT + 10.0 and ep.cold_start_seconds == pytest.approx(45.5)
+        assert ep.tree == {4242, 4250}
+        assert len(collector._stat_files) == 2  # the engine's stat and its GPU process's
+        _set_start(root, 4242, 9000)  # restarted at BOOT + 90 under the same PID
+        clock.now = BOOT + 95.0
+        await collector.collect(state)
+        assert ep.pid == 4242 and ep.process_start == BOOT + 90.0
+        assert ep.cold_start_seconds == pytest.approx(5.0)  # measured afresh for the new process
+        state.processes = []  # the GPU process left: its descriptor is closed
+        await collector.collect(state)
+        assert len(collector._stat_files) == 1
+    finally:
+        await collector.close()
+    assert len(collector._stat_files) == 0
+
+
+async def test_an_engine_process_that_is_gone_falls_back_to_its_configured_pid(
+    fake_engines: str, tmp_path: Path
+) -> None:
+    # The PID found for an endpoint exits (its stat, read through a kept descriptor, is gone): the
+    # configured PID is used again when it lives, and no start time of the gone process is kept.
+    import shutil
+
+    root = _copy_procfs(tmp_path)
+    clock = FakeClock(BOOT + 5.0)
+    target = Target(f"{fake_engines}/vllm-0.33.0", pod="llama-0", pid=4242)
+    collector = EnginesCollector([ListSource([target])], EngineSettings(procfs_path=root), clock)
+    try:
+        await collector.collect(NodeState())
+        ep = collector._endpoints[target.url]
+        ep.pid = 4300  # as if a port lookup had found another process
+        await collector.collect(NodeState())
+        assert ep.pid == 4300
+        shutil.rmtree(root / "4300")
+        await collector.collect(NodeState())
+        assert ep.pid == 4242
+        shutil.rmtree(root / "4242")
+        await collector.collect(NodeState())
+        assert ep.pid is None and ep.tree == set()
+    finally:
+        await collector.close()
