@@ -32,7 +32,7 @@ PROCESS_STATES: dict[str, str] = {
     "I": "idle",  # an idle kernel thread
 }
 STATE_OTHER = "other"
-_DIGITS = re.compile(r"[0-9]{1,20}")
+_IO_HEAD = re.compile(r"rchar: ([0-9]{1,20})\nwchar: ([0-9]{1,20})\n")
 _START_FIELD = 19  # starttime (field 22 of /proc/<pid>/stat) in stat_fields, which start at field 3
 _MAX_KEPT_CGROUPS = 4096
 STATE_NAMES = PROCESS_STATE_NAMES
@@ -106,7 +106,8 @@ class Procfs:
         runs, and it stays. It is kept by (PID, start time), so a reused PID is read afresh, and a
         process outside any pod (a runtime may move it in later) is read every time.
         """
-        stat = self._read_kept(pid, "stat")
+        root, kept = self.root, self._kept
+        stat = kept.read(f"{root}/{pid}/stat")
         # up to starttime only: the 30 fields after it are not read here
         fields = stat[stat.rfind(")") + 2 :].split(None, _START_FIELD + 1) if stat is not None else []
         start = fields[_START_FIELD] if len(fields) > _START_FIELD else None
@@ -123,16 +124,10 @@ class Procfs:
                 self._pod_cgroups[pid] = (start, identity)
             else:
                 self._pod_cgroups.pop(pid, None)
-        read_bytes, write_bytes = self.io_bytes(pid)
-        return ProcessInfo(
-            pid=pid,
-            cgroup_readable=readable,
-            identity=identity,
-            cpu_seconds=self._cpu_of(fields),
-            io_read_bytes=read_bytes,
-            io_write_bytes=write_bytes,
-            state=(PROCESS_STATES.get(fields[0], STATE_OTHER) if fields and fields[0] else None),
-        )
+        read_bytes, write_bytes = _io_of(kept.read(f"{root}/{pid}/io"))
+        state = PROCESS_STATES.get(fields[0], STATE_OTHER) if fields and fields[0] else None
+        # positional: a round makes one per GPU process
+        return ProcessInfo(pid, readable, identity, self._cpu_of(fields), read_bytes, write_bytes, state)
 
     def cpu_seconds(self, pid: int) -> float | None:
         """User + system CPU seconds of all threads of the process, from /proc/<pid>/stat."""
@@ -150,22 +145,7 @@ class Procfs:
 
         rchar/wchar rather than read_bytes/write_bytes: those count only what reached a block device,
         so a checkpoint written to NFS, a FUSE mount or an object store (a socket) shows none."""
-        text = self._read_kept(pid, "io")
-        if text is None:
-            return None, None
-        # The kernel writes rchar and wchar first, once each: read those two lines alone.
-        head = text.split("\n", 2)
-        if len(head) == 3 and head[0].startswith("rchar: ") and head[1].startswith("wchar: "):
-            r, w = head[0][7:], head[1][7:]
-            if _DIGITS.fullmatch(r) and _DIGITS.fullmatch(w) and "char" not in head[2]:
-                return int(r), int(w)
-        values: dict[str, int] = {}
-        for line in text.splitlines():
-            key, _, value = line.partition(":")
-            value = value.strip()
-            if key in ("rchar", "wchar") and value.isdigit() and len(value) <= 20:
-                values[key] = int(value)
-        return values.get("rchar"), values.get("wchar")
+        return _io_of(self._read_kept(pid, "io"))
 
     def mapped_files(self, pid: int) -> set[str]:
         """Paths of files the process has mapped (as the process sees them)."""
@@ -184,6 +164,23 @@ class Procfs:
         """Where a path the process sees can be opened from here (through its mount namespace)."""
         via_root = os.path.join(self.root, str(pid), "root", path.lstrip("/"))
         return via_root if os.path.exists(via_root) else path
+
+
+def _io_of(text: str | None) -> tuple[int | None, int | None]:
+    """(rchar, wchar) of an io file's text; (None, None) when it could not be read."""
+    if text is None:
+        return None, None
+    # The kernel writes rchar and wchar first, once each: those two lines alone, in one match.
+    head = _IO_HEAD.match(text)
+    if head is not None and "char" not in text[head.end() :]:
+        return int(head[1]), int(head[2])
+    values: dict[str, int] = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        value = value.strip()
+        if key in ("rchar", "wchar") and value.isdigit() and len(value) <= 20:
+            values[key] = int(value)
+    return values.get("rchar"), values.get("wchar")
 
 
 def stat_fields(text: str) -> list[str]:
