@@ -127,6 +127,7 @@ class EnginesCollector:
         # descriptors (one pread each instead of open, read and close), used on the procfs worker only
         self._stat_files = KeptFiles()
         self._ancestors: dict[int, int] = {}  # GPU processes' ancestry, reused for the ancestors
+        self._unseen: dict[int, float] = {}  # GPU PIDs without a /proc entry -> when last looked for
         self._boot_seconds: float | None = None  # btime of /proc/stat, read once (set on the worker)
 
     async def _targets(self) -> list[Target]:
@@ -196,7 +197,13 @@ class EnginesCollector:
         keys = [*by_url, _PARENTS] if by_url else []
         found: list[int] = []
 
-        gpu_pids = sorted({p.pid for p in state.processes})
+        listed = {p.pid for p in state.processes}
+        # A GPU process our procfs has no entry for (NVML sees another PID namespace) is not looked for
+        # again while it stays listed, until pid_retry_seconds pass: each round's failed opens cost.
+        self._unseen = unseen = {pid: at for pid, at in self._unseen.items() if pid in listed}
+        retry = self.settings.pid_retry_seconds
+        gpu_pids = sorted(pid for pid in listed if pid not in unseen or now - unseen[pid] >= retry)
+        missing: list[int] = []  # of gpu_pids, those without a readable stat (set on the worker)
         known = dict(self._ancestors)
         # A PID search (a scan of every process's fds) counts as tried when it starts, here on the
         # loop: one that outlasts its deadline is set aside and its answer lost, and recording the
@@ -213,7 +220,11 @@ class EnginesCollector:
                 # descriptors of processes no longer followed are closed (their PIDs may be reused)
                 self._stat_files.retain(procfs.stat_paths(root, [*found, *gpu_pids] if found else ()))
                 # the GPU processes' ancestry, only when some endpoint has a process to look under
-                return procfs.parents_of(root, gpu_pids, known, self._stat_files) if found else {}
+                if not found:
+                    return {}
+                parents = procfs.parents_of(root, gpu_pids, known, self._stat_files)
+                missing.extend(pid for pid in gpu_pids if pid not in parents)
+                return parents
             resolved = self._resolve_one(by_url[key], state, now, key in scanning)
             if resolved.pid is not None:
                 found.append(resolved.pid)
@@ -226,6 +237,9 @@ class EnginesCollector:
         parents = result.values.get(_PARENTS)
         if isinstance(parents, dict) and parents:
             self._ancestors = parents
+        if isinstance(parents, dict):  # the scan returned: `missing` is whole
+            for pid in missing:
+                unseen[pid] = now
         for url, ep in by_url.items():
             got = result.values.get(url)
             if isinstance(got, _Resolved):

@@ -290,3 +290,45 @@ async def test_an_engine_process_that_is_gone_falls_back_to_its_configured_pid(
         assert ep.pid is None and ep.tree == set()
     finally:
         await collector.close()
+
+
+async def test_a_gpu_pid_missing_from_procfs_is_looked_for_again_only_after_the_retry_interval(
+    fake_engines: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # NVML may list PIDs of another PID namespace (no hostPID): their stat never opens, so they are
+    # not looked for every round; a listed PID that is there is read every round (its parent can
+    # change), and one that leaves the GPUs and comes back is looked for at once.
+    reads: list[int] = []
+    real = procfs._stat_fields
+
+    def counted(root: Path, pid: int, kept: object = None) -> list[str] | None:
+        reads.append(pid)
+        return real(root, pid, kept)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(procfs, "_stat_fields", counted)
+    clock = FakeClock(BOOT + 5.0)
+    target = Target(f"{fake_engines}/vllm-0.33.0", pid=4242)
+    settings = EngineSettings(procfs_path=ROOT, clock_ticks_per_second=100, pid_retry_seconds=60.0)
+    collector = EnginesCollector([ListSource([target])], settings, clock)
+    gpus = [GpuProcess("GPU-a", "0", 4250), GpuProcess("GPU-b", "1", 77777)]  # 77777: not in our /proc
+    state = NodeState(processes=gpus)
+    try:
+        await collector.collect(state)
+        assert reads.count(77777) == 1 and reads.count(4250) == 1
+        for _ in range(3):
+            clock.now += 5.0
+            await collector.collect(state)
+        assert reads.count(77777) == 1 and reads.count(4250) == 4
+        assert collector._endpoints[target.url].tree == {4242, 4250}
+        clock.now += 60.0  # the retry interval: looked for once more
+        await collector.collect(state)
+        assert reads.count(77777) == 2
+        state.processes = gpus[:1]  # it leaves the GPUs ...
+        clock.now += 5.0
+        await collector.collect(state)
+        state.processes = gpus  # ... and a process with that PID is listed again: looked for at once
+        clock.now += 5.0
+        await collector.collect(state)
+        assert reads.count(77777) == 3
+    finally:
+        await collector.close()
