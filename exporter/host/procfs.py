@@ -84,6 +84,7 @@ class Procfs:
         self._pod_cgroups: dict[int, tuple[str, CgroupIdentity]] = {}  # pid -> (start time, its pod)
         # stat and io are read every round for every GPU process: through kept descriptors
         self._kept = kept if kept is not None else KeptFiles()
+        self._retained: tuple[frozenset[int], int] | None = None  # (PIDs, kept_total) of the last retain
 
     def _read(self, pid: int, name: str) -> str | None:
         return read_text(f"{self.root}/{pid}/{name}")
@@ -93,7 +94,11 @@ class Procfs:
 
     def retain(self, pids: Iterable[int]) -> None:
         """Close the kept descriptors of every other PID (blocking: from the thread that reads)."""
-        self._kept.retain({f"{self.root}/{pid}/{name}" for pid in pids for name in ("stat", "io")})
+        wanted = frozenset(pids)
+        if self._retained == (wanted, self._kept.kept_total):
+            return  # the same PIDs as last time and no descriptor kept since: nothing to close
+        self._kept.retain({f"{self.root}/{pid}/{name}" for pid in wanted for name in ("stat", "io")})
+        self._retained = (wanted, self._kept.kept_total)
 
     def close(self) -> None:
         """Close the kept descriptors."""
