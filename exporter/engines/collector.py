@@ -26,7 +26,7 @@ from exporter.collectors.flags import add_procfs_argument
 from exporter.engines.derived import DerivedHistogram
 from exporter.engines.detect import NORMALIZERS, PREFIXES, WANTED, detect_kind
 from exporter.engines.exposition import LABEL_CACHE_MAX, Exposition, ExpositionParser
-from exporter.engines.gpumap import NodeIndex, engine_gpus, node_index
+from exporter.engines.gpumap import NodeIndex, NodeIndexMemo, engine_gpus
 from exporter.engines.http import HttpClient
 from exporter.engines.reading import MIXED, ModelReading
 from exporter.engines.render import Budget, EndpointView, Families
@@ -127,6 +127,7 @@ class EnginesCollector:
         # descriptors (one pread each instead of open, read and close), used on the procfs worker only
         self._stat_files = KeptFiles()
         self._ancestors: dict[int, int] = {}  # GPU processes' ancestry, reused for the ancestors
+        self._index = NodeIndexMemo()  # the node's lookups, kept while NodeState is the same
         self._unseen: dict[int, float] = {}  # GPU PIDs without a /proc entry -> when last looked for
         self._boot_seconds: float | None = None  # btime of /proc/stat, read once (set on the worker)
 
@@ -180,7 +181,7 @@ class EnginesCollector:
                 self._note_success(ep)
         budget = Budget(total=self.settings.max_series, per_endpoint=self.settings.max_series_per_endpoint)
         fams = Families(budget)
-        index = node_index(state)
+        index = self._index.index(state)
         for ep in sorted(endpoints, key=lambda e: e.target.url):
             fams.add(self._view(ep, state, index))
         self._dropped_total += budget.dropped
