@@ -10,7 +10,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 from prometheus_client.core import Metric
 
@@ -45,7 +45,7 @@ from exporter.attribution.slices import DEFAULT_DRIVERS, ResourceSliceSource, Sl
 from exporter.collectors.base import GpuProcess, GpuRef, NodeState, PodRef
 from exporter.collectors.blocking import ItemReader
 from exporter.collectors.flags import add_procfs_argument, collector_enabled, csv_list
-from exporter.collectors.series import Series, SeriesFamily, family
+from exporter.collectors.series import Series, SeriesFamily, family, table
 from exporter.errors import PartialCollectorError
 from exporter.host.procfs import DEFAULT_PROCFS, STATE_NAMES, ProcessInfo, Procfs
 from exporter.kube.client import ApiSettings, in_cluster_api_url
@@ -131,6 +131,10 @@ class _HostSeries(NamedTuple):
     states: tuple[Series, ...]  # one per STATE_NAMES
 
 
+# (GPU processes, PID -> pod map, PIDs in row order, their host series) of a round that gave every process
+_HostMemo = tuple[tuple[GpuProcess, ...], Mapping[int, PodRef], list[int], list[_HostSeries]]
+
+
 @dataclass(frozen=True)
 class _ProcfsRound:
     infos: dict[int, ProcessInfo]
@@ -192,6 +196,9 @@ class AttributionCollector:
         self._last_pid_pods: dict[int, PodRef] = {}
         self._memo: _AllocationMemo | None = None
         self._host_series: dict[tuple[str, int], _HostSeries] = {}
+        # (processes, PID -> pod map, PIDs in row order, rows) of the last round in which every GPU
+        # process had its host series: while both are the same, a round only puts in new values
+        self._host_memo: _HostMemo | None = None
 
     @property
     def known_pod_uids(self) -> int:
@@ -443,12 +450,19 @@ class AttributionCollector:
     ) -> tuple[SeriesFamily, ...]:
         """Host CPU, I/O bytes and scheduler state of each GPU process, under one cap (per process)."""
         infos = procfs_round.infos
-        series: dict[tuple[str, int], tuple[str, float, ProcessInfo]] = {}
+        memo = self._host_memo
+        if memo is not None and memo[1] is procfs_round.pid_pods and memo[0] == processes:
+            again = [infos.get(pid) for pid in memo[2]]
+            # every process read again: the same rows as last round, in the same order, new values
+            if None not in again and all([i.cpu_seconds is not None for i in again if i is not None]):
+                return _host_values(memo[3], cast("list[ProcessInfo]", again))
+        self._host_memo = None
+        series: dict[tuple[str, int], tuple[str, ProcessInfo]] = {}
         for proc in processes:
             info = infos.get(proc.pid)
             if info is None or info.cpu_seconds is None:
                 continue  # exited between NVML's sample and ours
-            series[(proc.uuid, proc.pid)] = (proc.index, info.cpu_seconds, info)
+            series[(proc.uuid, proc.pid)] = (proc.index, info)
         # Series already exported keep their place under the cap, so a crowd of newcomers cannot
         # make existing counters flap; the rest are taken in a stable (uuid, pid) order.
         exported = self._exported
@@ -456,36 +470,25 @@ class AttributionCollector:
         kept = keys[: self.settings.max_processes]
         self._dropped_total += len(keys) - len(kept)
         self._exported = set(kept)
-        cpu = family(specs.GPU_PROCESS_HOST_CPU_SECONDS_TOTAL)
-        io_read = family(specs.GPU_PROCESS_IO_READ_BYTES_TOTAL)
-        io_write = family(specs.GPU_PROCESS_IO_WRITE_BYTES_TOTAL)
-        states = family(specs.GPU_PROCESS_STATE)
         known, self._host_series = self._host_series, {}  # processes gone since last round are dropped
         pid_pods = procfs_round.pid_pods
         rows: list[tuple[_HostSeries, ProcessInfo]] = []
-        seconds: list[float] = []
         for key in kept:
-            index, cpu_seconds, info = series[key]
+            index, info = series[key]
             pod = pid_pods.get(key[1], _NO_POD)
             got = known.get(key)
             if got is None or got.gpu_index != index or (got.pod is not pod and got.pod != pod):
-                got = _host_series(cpu, io_read, io_write, states, key, index, pod)
+                got = _host_series(key, index, pod)
             self._host_series[key] = got
             rows.append((got, info))
-            seconds.append(cpu_seconds)
-        # Rows and values filled a list at a time: ten series per process, every round.
-        cpu.rows = [h.cpu for h, _ in rows]
-        cpu.values = seconds
-        io_read.rows = [h.io_read for h, i in rows if i.io_read_bytes is not None]
-        io_read.values = [float(i.io_read_bytes) for _, i in rows if i.io_read_bytes is not None]
-        io_write.rows = [h.io_write for h, i in rows if i.io_write_bytes is not None]
-        io_write.values = [float(i.io_write_bytes) for _, i in rows if i.io_write_bytes is not None]
-        # every state 0 or 1 (kube-state-metrics' phase style): min_over_time reads "all along"
-        states.rows = [s for h, i in rows if i.state is not None for s in h.states]
-        states.values = [
-            v for _, i in rows if i.state is not None for v in _STATE_VALUES.get(i.state, _NO_STATE)
-        ]
-        return cpu, io_read, io_write, states
+        if len(kept) == len(processes):  # every process has its rows: the next rounds may reuse them
+            self._host_memo = (
+                tuple(processes),
+                pid_pods,
+                [key[1] for key in kept],
+                [h for h, _ in rows],
+            )
+        return _host_values([h for h, _ in rows], [i for _, i in rows])
 
     async def close(self) -> None:
         """Stop the pod-resources refresher and the procfs worker."""
@@ -508,23 +511,36 @@ _STATE_VALUES = {name: tuple(1.0 if other == name else 0.0 for other in STATE_NA
 _NO_STATE = (0.0,) * len(STATE_NAMES)
 
 
-def _host_series(
-    cpu: SeriesFamily,
-    io_read: SeriesFamily,
-    io_write: SeriesFamily,
-    states: SeriesFamily,
-    key: tuple[str, int],
-    index: str,
-    pod: PodRef,
-) -> _HostSeries:
+def _host_values(rows: list[_HostSeries], infos: list[ProcessInfo]) -> tuple[SeriesFamily, ...]:
+    """The host families of one round: each process's rows with what was read of it this round."""
+    cpu = family(specs.GPU_PROCESS_HOST_CPU_SECONDS_TOTAL)
+    io_read = family(specs.GPU_PROCESS_IO_READ_BYTES_TOTAL)
+    io_write = family(specs.GPU_PROCESS_IO_WRITE_BYTES_TOTAL)
+    states = family(specs.GPU_PROCESS_STATE)
+    both = list(zip(rows, infos, strict=True))
+    # Rows and values filled a list at a time: ten series per process, every round.
+    cpu.rows = [h.cpu for h in rows]
+    cpu.values = [cast(float, i.cpu_seconds) for i in infos]
+    io_read.rows = [h.io_read for h, i in both if i.io_read_bytes is not None]
+    io_read.values = [float(i.io_read_bytes) for i in infos if i.io_read_bytes is not None]
+    io_write.rows = [h.io_write for h, i in both if i.io_write_bytes is not None]
+    io_write.values = [float(i.io_write_bytes) for i in infos if i.io_write_bytes is not None]
+    # every state 0 or 1 (kube-state-metrics' phase style): min_over_time reads "all along"
+    states.rows = [s for h, i in both if i.state is not None for s in h.states]
+    states.values = [v for i in infos if i.state is not None for v in _STATE_VALUES.get(i.state, _NO_STATE)]
+    return cpu, io_read, io_write, states
+
+
+def _host_series(key: tuple[str, int], index: str, pod: PodRef) -> _HostSeries:
     labels = (key[0], index, str(key[1]), pod.namespace, pod.pod, pod.container)
+    states = table(specs.GPU_PROCESS_STATE)
     return _HostSeries(
         index,
         pod,
-        cpu.table.series(*labels),
-        io_read.table.series(*labels),
-        io_write.table.series(*labels),
-        tuple(states.table.series(*labels, name) for name in STATE_NAMES),
+        table(specs.GPU_PROCESS_HOST_CPU_SECONDS_TOTAL).series(*labels),
+        table(specs.GPU_PROCESS_IO_READ_BYTES_TOTAL).series(*labels),
+        table(specs.GPU_PROCESS_IO_WRITE_BYTES_TOTAL).series(*labels),
+        tuple(states.series(*labels, name) for name in STATE_NAMES),
     )
 
 
