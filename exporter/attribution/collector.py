@@ -199,6 +199,7 @@ class AttributionCollector:
         # (processes, PID -> pod map, PIDs in row order, rows) of the last round in which every GPU
         # process had its host series: while both are the same, a round only puts in new values
         self._host_memo: _HostMemo | None = None
+        self._wanted: tuple[tuple[GpuProcess, ...], list[ProcessDevices], list[int]] | None = None
 
     @property
     def known_pod_uids(self) -> int:
@@ -366,7 +367,7 @@ class AttributionCollector:
 
     async def _procfs_round(
         self,
-        processes: Sequence[GpuProcess],
+        processes: tuple[GpuProcess, ...],
         allocations: Mapping[str, Sequence[PodRef]],
         view: PodResourcesView,
     ) -> _ProcfsRound:
@@ -376,22 +377,17 @@ class AttributionCollector:
         it is set aside, its CPU series is absent while it hangs, and its pod stays the one it had (a
         PID's pod does not change). The other PIDs are read in the same round.
         """
-        devices: dict[int, set[str]] = {}
-        for proc in processes:
-            devices.setdefault(proc.pid, set()).add(proc.mig_uuid or proc.uuid)
-        wanted = [ProcessDevices(pid, frozenset(keys)) for pid, keys in devices.items()]
+        wanted, keys = self._wanted_of(processes)
         procfs = self._procfs
 
         def read(pid: int) -> ProcessInfo | None:
             if pid == _RETAIN:  # after the reads, on their thread: descriptors of gone PIDs closed
-                procfs.retain(devices)
+                procfs.retain(keys[:-1])
                 return None
             return procfs.process(pid)
 
         s = self.settings
-        got = await self._reader.read(
-            [*sorted(devices), _RETAIN], read, s.procfs_timeout_seconds, s.procfs_item_timeout_seconds
-        )
+        got = await self._reader.read(keys, read, s.procfs_timeout_seconds, s.procfs_item_timeout_seconds)
         got.unread.discard(_RETAIN)
         infos = {pid: info for pid, info in got.values.items() if info is not None}
         pid_pods = await self._resolve(wanted, infos, allocations, view)
@@ -411,6 +407,20 @@ class AttributionCollector:
             pid_pods = last
         self._last_pid_pods = pid_pods
         return _ProcfsRound(infos, pid_pods)
+
+    def _wanted_of(self, processes: tuple[GpuProcess, ...]) -> tuple[list[ProcessDevices], list[int]]:
+        """Each GPU process's devices, and the round's read keys (its PIDs in order, then _RETAIN);
+        the last round's while the listing holds the same processes (no sets made per process)."""
+        memo = self._wanted
+        if memo is not None and memo[0] == processes:
+            return memo[1], memo[2]
+        devices: dict[int, set[str]] = {}
+        for proc in processes:
+            devices.setdefault(proc.pid, set()).add(proc.mig_uuid or proc.uuid)
+        wanted = [ProcessDevices(pid, frozenset(keys)) for pid, keys in devices.items()]
+        keys = [*sorted(devices), _RETAIN]
+        self._wanted = (processes, wanted, keys)
+        return wanted, keys
 
     async def _resolve(
         self,

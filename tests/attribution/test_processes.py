@@ -438,3 +438,35 @@ async def test_rounds_that_reuse_the_host_rows_export_what_a_fresh_collector_wou
         assert ("gpu", "2") in next(s[1] for s in await same_as_fresh() if ("pid", "4001") in s[1])
     finally:
         await kept.close()
+
+
+async def test_a_listing_that_grows_or_puts_a_pid_on_another_gpu_is_read_in_full_next_round(
+    kubelet: FakeKubelet, procfs: ProcfsTree, tmp_path: Path, gpus: list[GpuRef]
+) -> None:
+    # A round keeps the last round's PIDs and devices while the listing holds the same processes;
+    # a new PID, or a PID now also on another GPU, must be read and placed in the very next round.
+    kubelet.pods = (pod("serving", "llama-0", {"vllm": {"nvidia.com/gpu": [GPU_UUIDS[0], GPU_UUIDS[1]]}}),)
+    procfs.add(4001, cgroup_v2_systemd(UIDS[0], CIDS[0]), utime_ticks=100)
+    procfs.add(4002, cgroup_v2_systemd(UIDS[0], CIDS[0]), utime_ticks=200)
+    state = NodeState(gpus=gpus, processes=[proc(0, 4001)])
+    collector = make_collector(kubelet, procfs, tmp_path)
+    try:
+        await collector.collect(state)
+        await collector.collect(state)
+        state.processes = [proc(0, 4001), proc(1, 4002)]
+        grown = await collector.collect(state)
+        state.processes = [proc(0, 4001), proc(1, 4001), proc(1, 4002)]
+        spread = await collector.collect(state)
+    finally:
+        await collector.close()
+    rows = ("pid", "gpu", "pod")
+    assert label_rows(grown, CPU_TOTAL, *rows) == {("4001", "0", "llama-0"), ("4002", "1", "llama-0")}
+    assert label_rows(spread, CPU_TOTAL, *rows) == {
+        ("4001", "0", "llama-0"),
+        ("4001", "1", "llama-0"),
+        ("4002", "1", "llama-0"),
+    }
+    assert state.pid_pods == {
+        4001: PodRef("serving", "llama-0", "vllm"),
+        4002: PodRef("serving", "llama-0", "vllm"),
+    }
