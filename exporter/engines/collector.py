@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
+import operator
 import os
 import time
 from collections.abc import Sequence
@@ -35,6 +37,7 @@ from exporter.engines.settings import EngineSettings, KubeSettings
 from exporter.engines.targets import AUTO, StaticSource, Target
 from exporter.errors import CollectorError, ExpositionError, ScrapeError
 from exporter.host import procfs
+from exporter.host.exits import ExitWatch
 from exporter.host.kept import KeptFiles
 from exporter.kube.client import in_cluster_api_url
 from gpupulse.clock import Clock, SystemClock
@@ -89,6 +92,16 @@ class Endpoint:
     label_cache: dict[str, Any] = field(default_factory=dict)  # label blocks repeat every scrape
 
 
+@dataclass(frozen=True, eq=False)
+class _Settled:
+    """The last reads that later rounds may keep: for these endpoints (the same objects) and GPU
+    processes, while no followed process exits, until a GPU process missing from /proc is due."""
+
+    endpoints: tuple[Endpoint, ...]
+    listed: frozenset[int]
+    until: float
+
+
 @dataclass(frozen=True)
 class _Resolved:
     pid: int | None
@@ -126,6 +139,8 @@ class EnginesCollector:
         # /proc/<pid>/stat of the engines and GPU processes is read every round: through kept
         # descriptors (one pread each instead of open, read and close), used on the procfs worker only
         self._stat_files = KeptFiles()
+        self._exits = ExitWatch(self.settings.procfs_path)  # the followed processes' exits
+        self._settled: _Settled | None = None
         self._ancestors: dict[int, int] = {}  # GPU processes' ancestry, reused for the ancestors
         self._index = NodeIndexMemo()  # the node's lookups, kept while NodeState is the same
         self._unseen: dict[int, float] = {}  # GPU PIDs without a /proc entry -> when last looked for
@@ -192,18 +207,39 @@ class EnginesCollector:
 
     async def _resolve_processes(self, endpoints: list[Endpoint], state: NodeState) -> bool:
         """PIDs behind ports, process trees and start times, on a thread; a hung /proc read costs only
-        its endpoint (or, for the /proc-wide parent scan, only the process trees)."""
+        its endpoint (or, for the /proc-wide parent scan, only the process trees).
+
+        No read at all while what the last reads said still holds: the same endpoints and GPU
+        processes, and none of the processes they named has exited since (pidfds opened before those
+        reads, `ExitWatch`); a thread hop is most of a round's /proc cost on a quiet node."""
         now = self._clock.time()
+        listed = frozenset([p.pid for p in state.processes])
+        settled = self._settled
+        if (
+            settled is not None
+            and not self._exits.fired
+            and now < settled.until
+            and settled.listed == listed
+            and len(settled.endpoints) == len(endpoints)
+            and all(map(operator.is_, settled.endpoints, endpoints))
+        ):
+            return True
+        self._settled = None
         by_url = {ep.target.url: ep for ep in endpoints}
         keys = [*by_url, _PARENTS] if by_url else []
         found: list[int] = []
 
-        listed = {p.pid for p in state.processes}
         # A GPU process our procfs has no entry for (NVML sees another PID namespace) is not looked for
         # again while it stays listed, until pid_retry_seconds pass: each round's failed opens cost.
         self._unseen = unseen = {pid: at for pid, at in self._unseen.items() if pid in listed}
         retry = self.settings.pid_retry_seconds
         gpu_pids = sorted(pid for pid in listed if pid not in unseen or now - unseen[pid] >= retry)
+        # watched before the reads: a process that exits from now on is told of, whatever its PID
+        # names later (see _settle)
+        self._exits.fired = False
+        before = self._exits.watch(
+            [*(ep.pid for ep in endpoints if ep.pid is not None), *gpu_pids, *self._ancestors.values()]
+        )
         missing: list[int] = []  # of gpu_pids, those without a readable stat (set on the worker)
         known = dict(self._ancestors)
         # A PID search (a scan of every process's fds) counts as tried when it starts, here on the
@@ -251,7 +287,41 @@ class EnginesCollector:
             elif isinstance(parents, dict):
                 ep.tree = procfs.descendants(ep.pid, parents)
             # else: keep the last known tree while the parent scan is late
+        whole = not result.errors and not result.unread and isinstance(parents, dict)
+        if whole and isinstance(parents, dict):
+            self._settle(endpoints, listed, gpu_pids, parents, before, now)
         return True
+
+    def _settle(
+        self,
+        endpoints: list[Endpoint],
+        listed: frozenset[int],
+        gpu_pids: list[int],
+        parents: dict[int, int],
+        before: frozenset[int],
+        now: float,
+    ) -> None:
+        """After reads that all returned: what later rounds may keep without reading.
+
+        What a read said of a process stays true until that process exits: an engine's start time,
+        and a GPU process's parent (it changes only when that parent exits). Every process named so
+        is watched; those watched only from now on (found by these reads) are read once more next
+        round, with their pidfd open before the read, so that none is a later process under a reused
+        PID. Rounds keep the result only while every endpoint has its process and no GPU process
+        waits for a retry."""
+        followed = {ep.pid for ep in endpoints if ep.pid is not None}
+        for pid in gpu_pids:
+            if pid in parents:
+                followed.add(pid)
+                if parents[pid] > 1:
+                    followed.add(parents[pid])
+        self._exits.watch(followed)
+        self._exits.retain(followed)
+        if self._exits.fired or not followed <= before or any(ep.pid is None for ep in endpoints):
+            return
+        retry = self.settings.pid_retry_seconds
+        until = min([at + retry for at in self._unseen.values()], default=math.inf)
+        self._settled = _Settled(tuple(endpoints), listed, until)
 
     def _resolve_one(self, ep: Endpoint, state: NodeState, now: float, scan: bool) -> _Resolved:
         """Blocking, on the procfs thread: reads ep, never writes it (the loop applies the result).
@@ -424,6 +494,7 @@ class EnginesCollector:
             await st.source.close()
         self._procfs.close()
         self._stat_files.close()
+        self._exits.close()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import os
+import signal
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -11,6 +16,7 @@ from exporter.engines.collector import EnginesCollector
 from exporter.engines.settings import EngineSettings
 from exporter.engines.targets import Target
 from exporter.host import procfs
+from exporter.host.exits import own_namespace
 
 from .conftest import FIXTURES, FakeClock, ListSource, samples, value
 
@@ -330,5 +336,91 @@ async def test_a_gpu_pid_missing_from_procfs_is_looked_for_again_only_after_the_
         clock.now += 5.0
         await collector.collect(state)
         assert reads.count(77777) == 3
+    finally:
+        await collector.close()
+
+
+def _ppid(pid: int) -> int:
+    fields = procfs.stat_fields(Path(f"/proc/{pid}/stat").read_text())
+    return int(fields[1])
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "pidfd_open") or not own_namespace(Path("/proc")), reason="needs pidfds on our own /proc"
+)
+async def test_rounds_read_proc_only_until_a_followed_process_exits(
+    fake_engines: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An engine (P1) whose worker (P2) runs a GPU process (P3). Once the reads are vouched for by
+    # pidfds opened before them, rounds read nothing; the worker's exit reparents the GPU process,
+    # and the very next round reads again and no longer counts it in the engine's tree.
+    engine = await asyncio.create_subprocess_exec(
+        "sh", "-c", 'sh -c "sleep 60 & echo \\$!; wait" & exec sleep 60', stdout=asyncio.subprocess.PIPE
+    )  # fmt: skip
+    assert engine.stdout is not None
+    gpu = int(await engine.stdout.readline())
+    worker = _ppid(gpu)
+    assert _ppid(worker) == engine.pid
+    collector = EnginesCollector(
+        [ListSource([Target(f"{fake_engines}/vllm-0.33.0", pid=engine.pid)])],
+        EngineSettings(procfs_path=Path("/proc")),
+        FakeClock(),
+    )
+    reads: list[object] = []
+    real_read = collector._procfs.read
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        reads.append(args[0])
+        return await real_read(*args, **kwargs)
+
+    monkeypatch.setattr(collector._procfs, "read", counted)
+    state = NodeState(processes=[GpuProcess("GPU-a", "0", gpu)])
+    try:
+        await collector.collect(state)  # the worker was not watched before its child's read named it
+        await collector.collect(state)  # read once more, every process watched before the reads
+        assert len(reads) == 2
+        for _ in range(3):
+            metrics = list(await collector.collect(state))
+        assert len(reads) == 2  # nothing read: nothing followed has exited
+        ep = next(iter(collector._endpoints.values()))
+        assert ep.pid == engine.pid and ep.tree == {engine.pid, worker, gpu}
+        assert value(metrics, "inference_requests_running", gpu="0") >= 0
+        state.processes = [GpuProcess("GPU-a", "0", gpu), GpuProcess("GPU-b", "1", engine.pid)]
+        await collector.collect(state)  # another GPU listing: read
+        assert len(reads) == 3
+        state.processes = [GpuProcess("GPU-a", "0", gpu)]
+        await collector.collect(state)
+        await collector.collect(state)
+        reads.clear()
+        os.kill(worker, signal.SIGKILL)  # the GPU process is reparented
+        for _ in range(200):
+            if collector._exits.fired:
+                break
+            await asyncio.sleep(0.01)
+        await collector.collect(state)
+        assert len(reads) == 1 and _ppid(gpu) != worker
+        assert ep.tree == {engine.pid}
+    finally:
+        await collector.close()
+        for pid in (gpu, engine.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        await engine.wait()
+    assert len(collector._exits) == 0
+
+
+async def test_a_procfs_of_another_pid_namespace_is_read_every_round(fake_engines: str) -> None:
+    # A fixture tree (or a host /proc mounted elsewhere) names PIDs pidfd_open would not open: no
+    # round is kept, every round reads.
+    collector = EnginesCollector(
+        [ListSource([Target(f"{fake_engines}/vllm-0.33.0", pid=4242)])], SETTINGS, FakeClock(BOOT + 5.0)
+    )
+    assert not collector._exits.available
+    starts: list[float] = []
+    try:
+        for _ in range(3):
+            await collector.collect(NodeState(processes=[GpuProcess("GPU-a", "0", 4250)]))
+            starts.append(collector._endpoints[next(iter(collector._endpoints))].process_start or 0.0)
+        assert starts == [BOOT + 10.0] * 3 and collector._settled is None
     finally:
         await collector.close()
