@@ -237,8 +237,9 @@ class EnginesCollector:
         # watched before the reads: a process that exits from now on is told of, whatever its PID
         # names later (see _settle)
         self._exits.fired = False
+        parents_before = [self._ancestors[pid] for pid in gpu_pids if pid in self._ancestors]
         before = self._exits.watch(
-            [*(ep.pid for ep in endpoints if ep.pid is not None), *gpu_pids, *self._ancestors.values()]
+            [*(ep.pid for ep in endpoints if ep.pid is not None), *gpu_pids, *parents_before]
         )
         missing: list[int] = []  # of gpu_pids, those without a readable stat (set on the worker)
         known = dict(self._ancestors)
@@ -287,9 +288,8 @@ class EnginesCollector:
             elif isinstance(parents, dict):
                 ep.tree = procfs.descendants(ep.pid, parents)
             # else: keep the last known tree while the parent scan is late
-        whole = not result.errors and not result.unread and isinstance(parents, dict)
-        if whole and isinstance(parents, dict):
-            self._settle(endpoints, listed, gpu_pids, parents, before, now)
+        if isinstance(parents, dict) and not result.errors and not result.unread:  # every read returned
+            self._settle(endpoints, listed, gpu_pids, parents, before)
         return True
 
     def _settle(
@@ -299,7 +299,6 @@ class EnginesCollector:
         gpu_pids: list[int],
         parents: dict[int, int],
         before: frozenset[int],
-        now: float,
     ) -> None:
         """After reads that all returned: what later rounds may keep without reading.
 
