@@ -120,6 +120,18 @@ _AllocationMemo = tuple[
 ]
 
 
+class _RanksMemo(NamedTuple):
+    """A round's rank rows and what they were made of (kept while the next round's inputs are the same)."""
+
+    processes: tuple[GpuProcess, ...]
+    pid_pods: Mapping[int, PodRef]
+    environs: dict[int, Mapping[str, str]]
+    metas: Mapping[tuple[str, str], PodMeta] | None
+    wait: bool
+    kept: list[RankRow]
+    dropped: int  # rows over the cap
+
+
 class _HostSeries(NamedTuple):
     """The host series of one GPU process, kept while it runs on the same GPU index in the same pod."""
 
@@ -178,6 +190,8 @@ class AttributionCollector:
             )
         self._environ = EnvironCache(settings.procfs_path)
         self._ranks_kept: set[RankRow] = set()
+        self._ranks_memo: _RanksMemo | None = None
+        self._info_rows: tuple[tuple[ResolvedAllocation, ...], list[Series]] | None = None
         self._ranks_capped = False
         self._slices: ResourceSliceSource | None = None
         if settings.dra_node_name:
@@ -261,12 +275,7 @@ class AttributionCollector:
             )
         state.pid_pods = procfs_round.pid_pods
 
-        info = family(specs.GPU_ALLOCATION_INFO)
-        for row in rows:
-            pod = row.pod
-            info.add_metric(
-                [row.uuid, row.gpu, row.mig_uuid, pod.namespace, pod.pod, pod.container, row.resource], 1.0
-            )
+        info = self._allocation_info(rows)
         host = self._host_families(processes, procfs_round)
         ranks = rank_info_family(self._rank_rows(processes, procfs_round.pid_pods, environs))
         dropped = family(specs.SERIES_DROPPED_TOTAL)
@@ -282,6 +291,24 @@ class AttributionCollector:
             why = "DRA name resolution is off" if self._slices is None else self._slices.error
             raise PartialCollectorError(f"{unnamed} DRA claim devices without a uuid: {why}", families)
         return families
+
+    def _allocation_info(self, rows: tuple[ResolvedAllocation, ...]) -> SeriesFamily:
+        """gpu_allocation_info: one series of value 1 per allocation row, the rows' series kept while
+        the allocations are the same object (they are remade only when an input changed)."""
+        info = family(specs.GPU_ALLOCATION_INFO)
+        memo = self._info_rows
+        if memo is None or memo[0] is not rows:
+            info_table = table(specs.GPU_ALLOCATION_INFO)
+            series = [
+                info_table.series(
+                    r.uuid, r.gpu, r.mig_uuid, r.pod.namespace, r.pod.pod, r.pod.container, r.resource
+                )
+                for r in rows
+            ]
+            memo = self._info_rows = (rows, series)
+        info.rows = list(memo[1])
+        info.values = [1.0] * len(memo[1])
+        return info
 
     def _allocations(
         self,
@@ -340,6 +367,19 @@ class AttributionCollector:
         # a watch that never listed and failed (403, unreachable) names ranks from the environ alone;
         # one that listed (or is still trying) is waited for: what it lacks now is late, not absent
         wait = pods is not None and pods.started and (pods.stats.lists > 0 or pods.stats.failures == 0)
+        metas = pods.metas if pods is not None else None
+        memo = self._ranks_memo
+        # the same inputs as last round (pid_pods and the pod metadata are replaced whole on change)
+        if (
+            memo is not None
+            and memo.pid_pods is pid_pods
+            and memo.metas is metas
+            and memo.wait == wait
+            and memo.processes == processes
+            and memo.environs == environs
+        ):
+            self._dropped_total += memo.dropped
+            return memo.kept
         rows = rank_rows(processes, pid_pods, lookup, environs, wait_for_pods=wait)
         kept = cap_rows(rows, self._ranks_kept, self.settings.max_ranks)
         self._dropped_total += len(rows) - len(kept)
@@ -353,6 +393,9 @@ class AttributionCollector:
             )
         self._ranks_capped = capped
         self._ranks_kept = set(kept)
+        self._ranks_memo = _RanksMemo(
+            tuple(processes), pid_pods, dict(environs), metas, wait, kept, len(rows) - len(kept)
+        )
         return kept
 
     async def _kubelet_view(self) -> PodResourcesView:
