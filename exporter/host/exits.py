@@ -11,6 +11,7 @@ Opening a pidfd touches no file, so this runs on the event loop.
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -53,7 +54,10 @@ class ExitWatch:
                 continue
             try:
                 fd = os.pidfd_open(pid)
-            except OSError:
+            except OSError as exc:
+                if exc.errno in (errno.ENOSYS, errno.EPERM):  # a kernel before 5.3, or a seccomp filter
+                    self.available = False
+                    return frozenset()
                 continue  # gone already (ESRCH), or no descriptor to spare
             self._fds[pid] = (fd, loop)
             loop.add_reader(fd, self._exited, pid)

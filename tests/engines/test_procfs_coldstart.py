@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import signal
 from pathlib import Path
@@ -424,3 +425,22 @@ async def test_a_procfs_of_another_pid_namespace_is_read_every_round(fake_engine
         assert starts == [BOOT + 10.0] * 3 and collector._settled is None
     finally:
         await collector.close()
+
+
+async def test_a_kernel_without_pidfds_leaves_every_round_reading(monkeypatch: pytest.MonkeyPatch) -> None:
+    # pidfd_open answering ENOSYS (before Linux 5.3) or EPERM (a seccomp profile): nothing is watched,
+    # so no round is kept, and the call is not tried again for every PID of every round.
+    from exporter.host.exits import ExitWatch
+
+    calls: list[int] = []
+
+    def refused(pid: int, flags: int = 0) -> int:
+        calls.append(pid)
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    monkeypatch.setattr(os, "pidfd_open", refused, raising=False)
+    watch = ExitWatch(Path("/proc"))
+    watch.available = True  # as on a host whose /proc is ours
+    assert watch.watch([os.getpid(), os.getppid()]) == frozenset()
+    assert not watch.available and calls == [os.getpid()]
+    assert watch.watch([os.getpid()]) == frozenset() and calls == [os.getpid()]
