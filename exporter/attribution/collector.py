@@ -10,7 +10,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 from prometheus_client.core import Metric
 
@@ -45,7 +45,7 @@ from exporter.attribution.slices import DEFAULT_DRIVERS, ResourceSliceSource, Sl
 from exporter.collectors.base import GpuProcess, GpuRef, NodeState, PodRef
 from exporter.collectors.blocking import ItemReader
 from exporter.collectors.flags import add_procfs_argument, collector_enabled, csv_list
-from exporter.collectors.series import Series, SeriesFamily, family
+from exporter.collectors.series import Series, SeriesFamily, family, table
 from exporter.errors import PartialCollectorError
 from exporter.host.procfs import DEFAULT_PROCFS, STATE_NAMES, ProcessInfo, Procfs
 from exporter.kube.client import ApiSettings, in_cluster_api_url
@@ -120,6 +120,18 @@ _AllocationMemo = tuple[
 ]
 
 
+class _RanksMemo(NamedTuple):
+    """A round's rank rows and what they were made of (kept while the next round's inputs are the same)."""
+
+    processes: tuple[GpuProcess, ...]
+    pid_pods: Mapping[int, PodRef]
+    environs: dict[int, Mapping[str, str]]
+    metas: Mapping[tuple[str, str], PodMeta] | None
+    wait: bool
+    kept: list[RankRow]
+    dropped: int  # rows over the cap
+
+
 class _HostSeries(NamedTuple):
     """The host series of one GPU process, kept while it runs on the same GPU index in the same pod."""
 
@@ -129,6 +141,10 @@ class _HostSeries(NamedTuple):
     io_read: Series
     io_write: Series
     states: tuple[Series, ...]  # one per STATE_NAMES
+
+
+# (GPU processes, PID -> pod map, PIDs in row order, their host series) of a round that gave every process
+_HostMemo = tuple[tuple[GpuProcess, ...], Mapping[int, PodRef], list[int], list[_HostSeries]]
 
 
 @dataclass(frozen=True)
@@ -174,6 +190,8 @@ class AttributionCollector:
             )
         self._environ = EnvironCache(settings.procfs_path)
         self._ranks_kept: set[RankRow] = set()
+        self._ranks_memo: _RanksMemo | None = None
+        self._info_rows: tuple[tuple[ResolvedAllocation, ...], list[Series]] | None = None
         self._ranks_capped = False
         self._slices: ResourceSliceSource | None = None
         if settings.dra_node_name:
@@ -192,6 +210,10 @@ class AttributionCollector:
         self._last_pid_pods: dict[int, PodRef] = {}
         self._memo: _AllocationMemo | None = None
         self._host_series: dict[tuple[str, int], _HostSeries] = {}
+        # (processes, PID -> pod map, PIDs in row order, rows) of the last round in which every GPU
+        # process had its host series: while both are the same, a round only puts in new values
+        self._host_memo: _HostMemo | None = None
+        self._wanted: tuple[tuple[GpuProcess, ...], list[ProcessDevices], list[int]] | None = None
 
     @property
     def known_pod_uids(self) -> int:
@@ -253,12 +275,7 @@ class AttributionCollector:
             )
         state.pid_pods = procfs_round.pid_pods
 
-        info = family(specs.GPU_ALLOCATION_INFO)
-        for row in rows:
-            pod = row.pod
-            info.add_metric(
-                [row.uuid, row.gpu, row.mig_uuid, pod.namespace, pod.pod, pod.container, row.resource], 1.0
-            )
+        info = self._allocation_info(rows)
         host = self._host_families(processes, procfs_round)
         ranks = rank_info_family(self._rank_rows(processes, procfs_round.pid_pods, environs))
         dropped = family(specs.SERIES_DROPPED_TOTAL)
@@ -274,6 +291,24 @@ class AttributionCollector:
             why = "DRA name resolution is off" if self._slices is None else self._slices.error
             raise PartialCollectorError(f"{unnamed} DRA claim devices without a uuid: {why}", families)
         return families
+
+    def _allocation_info(self, rows: tuple[ResolvedAllocation, ...]) -> SeriesFamily:
+        """gpu_allocation_info: one series of value 1 per allocation row, the rows' series kept while
+        the allocations are the same object (they are remade only when an input changed)."""
+        info = family(specs.GPU_ALLOCATION_INFO)
+        memo = self._info_rows
+        if memo is None or memo[0] is not rows:
+            info_table = table(specs.GPU_ALLOCATION_INFO)
+            series = [
+                info_table.series(
+                    r.uuid, r.gpu, r.mig_uuid, r.pod.namespace, r.pod.pod, r.pod.container, r.resource
+                )
+                for r in rows
+            ]
+            memo = self._info_rows = (rows, series)
+        info.rows = list(memo[1])
+        info.values = [1.0] * len(memo[1])
+        return info
 
     def _allocations(
         self,
@@ -332,6 +367,19 @@ class AttributionCollector:
         # a watch that never listed and failed (403, unreachable) names ranks from the environ alone;
         # one that listed (or is still trying) is waited for: what it lacks now is late, not absent
         wait = pods is not None and pods.started and (pods.stats.lists > 0 or pods.stats.failures == 0)
+        metas = pods.metas if pods is not None else None
+        memo = self._ranks_memo
+        # the same inputs as last round (pid_pods and the pod metadata are replaced whole on change)
+        if (
+            memo is not None
+            and memo.pid_pods is pid_pods
+            and memo.metas is metas
+            and memo.wait == wait
+            and memo.processes == processes
+            and memo.environs == environs
+        ):
+            self._dropped_total += memo.dropped
+            return memo.kept
         rows = rank_rows(processes, pid_pods, lookup, environs, wait_for_pods=wait)
         kept = cap_rows(rows, self._ranks_kept, self.settings.max_ranks)
         self._dropped_total += len(rows) - len(kept)
@@ -345,6 +393,9 @@ class AttributionCollector:
             )
         self._ranks_capped = capped
         self._ranks_kept = set(kept)
+        self._ranks_memo = _RanksMemo(
+            tuple(processes), pid_pods, dict(environs), metas, wait, kept, len(rows) - len(kept)
+        )
         return kept
 
     async def _kubelet_view(self) -> PodResourcesView:
@@ -359,7 +410,7 @@ class AttributionCollector:
 
     async def _procfs_round(
         self,
-        processes: Sequence[GpuProcess],
+        processes: tuple[GpuProcess, ...],
         allocations: Mapping[str, Sequence[PodRef]],
         view: PodResourcesView,
     ) -> _ProcfsRound:
@@ -369,22 +420,17 @@ class AttributionCollector:
         it is set aside, its CPU series is absent while it hangs, and its pod stays the one it had (a
         PID's pod does not change). The other PIDs are read in the same round.
         """
-        devices: dict[int, set[str]] = {}
-        for proc in processes:
-            devices.setdefault(proc.pid, set()).add(proc.mig_uuid or proc.uuid)
-        wanted = [ProcessDevices(pid, frozenset(keys)) for pid, keys in devices.items()]
+        wanted, keys = self._wanted_of(processes)
         procfs = self._procfs
 
         def read(pid: int) -> ProcessInfo | None:
             if pid == _RETAIN:  # after the reads, on their thread: descriptors of gone PIDs closed
-                procfs.retain(devices)
+                procfs.retain(keys[:-1])
                 return None
             return procfs.process(pid)
 
         s = self.settings
-        got = await self._reader.read(
-            [*sorted(devices), _RETAIN], read, s.procfs_timeout_seconds, s.procfs_item_timeout_seconds
-        )
+        got = await self._reader.read(keys, read, s.procfs_timeout_seconds, s.procfs_item_timeout_seconds)
         got.unread.discard(_RETAIN)
         infos = {pid: info for pid, info in got.values.items() if info is not None}
         pid_pods = await self._resolve(wanted, infos, allocations, view)
@@ -398,8 +444,26 @@ class AttributionCollector:
         for pid in got.unread:
             if pid in last:
                 pid_pods[pid] = last[pid]
+        if pid_pods == last:
+            # the same map object while nothing changed: the processes collector reuses its rows
+            # while NodeState.pid_pods is the map it made them from (a new one costs it every row)
+            pid_pods = last
         self._last_pid_pods = pid_pods
         return _ProcfsRound(infos, pid_pods)
+
+    def _wanted_of(self, processes: tuple[GpuProcess, ...]) -> tuple[list[ProcessDevices], list[int]]:
+        """Each GPU process's devices, and the round's read keys (its PIDs in order, then _RETAIN);
+        the last round's while the listing holds the same processes (no sets made per process)."""
+        memo = self._wanted
+        if memo is not None and memo[0] == processes:
+            return memo[1], memo[2]
+        devices: dict[int, set[str]] = {}
+        for proc in processes:
+            devices.setdefault(proc.pid, set()).add(proc.mig_uuid or proc.uuid)
+        wanted = [ProcessDevices(pid, frozenset(keys)) for pid, keys in devices.items()]
+        keys = [*sorted(devices), _RETAIN]
+        self._wanted = (processes, wanted, keys)
+        return wanted, keys
 
     async def _resolve(
         self,
@@ -439,12 +503,19 @@ class AttributionCollector:
     ) -> tuple[SeriesFamily, ...]:
         """Host CPU, I/O bytes and scheduler state of each GPU process, under one cap (per process)."""
         infos = procfs_round.infos
-        series: dict[tuple[str, int], tuple[str, float, ProcessInfo]] = {}
+        memo = self._host_memo
+        if memo is not None and memo[1] is procfs_round.pid_pods and memo[0] == processes:
+            again = [infos.get(pid) for pid in memo[2]]
+            # every process read again: the same rows as last round, in the same order, new values
+            if None not in again and all([i.cpu_seconds is not None for i in again if i is not None]):
+                return _host_values(memo[3], cast("list[ProcessInfo]", again))
+        self._host_memo = None
+        series: dict[tuple[str, int], tuple[str, ProcessInfo]] = {}
         for proc in processes:
             info = infos.get(proc.pid)
             if info is None or info.cpu_seconds is None:
                 continue  # exited between NVML's sample and ours
-            series[(proc.uuid, proc.pid)] = (proc.index, info.cpu_seconds, info)
+            series[(proc.uuid, proc.pid)] = (proc.index, info)
         # Series already exported keep their place under the cap, so a crowd of newcomers cannot
         # make existing counters flap; the rest are taken in a stable (uuid, pid) order.
         exported = self._exported
@@ -452,36 +523,25 @@ class AttributionCollector:
         kept = keys[: self.settings.max_processes]
         self._dropped_total += len(keys) - len(kept)
         self._exported = set(kept)
-        cpu = family(specs.GPU_PROCESS_HOST_CPU_SECONDS_TOTAL)
-        io_read = family(specs.GPU_PROCESS_IO_READ_BYTES_TOTAL)
-        io_write = family(specs.GPU_PROCESS_IO_WRITE_BYTES_TOTAL)
-        states = family(specs.GPU_PROCESS_STATE)
         known, self._host_series = self._host_series, {}  # processes gone since last round are dropped
         pid_pods = procfs_round.pid_pods
         rows: list[tuple[_HostSeries, ProcessInfo]] = []
-        seconds: list[float] = []
         for key in kept:
-            index, cpu_seconds, info = series[key]
+            index, info = series[key]
             pod = pid_pods.get(key[1], _NO_POD)
             got = known.get(key)
             if got is None or got.gpu_index != index or (got.pod is not pod and got.pod != pod):
-                got = _host_series(cpu, io_read, io_write, states, key, index, pod)
+                got = _host_series(key, index, pod)
             self._host_series[key] = got
             rows.append((got, info))
-            seconds.append(cpu_seconds)
-        # Rows and values filled a list at a time: ten series per process, every round.
-        cpu.rows = [h.cpu for h, _ in rows]
-        cpu.values = seconds
-        io_read.rows = [h.io_read for h, i in rows if i.io_read_bytes is not None]
-        io_read.values = [float(i.io_read_bytes) for _, i in rows if i.io_read_bytes is not None]
-        io_write.rows = [h.io_write for h, i in rows if i.io_write_bytes is not None]
-        io_write.values = [float(i.io_write_bytes) for _, i in rows if i.io_write_bytes is not None]
-        # every state 0 or 1 (kube-state-metrics' phase style): min_over_time reads "all along"
-        states.rows = [s for h, i in rows if i.state is not None for s in h.states]
-        states.values = [
-            v for _, i in rows if i.state is not None for v in _STATE_VALUES.get(i.state, _NO_STATE)
-        ]
-        return cpu, io_read, io_write, states
+        if len(kept) == len(processes):  # every process has its rows: the next rounds may reuse them
+            self._host_memo = (
+                tuple(processes),
+                pid_pods,
+                [key[1] for key in kept],
+                [h for h, _ in rows],
+            )
+        return _host_values([h for h, _ in rows], [i for _, i in rows])
 
     async def close(self) -> None:
         """Stop the pod-resources refresher and the procfs worker."""
@@ -504,23 +564,36 @@ _STATE_VALUES = {name: tuple(1.0 if other == name else 0.0 for other in STATE_NA
 _NO_STATE = (0.0,) * len(STATE_NAMES)
 
 
-def _host_series(
-    cpu: SeriesFamily,
-    io_read: SeriesFamily,
-    io_write: SeriesFamily,
-    states: SeriesFamily,
-    key: tuple[str, int],
-    index: str,
-    pod: PodRef,
-) -> _HostSeries:
+def _host_values(rows: list[_HostSeries], infos: list[ProcessInfo]) -> tuple[SeriesFamily, ...]:
+    """The host families of one round: each process's rows with what was read of it this round."""
+    cpu = family(specs.GPU_PROCESS_HOST_CPU_SECONDS_TOTAL)
+    io_read = family(specs.GPU_PROCESS_IO_READ_BYTES_TOTAL)
+    io_write = family(specs.GPU_PROCESS_IO_WRITE_BYTES_TOTAL)
+    states = family(specs.GPU_PROCESS_STATE)
+    both = list(zip(rows, infos, strict=True))
+    # Rows and values filled a list at a time: ten series per process, every round.
+    cpu.rows = [h.cpu for h in rows]
+    cpu.values = [cast(float, i.cpu_seconds) for i in infos]
+    io_read.rows = [h.io_read for h, i in both if i.io_read_bytes is not None]
+    io_read.values = [float(i.io_read_bytes) for i in infos if i.io_read_bytes is not None]
+    io_write.rows = [h.io_write for h, i in both if i.io_write_bytes is not None]
+    io_write.values = [float(i.io_write_bytes) for i in infos if i.io_write_bytes is not None]
+    # every state 0 or 1 (kube-state-metrics' phase style): min_over_time reads "all along"
+    states.rows = [s for h, i in both if i.state is not None for s in h.states]
+    states.values = [v for i in infos if i.state is not None for v in _STATE_VALUES.get(i.state, _NO_STATE)]
+    return cpu, io_read, io_write, states
+
+
+def _host_series(key: tuple[str, int], index: str, pod: PodRef) -> _HostSeries:
     labels = (key[0], index, str(key[1]), pod.namespace, pod.pod, pod.container)
+    states = table(specs.GPU_PROCESS_STATE)
     return _HostSeries(
         index,
         pod,
-        cpu.table.series(*labels),
-        io_read.table.series(*labels),
-        io_write.table.series(*labels),
-        tuple(states.table.series(*labels, name) for name in STATE_NAMES),
+        table(specs.GPU_PROCESS_HOST_CPU_SECONDS_TOTAL).series(*labels),
+        table(specs.GPU_PROCESS_IO_READ_BYTES_TOTAL).series(*labels),
+        table(specs.GPU_PROCESS_IO_WRITE_BYTES_TOTAL).series(*labels),
+        tuple(states.series(*labels, name) for name in STATE_NAMES),
     )
 
 

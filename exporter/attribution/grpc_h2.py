@@ -1,12 +1,13 @@
-"""One unary gRPC call over HTTP/2 cleartext on a unix socket, spoken with h2 (the kubelet's List).
+"""Unary gRPC calls over HTTP/2 cleartext on a unix socket, spoken with h2 (the kubelet's List).
 
 grpcio would do it too, but importing grpc.aio costs about 9 MiB of RSS for one call every 10 s;
-h2 (pure Python, with hpack and hyperframe) costs about 1 MiB. The call follows gRPC's
+h2 (pure Python, with hpack and hyperframe) costs about 1 MiB. A call follows gRPC's
 "PROTOCOL-HTTP2.md": prior-knowledge HTTP/2, one POST stream whose DATA is the 5-byte framed
-request, an answer of HEADERS, DATA and trailers carrying grpc-status and grpc-message. Each call
-opens its own connection (a restarted kubelet recreates its socket, and a refresh every 10 s makes
-a connection cheaper than the bookkeeping to keep one alive). Every way it can fail, the deadline
-included, raises PodResourcesError with what went wrong; nothing else escapes.
+request, an answer of HEADERS, DATA and trailers carrying grpc-status and grpc-message. The
+connection is kept between calls (a new one, its SETTINGS exchange and its first, unindexed headers
+were most of a refresh's CPU); a kept one the server closed or gave up before taking the call (a
+restarted kubelet, an idle timeout) is replaced within the call's deadline. Every way a call can
+fail, the deadline included, raises PodResourcesError with what went wrong; nothing else escapes.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import struct
+from typing import NoReturn
 from urllib.parse import unquote
 
 import h2.config
@@ -38,112 +40,204 @@ _FRAME_HEADER_BYTES = 9
 _SETTINGS = 0x4  # HTTP/2 frame type
 _OVERHEAD_BYTES = 1 << 20  # frames, headers and trailers around the one message
 _CLOSED_EARLY = "the server closed the connection before the answer was complete"
+_LAST_STREAM = 2**31 - 1 - 2  # a client's stream ids are odd and below 2**31: past this, a new connection
 
 
-async def unary_call(
-    socket_path: str, method: str, request: bytes, *, timeout_seconds: float, max_message_bytes: int
-) -> bytes:
-    """Call `method` ("/package.Service/Method") once and return the answer's message bytes."""
-    deadline = asyncio.get_running_loop().time() + timeout_seconds  # for connect and answer together
-    try:
-        async with asyncio.timeout_at(deadline):
-            reader, writer = await asyncio.open_unix_connection(socket_path)
-    except FileNotFoundError as exc:
-        # dcgm-exporter skips silently here; a missing hostPath mount must be visible instead.
-        raise PodResourcesError(f"pod-resources socket {socket_path} does not exist") from exc
-    except TimeoutError as exc:
-        raise PodResourcesError(f"no connection to {socket_path} within {timeout_seconds:g}s") from exc
-    except OSError as exc:
-        # ConnectionRefusedError: the socket file is there but nobody listens (a kubelet that died)
-        raise PodResourcesError(f"cannot connect to {socket_path}: {exc.strerror or exc}") from exc
-    try:
-        async with asyncio.timeout_at(deadline):
-            return await _exchange(reader, writer, method, request, timeout_seconds, max_message_bytes)
-    except TimeoutError as exc:
-        raise PodResourcesError(f"no answer from {socket_path} within {timeout_seconds:g}s") from exc
-    except h2.exceptions.H2Error as exc:
-        raise PodResourcesError(f"HTTP/2 protocol error from {socket_path}: {exc}") from exc
-    except OSError as exc:
-        raise PodResourcesError(f"connection to {socket_path} failed: {exc.strerror or exc}") from exc
-    finally:
-        writer.close()
+class UnaryChannel:
+    """Unary calls on one HTTP/2 connection to a unix socket, kept open between calls.
+
+    A call on the kept connection that the server had closed or given up (EOF, a reset, or a GOAWAY
+    before any answer on our stream: the kubelet restarted, or closed an idle connection) goes out
+    once more on a fresh connection within the same deadline. Any other failure drops the connection,
+    so the next call starts afresh. One call at a time.
+    """
+
+    def __init__(self, socket_path: str) -> None:
+        self.socket_path = socket_path
+        self.connections_opened = 0  # for tests and the bench: the connection at work
+        self._conn: _H2Connection | None = None
+        self._lock = asyncio.Lock()
+
+    async def call(
+        self, method: str, request: bytes, *, timeout_seconds: float, max_message_bytes: int
+    ) -> bytes:
+        """Call `method` ("/package.Service/Method") once and return the answer's message bytes."""
+        path = self.socket_path
+        async with self._lock:
+            deadline = asyncio.get_running_loop().time() + timeout_seconds  # connect and answer together
+            conn = self._conn
+            if conn is not None and conn.usable():
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        answer = await conn.exchange(method, request, timeout_seconds, max_message_bytes)
+                except BaseException as exc:
+                    await self._drop()
+                    _raise(exc, path, timeout_seconds)
+                if answer is not None:
+                    return _message(method, *answer)  # a failed status on a sound stream: kept
+            # none kept, or the kept one was closed or given up before our stream was taken: a new one
+            await self._drop()
+            try:
+                async with asyncio.timeout_at(deadline):
+                    reader, writer = await asyncio.open_unix_connection(path)
+            except FileNotFoundError as exc:
+                # dcgm-exporter skips silently here; a missing hostPath mount must be visible instead.
+                raise PodResourcesError(f"pod-resources socket {path} does not exist") from exc
+            except TimeoutError as exc:
+                raise PodResourcesError(f"no connection to {path} within {timeout_seconds:g}s") from exc
+            except OSError as exc:
+                # ConnectionRefusedError: the socket file is there but nobody listens (a kubelet that died)
+                raise PodResourcesError(f"cannot connect to {path}: {exc.strerror or exc}") from exc
+            self.connections_opened += 1
+            self._conn = conn = _H2Connection(reader, writer)
+            try:
+                async with asyncio.timeout_at(deadline):
+                    answer = await conn.exchange(method, request, timeout_seconds, max_message_bytes)
+            except BaseException as exc:
+                await self._drop()
+                _raise(exc, path, timeout_seconds)
+            assert answer is not None  # a first exchange never gives up for a second try
+            return _message(method, *answer)
+
+    async def close(self) -> None:
+        """Close the connection; the next call opens a new one."""
+        async with self._lock:
+            await self._drop()
+
+    async def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        conn.writer.close()
         with contextlib.suppress(OSError, TimeoutError):
             async with asyncio.timeout(_CLOSE_SECONDS):
-                await writer.wait_closed()
+                await conn.writer.wait_closed()
 
 
-async def _exchange(
-    reader: asyncio.StreamReader,
-    writer: asyncio.StreamWriter,
-    method: str,
-    request: bytes,
-    timeout_seconds: float,
-    max_message_bytes: int,
-) -> bytes:
-    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
-    conn.initiate_connection()
-    conn.send_headers(
-        _STREAM,
-        [
-            (b":method", b"POST"),
-            (b":scheme", b"http"),
-            (b":path", method.encode()),
-            (b":authority", b"localhost"),  # what grpc-go's clients send for a unix socket
-            (b"content-type", b"application/grpc"),
-            (b"te", b"trailers"),
-            # the server gives up when we do instead of answering nobody
-            (b"grpc-timeout", f"{max(1, int(timeout_seconds * 1000))}m".encode()),
-            (b"user-agent", b"gpupulse-exporter"),
-        ],
-    )
-    conn.send_data(_STREAM, _PREFIX.pack(0, len(request)) + request, end_stream=True)
-    writer.write(conn.data_to_send())
-    await writer.drain()
+def _raise(exc: BaseException, path: str, timeout_seconds: float) -> NoReturn:
+    """Raise a call's failure as the PodResourcesError it is reported as (cancellation as it is)."""
+    if isinstance(exc, TimeoutError):
+        raise PodResourcesError(f"no answer from {path} within {timeout_seconds:g}s") from exc
+    if isinstance(exc, h2.exceptions.H2Error):
+        raise PodResourcesError(f"HTTP/2 protocol error from {path}: {exc}") from exc
+    if isinstance(exc, OSError):
+        raise PodResourcesError(f"connection to {path} failed: {exc.strerror or exc}") from exc
+    raise exc
 
-    # h2 buffers a frame until all of it is there: an HTTP/1 answer read as a frame header announces
-    # megabytes. A server's first frame is its SETTINGS, so anything else is refused on 9 bytes.
-    try:
-        data = await reader.readexactly(_FRAME_HEADER_BYTES)
-    except asyncio.IncompleteReadError as exc:
-        raise PodResourcesError(_CLOSED_EARLY) from exc
-    if data[3] != _SETTINGS or data[5:9] != b"\0\0\0\0":
-        raise PodResourcesError(f"the server does not speak HTTP/2: its answer starts {data!r}")
-    received, limit = len(data), max_message_bytes + _OVERHEAD_BYTES
-    body = bytearray()
-    status: dict[bytes, bytes] = {}
-    while True:
-        if received > limit:
-            raise PodResourcesError(f"the server sent more than {limit} bytes for one answer")
-        for event in conn.receive_data(data):
-            if isinstance(event, h2.events.ResponseReceived):
-                headers = dict(event.headers)
-                _check_response_headers(headers)
-                status.update(headers)  # a trailers-only answer puts grpc-status here
-            elif isinstance(event, h2.events.DataReceived):
-                body += event.data
-                # hand the window back at once, or an answer over 64 KiB stalls the stream
-                conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
-                _check_length(body, max_message_bytes)
-            elif isinstance(event, h2.events.TrailersReceived):
-                status.update(dict(event.headers))
-            elif isinstance(event, h2.events.StreamReset):
-                raise PodResourcesError(
-                    f"the server reset the stream (HTTP/2 error {_code(event.error_code)})"
-                )
-            elif isinstance(event, h2.events.ConnectionTerminated):
-                raise PodResourcesError(
-                    f"the server closed the connection with GOAWAY ({_code(event.error_code)})"
-                    " before the answer was complete"
-                )
-            elif isinstance(event, h2.events.StreamEnded):
-                return _message(method, status, bytes(body))
-        if pending := conn.data_to_send():
-            writer.write(pending)
+
+class _H2Connection:
+    """The client side of one HTTP/2 connection: h2's state, the socket, and whether it was used."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+        self.h2 = h2.connection.H2Connection(
+            h2.config.H2Configuration(client_side=True, header_encoding=None)
+        )
+        self.h2.initiate_connection()
+        self.used = False  # a first exchange checks the server's first frame; a later one may be stale
+
+    def usable(self) -> bool:
+        return (
+            not self.writer.is_closing()
+            and not self.reader.at_eof()
+            and self.reader.exception() is None
+            and self.h2.state_machine.state != h2.connection.ConnectionState.CLOSED
+            and self.h2.highest_outbound_stream_id is not None
+            and self.h2.highest_outbound_stream_id < _LAST_STREAM
+        )
+
+    async def exchange(
+        self, method: str, request: bytes, timeout_seconds: float, max_message_bytes: int
+    ) -> tuple[dict[bytes, bytes], bytes] | None:
+        """One call: its request on a new stream, then frames until that stream's answer ends; its
+        headers and trailers, and its DATA. None, on a connection used before, when it ended or went
+        away before any frame of that stream (the server never took it: the call may go out again on
+        a new connection)."""
+        reused, self.used = self.used, True
+        conn, reader, writer = self.h2, self.reader, self.writer
+        stream = conn.get_next_available_stream_id()
+        conn.send_headers(
+            stream,
+            [
+                (b":method", b"POST"),
+                (b":scheme", b"http"),
+                (b":path", method.encode()),
+                (b":authority", b"localhost"),  # what grpc-go's clients send for a unix socket
+                (b"content-type", b"application/grpc"),
+                (b"te", b"trailers"),
+                # the server gives up when we do instead of answering nobody
+                (b"grpc-timeout", f"{max(1, int(timeout_seconds * 1000))}m".encode()),
+                (b"user-agent", b"gpupulse-exporter"),
+            ],
+        )
+        conn.send_data(stream, _PREFIX.pack(0, len(request)) + request, end_stream=True)
+        answered = False  # a frame of our stream came: the server took it, so no second try
+        try:
+            writer.write(conn.data_to_send())
             await writer.drain()
-        data = await reader.read(_READ_BYTES)
-        if not data:
-            raise PodResourcesError(_CLOSED_EARLY)
-        received += len(data)
+            if reused:
+                data = await reader.read(_READ_BYTES)
+            else:
+                # h2 buffers a frame until all of it is there: an HTTP/1 answer read as a frame header
+                # announces megabytes. A server's first frame is its SETTINGS, so anything else is
+                # refused on 9 bytes.
+                try:
+                    data = await reader.readexactly(_FRAME_HEADER_BYTES)
+                except asyncio.IncompleteReadError as exc:
+                    raise PodResourcesError(_CLOSED_EARLY) from exc
+                if data[3] != _SETTINGS or data[5:9] != b"\0\0\0\0":
+                    raise PodResourcesError(f"the server does not speak HTTP/2: its answer starts {data!r}")
+            received, limit = len(data), max_message_bytes + _OVERHEAD_BYTES
+            body = bytearray()
+            status: dict[bytes, bytes] = {}
+            while True:
+                if not data:
+                    if reused and not answered:
+                        return None
+                    raise PodResourcesError(_CLOSED_EARLY)
+                if received > limit:
+                    raise PodResourcesError(f"the server sent more than {limit} bytes for one answer")
+                for event in conn.receive_data(data):
+                    if isinstance(event, h2.events.DataReceived):
+                        # hand the window back at once, or an answer over 64 KiB stalls the stream
+                        conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+                    if isinstance(event, h2.events.ConnectionTerminated):
+                        why = (
+                            f"the server closed the connection with GOAWAY ({_code(event.error_code)})"
+                            " before the answer was complete"
+                        )
+                        # a stream above the last one the server took was never seen by it
+                        taken = event.last_stream_id is not None and event.last_stream_id >= stream
+                        if reused and not answered and not taken:
+                            return None
+                        raise PodResourcesError(why)
+                    if getattr(event, "stream_id", None) != stream:
+                        continue  # a frame of an earlier call's stream, or of the connection
+                    answered = True
+                    if isinstance(event, h2.events.ResponseReceived):
+                        headers = dict(event.headers)
+                        _check_response_headers(headers)
+                        status.update(headers)  # a trailers-only answer puts grpc-status here
+                    elif isinstance(event, h2.events.DataReceived):
+                        body += event.data
+                        _check_length(body, max_message_bytes)
+                    elif isinstance(event, h2.events.TrailersReceived):
+                        status.update(dict(event.headers))
+                    elif isinstance(event, h2.events.StreamReset):
+                        raise PodResourcesError(
+                            f"the server reset the stream (HTTP/2 error {_code(event.error_code)})"
+                        )
+                    elif isinstance(event, h2.events.StreamEnded):
+                        return status, bytes(body)
+                if pending := conn.data_to_send():
+                    writer.write(pending)
+                    await writer.drain()
+                data = await reader.read(_READ_BYTES)
+                received += len(data)
+        except ConnectionError:
+            if reused and not answered:
+                return None
+            raise
 
 
 def _code(error_code: int | None) -> str:

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from exporter.attribution.podresources_proto import (
     LIST_METHOD,
@@ -16,6 +17,9 @@ from exporter.attribution.podresources_proto import (
 from exporter.errors import PodResourcesDecodeError, PodResourcesError
 from gpupulse.clock import Clock, SystemClock
 
+if TYPE_CHECKING:  # imported on first use (see list)
+    from exporter.attribution.grpc_h2 import UnaryChannel
+
 log = logging.getLogger(__name__)
 
 DEFAULT_SOCKET_PATH = "/var/lib/kubelet/pod-resources/kubelet.sock"
@@ -24,7 +28,7 @@ _MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
 
 class PodResourcesClient:
-    """Client for `v1.PodResourcesLister/List` on the kubelet's unix socket (one connection a call)."""
+    """Client for `v1.PodResourcesLister/List` on the kubelet's unix socket (its connection kept)."""
 
     def __init__(
         self, socket_path: str, timeout_seconds: float, max_message_bytes: int = _MAX_MESSAGE_BYTES
@@ -36,15 +40,22 @@ class PodResourcesClient:
         # are decoded once (decoding 110 pods cost 3-4 ms of the 5 ms a refresh took, every 10 s), and
         # the same objects come back, so what was made from them (allocations, PID -> pod) is kept.
         self._last: tuple[bytes, tuple[PodResources, ...]] | None = None
+        self._channel: UnaryChannel | None = None
+
+    @property
+    def connections_opened(self) -> int:
+        """Connections opened to the kubelet so far (one kept while it lasts)."""
+        return self._channel.connections_opened if self._channel is not None else 0
 
     async def list(self) -> tuple[PodResources, ...]:
         """One List call within the timeout; raises PodResourcesError on any failure."""
-        # h2 is imported on first use (under 1 MiB of RSS): nodes without a kubelet (bare metal,
-        # --simulate) never need it.
-        from exporter.attribution.grpc_h2 import unary_call
+        if self._channel is None:
+            # h2 is imported on first use (under 1 MiB of RSS): nodes without a kubelet (bare metal,
+            # --simulate) never need it.
+            from exporter.attribution.grpc_h2 import UnaryChannel
 
-        data = await unary_call(
-            self._socket_path,
+            self._channel = UnaryChannel(self._socket_path)
+        data = await self._channel.call(
             LIST_METHOD,
             encode_list_request(),
             timeout_seconds=self._timeout_seconds,
@@ -61,7 +72,9 @@ class PodResourcesClient:
         return pods
 
     async def close(self) -> None:
-        """Nothing stays open between calls; kept so owners close clients the same way."""
+        """Close the kept connection (a later List opens a new one)."""
+        if self._channel is not None:
+            await self._channel.close()
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,11 @@ class PodMetadataSource(PodReflector):
     def __len__(self) -> int:
         return len(self._meta)
 
+    @property
+    def metas(self) -> Mapping[tuple[str, str], PodMeta]:
+        """Every pod's metadata now: a map replaced whole on each change, never changed in place."""
+        return self._meta
+
     def _publish(self) -> None:
         # rebuilt per change: pods of one node are few, and a rebuild never leaves a deleted pod behind
         self._meta = {key: pod_meta(pod) for key, pod in self._objects.items()}

@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
+import operator
 import os
 import time
 from collections.abc import Sequence
@@ -26,7 +28,7 @@ from exporter.collectors.flags import add_procfs_argument
 from exporter.engines.derived import DerivedHistogram
 from exporter.engines.detect import NORMALIZERS, PREFIXES, WANTED, detect_kind
 from exporter.engines.exposition import LABEL_CACHE_MAX, Exposition, ExpositionParser
-from exporter.engines.gpumap import NodeIndex, engine_gpus, node_index
+from exporter.engines.gpumap import NodeIndex, NodeIndexMemo, engine_gpus
 from exporter.engines.http import HttpClient
 from exporter.engines.reading import MIXED, ModelReading
 from exporter.engines.render import Budget, EndpointView, Families
@@ -35,6 +37,8 @@ from exporter.engines.settings import EngineSettings, KubeSettings
 from exporter.engines.targets import AUTO, StaticSource, Target
 from exporter.errors import CollectorError, ExpositionError, ScrapeError
 from exporter.host import procfs
+from exporter.host.exits import ExitWatch
+from exporter.host.kept import KeptFiles
 from exporter.kube.client import in_cluster_api_url
 from gpupulse.clock import Clock, SystemClock
 from gpupulse.durations import duration_flag
@@ -88,6 +92,16 @@ class Endpoint:
     label_cache: dict[str, Any] = field(default_factory=dict)  # label blocks repeat every scrape
 
 
+@dataclass(frozen=True, eq=False)
+class _Settled:
+    """The last reads that later rounds may keep: for these endpoints (the same objects) and GPU
+    processes, while no followed process exits, until a GPU process missing from /proc is due."""
+
+    endpoints: tuple[Endpoint, ...]
+    listed: frozenset[int]
+    until: float
+
+
 @dataclass(frozen=True)
 class _Resolved:
     pid: int | None
@@ -122,7 +136,14 @@ class EnginesCollector:
         self._dropped_total = 0.0
         self._warned_duplicates: set[str] = set()
         self._procfs: ItemReader[str, object] = ItemReader("engines-procfs")
+        # /proc/<pid>/stat of the engines and GPU processes is read every round: through kept
+        # descriptors (one pread each instead of open, read and close), used on the procfs worker only
+        self._stat_files = KeptFiles()
+        self._exits = ExitWatch(self.settings.procfs_path)  # the followed processes' exits
+        self._settled: _Settled | None = None
         self._ancestors: dict[int, int] = {}  # GPU processes' ancestry, reused for the ancestors
+        self._index = NodeIndexMemo()  # the node's lookups, kept while NodeState is the same
+        self._unseen: dict[int, float] = {}  # GPU PIDs without a /proc entry -> when last looked for
         self._boot_seconds: float | None = None  # btime of /proc/stat, read once (set on the worker)
 
     async def _targets(self) -> list[Target]:
@@ -175,7 +196,7 @@ class EnginesCollector:
                 self._note_success(ep)
         budget = Budget(total=self.settings.max_series, per_endpoint=self.settings.max_series_per_endpoint)
         fams = Families(budget)
-        index = node_index(state)
+        index = self._index.index(state)
         for ep in sorted(endpoints, key=lambda e: e.target.url):
             fams.add(self._view(ep, state, index))
         self._dropped_total += budget.dropped
@@ -186,13 +207,41 @@ class EnginesCollector:
 
     async def _resolve_processes(self, endpoints: list[Endpoint], state: NodeState) -> bool:
         """PIDs behind ports, process trees and start times, on a thread; a hung /proc read costs only
-        its endpoint (or, for the /proc-wide parent scan, only the process trees)."""
+        its endpoint (or, for the /proc-wide parent scan, only the process trees).
+
+        No read at all while what the last reads said still holds: the same endpoints and GPU
+        processes, and none of the processes they named has exited since (pidfds opened before those
+        reads, `ExitWatch`); a thread hop is most of a round's /proc cost on a quiet node."""
         now = self._clock.time()
+        listed = frozenset([p.pid for p in state.processes])
+        settled = self._settled
+        if (
+            settled is not None
+            and not self._exits.fired
+            and now < settled.until
+            and settled.listed == listed
+            and len(settled.endpoints) == len(endpoints)
+            and all(map(operator.is_, settled.endpoints, endpoints))
+        ):
+            return True
+        self._settled = None
         by_url = {ep.target.url: ep for ep in endpoints}
         keys = [*by_url, _PARENTS] if by_url else []
         found: list[int] = []
 
-        gpu_pids = sorted({p.pid for p in state.processes})
+        # A GPU process our procfs has no entry for (NVML sees another PID namespace) is not looked for
+        # again while it stays listed, until pid_retry_seconds pass: each round's failed opens cost.
+        self._unseen = unseen = {pid: at for pid, at in self._unseen.items() if pid in listed}
+        retry = self.settings.pid_retry_seconds
+        gpu_pids = sorted(pid for pid in listed if pid not in unseen or now - unseen[pid] >= retry)
+        # watched before the reads: a process that exits from now on is told of, whatever its PID
+        # names later (see _settle)
+        self._exits.fired = False
+        parents_before = [self._ancestors[pid] for pid in gpu_pids if pid in self._ancestors]
+        before = self._exits.watch(
+            [*(ep.pid for ep in endpoints if ep.pid is not None), *gpu_pids, *parents_before]
+        )
+        missing: list[int] = []  # of gpu_pids, those without a readable stat (set on the worker)
         known = dict(self._ancestors)
         # A PID search (a scan of every process's fds) counts as tried when it starts, here on the
         # loop: one that outlasts its deadline is set aside and its answer lost, and recording the
@@ -204,9 +253,16 @@ class EnginesCollector:
                 scanning.add(url)
 
         def read(key: str) -> object:
-            if key == _PARENTS:
+            if key == _PARENTS:  # the last key: after the endpoints' reads, on their thread
+                root = self.settings.procfs_path
+                # descriptors of processes no longer followed are closed (their PIDs may be reused)
+                self._stat_files.retain(procfs.stat_paths(root, [*found, *gpu_pids] if found else ()))
                 # the GPU processes' ancestry, only when some endpoint has a process to look under
-                return procfs.parents_of(self.settings.procfs_path, gpu_pids, known) if found else {}
+                if not found:
+                    return {}
+                parents = procfs.parents_of(root, gpu_pids, known, self._stat_files)
+                missing.extend(pid for pid in gpu_pids if pid not in parents)
+                return parents
             resolved = self._resolve_one(by_url[key], state, now, key in scanning)
             if resolved.pid is not None:
                 found.append(resolved.pid)
@@ -219,6 +275,9 @@ class EnginesCollector:
         parents = result.values.get(_PARENTS)
         if isinstance(parents, dict) and parents:
             self._ancestors = parents
+        if isinstance(parents, dict):  # the scan returned: `missing` is whole
+            for pid in missing:
+                unseen[pid] = now
         for url, ep in by_url.items():
             got = result.values.get(url)
             if isinstance(got, _Resolved):
@@ -229,28 +288,66 @@ class EnginesCollector:
             elif isinstance(parents, dict):
                 ep.tree = procfs.descendants(ep.pid, parents)
             # else: keep the last known tree while the parent scan is late
+        if isinstance(parents, dict) and not result.errors and not result.unread:  # every read returned
+            self._settle(endpoints, listed, gpu_pids, parents, before)
         return True
+
+    def _settle(
+        self,
+        endpoints: list[Endpoint],
+        listed: frozenset[int],
+        gpu_pids: list[int],
+        parents: dict[int, int],
+        before: frozenset[int],
+    ) -> None:
+        """After reads that all returned: what later rounds may keep without reading.
+
+        What a read said of a process stays true until that process exits: an engine's start time,
+        and a GPU process's parent (it changes only when that parent exits). Every process named so
+        is watched; those watched only from now on (found by these reads) are read once more next
+        round, with their pidfd open before the read, so that none is a later process under a reused
+        PID. Rounds keep the result only while every endpoint has its process and no GPU process
+        waits for a retry."""
+        followed = {ep.pid for ep in endpoints if ep.pid is not None}
+        for pid in gpu_pids:
+            if pid in parents:
+                followed.add(pid)
+                if parents[pid] > 1:
+                    followed.add(parents[pid])
+        self._exits.watch(followed)
+        self._exits.retain(followed)
+        if self._exits.fired or not followed <= before or any(ep.pid is None for ep in endpoints):
+            return
+        retry = self.settings.pid_retry_seconds
+        until = min([at + retry for at in self._unseen.values()], default=math.inf)
+        self._settled = _Settled(tuple(endpoints), listed, until)
 
     def _resolve_one(self, ep: Endpoint, state: NodeState, now: float, scan: bool) -> _Resolved:
         """Blocking, on the procfs thread: reads ep, never writes it (the loop applies the result).
         `scan`: the loop has recorded this round's PID search (ep has no PID)."""
         root = self.settings.procfs_path
         pid, tried_at = ep.pid, ep.pid_tried_at
-        if pid is not None and not procfs.alive(root, pid):
+        # the start time read first: a stat that reads (through its kept descriptor) is a live process
+        start = self._start_of(pid) if pid is not None else None
+        if pid is not None and start is None and not procfs.alive(root, pid):
             pid, tried_at = ep.target.pid, None
             if pid is not None and not procfs.alive(root, pid):
                 pid = None
+            start = self._start_of(pid) if pid is not None else None
         if pid is None and (scan or self._may_find_pid(ep.target, tried_at, now)):
             tried_at = now
             pid = self._find_pid(ep.target, state)
-        start = None
-        if pid is not None:
-            if self._boot_seconds is None:
-                self._boot_seconds = procfs.boot_time_seconds(root)
-            start = procfs.process_start_seconds(
-                root, pid, self.settings.clock_ticks_per_second, self._boot_seconds
-            )
+            start = self._start_of(pid) if pid is not None else None
         return _Resolved(pid, tried_at, start)
+
+    def _start_of(self, pid: int) -> float | None:
+        """Blocking: the process's start time (epoch seconds), None when its stat cannot be read."""
+        root = self.settings.procfs_path
+        if self._boot_seconds is None:
+            self._boot_seconds = procfs.boot_time_seconds(root)
+        return procfs.process_start_seconds(
+            root, pid, self.settings.clock_ticks_per_second, self._boot_seconds, self._stat_files
+        )
 
     def _may_find_pid(self, t: Target, tried_at: float | None, now: float) -> bool:
         if t.port is None:
@@ -395,6 +492,8 @@ class EnginesCollector:
                 st.task.cancel()
             await st.source.close()
         self._procfs.close()
+        self._stat_files.close()
+        self._exits.close()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -45,6 +45,33 @@ def node_index(state: NodeState) -> NodeIndex:
     return index
 
 
+class NodeIndexMemo:
+    """The last round's node_index, made again only when a NodeState field it is made of changed.
+
+    NodeState's fields are replaced whole, never changed in place: the allocations and the PID -> pod
+    map are the same objects while nothing changed; the GPU and process listings are new sequences
+    every tick, of the same items (a comparison of a few dozen identities)."""
+
+    def __init__(self) -> None:
+        self._made: tuple[tuple[object, ...], tuple[object, ...], object, object, NodeIndex] | None = None
+
+    def index(self, state: NodeState) -> NodeIndex:
+        """node_index(state), the last one while its inputs are the same."""
+        gpus, processes = tuple(state.gpus), tuple(state.processes)
+        made = self._made
+        if (
+            made is not None
+            and made[2] is state.allocations
+            and made[3] is state.pid_pods
+            and made[1] == processes
+            and made[0] == gpus
+        ):
+            return made[4]
+        index = node_index(state)
+        self._made = (gpus, processes, state.allocations, state.pid_pods, index)
+        return index
+
+
 def _parent_uuid(device_id: str, state: NodeState) -> str:
     for g in state.gpus:
         if g.mig_uuid and g.mig_uuid == device_id:

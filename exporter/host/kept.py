@@ -42,6 +42,7 @@ class KeptFiles:
     def __init__(self, max_open: int | None = None) -> None:
         self.max_open = default_budget() if max_open is None else max_open
         self._fds: dict[str, tuple[int, bool]] = {}  # path -> (fd, a plain file: check it is linked)
+        self.kept_total = 0  # descriptors kept so far (a holder tells whether any came since it looked)
 
     def __len__(self) -> int:
         return len(self._fds)
@@ -71,6 +72,7 @@ class KeptFiles:
             if first and len(first) < READ_BYTES and len(self._fds) < self.max_open:
                 # procfs files say size 0 whatever they hold; a plain file says its size
                 self._fds[path] = (fd, os.fstat(fd).st_size != 0)
+                self.kept_total += 1
                 keep = True
             return read_rest(fd, first)
         except OSError:

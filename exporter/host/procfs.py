@@ -32,7 +32,7 @@ PROCESS_STATES: dict[str, str] = {
     "I": "idle",  # an idle kernel thread
 }
 STATE_OTHER = "other"
-_DIGITS = re.compile(r"[0-9]{1,20}")
+_IO_HEAD = re.compile(r"rchar: ([0-9]{1,20})\nwchar: ([0-9]{1,20})\n")
 _START_FIELD = 19  # starttime (field 22 of /proc/<pid>/stat) in stat_fields, which start at field 3
 _MAX_KEPT_CGROUPS = 4096
 STATE_NAMES = PROCESS_STATE_NAMES
@@ -84,6 +84,7 @@ class Procfs:
         self._pod_cgroups: dict[int, tuple[str, CgroupIdentity]] = {}  # pid -> (start time, its pod)
         # stat and io are read every round for every GPU process: through kept descriptors
         self._kept = kept if kept is not None else KeptFiles()
+        self._retained: tuple[frozenset[int], int] | None = None  # (PIDs, kept_total) of the last retain
 
     def _read(self, pid: int, name: str) -> str | None:
         return read_text(f"{self.root}/{pid}/{name}")
@@ -93,7 +94,11 @@ class Procfs:
 
     def retain(self, pids: Iterable[int]) -> None:
         """Close the kept descriptors of every other PID (blocking: from the thread that reads)."""
-        self._kept.retain({f"{self.root}/{pid}/{name}" for pid in pids for name in ("stat", "io")})
+        wanted = frozenset(pids)
+        if self._retained == (wanted, self._kept.kept_total):
+            return  # the same PIDs as last time and no descriptor kept since: nothing to close
+        self._kept.retain({f"{self.root}/{pid}/{name}" for pid in wanted for name in ("stat", "io")})
+        self._retained = (wanted, self._kept.kept_total)
 
     def close(self) -> None:
         """Close the kept descriptors."""
@@ -106,7 +111,8 @@ class Procfs:
         runs, and it stays. It is kept by (PID, start time), so a reused PID is read afresh, and a
         process outside any pod (a runtime may move it in later) is read every time.
         """
-        stat = self._read_kept(pid, "stat")
+        root, kept = self.root, self._kept
+        stat = kept.read(f"{root}/{pid}/stat")
         # up to starttime only: the 30 fields after it are not read here
         fields = stat[stat.rfind(")") + 2 :].split(None, _START_FIELD + 1) if stat is not None else []
         start = fields[_START_FIELD] if len(fields) > _START_FIELD else None
@@ -123,16 +129,10 @@ class Procfs:
                 self._pod_cgroups[pid] = (start, identity)
             else:
                 self._pod_cgroups.pop(pid, None)
-        read_bytes, write_bytes = self.io_bytes(pid)
-        return ProcessInfo(
-            pid=pid,
-            cgroup_readable=readable,
-            identity=identity,
-            cpu_seconds=self._cpu_of(fields),
-            io_read_bytes=read_bytes,
-            io_write_bytes=write_bytes,
-            state=(PROCESS_STATES.get(fields[0], STATE_OTHER) if fields and fields[0] else None),
-        )
+        read_bytes, write_bytes = _io_of(kept.read(f"{root}/{pid}/io"))
+        state = PROCESS_STATES.get(fields[0], STATE_OTHER) if fields and fields[0] else None
+        # positional: a round makes one per GPU process
+        return ProcessInfo(pid, readable, identity, self._cpu_of(fields), read_bytes, write_bytes, state)
 
     def cpu_seconds(self, pid: int) -> float | None:
         """User + system CPU seconds of all threads of the process, from /proc/<pid>/stat."""
@@ -150,22 +150,7 @@ class Procfs:
 
         rchar/wchar rather than read_bytes/write_bytes: those count only what reached a block device,
         so a checkpoint written to NFS, a FUSE mount or an object store (a socket) shows none."""
-        text = self._read_kept(pid, "io")
-        if text is None:
-            return None, None
-        # The kernel writes rchar and wchar first, once each: read those two lines alone.
-        head = text.split("\n", 2)
-        if len(head) == 3 and head[0].startswith("rchar: ") and head[1].startswith("wchar: "):
-            r, w = head[0][7:], head[1][7:]
-            if _DIGITS.fullmatch(r) and _DIGITS.fullmatch(w) and "char" not in head[2]:
-                return int(r), int(w)
-        values: dict[str, int] = {}
-        for line in text.splitlines():
-            key, _, value = line.partition(":")
-            value = value.strip()
-            if key in ("rchar", "wchar") and value.isdigit() and len(value) <= 20:
-                values[key] = int(value)
-        return values.get("rchar"), values.get("wchar")
+        return _io_of(self._read_kept(pid, "io"))
 
     def mapped_files(self, pid: int) -> set[str]:
         """Paths of files the process has mapped (as the process sees them)."""
@@ -184,6 +169,23 @@ class Procfs:
         """Where a path the process sees can be opened from here (through its mount namespace)."""
         via_root = os.path.join(self.root, str(pid), "root", path.lstrip("/"))
         return via_root if os.path.exists(via_root) else path
+
+
+def _io_of(text: str | None) -> tuple[int | None, int | None]:
+    """(rchar, wchar) of an io file's text; (None, None) when it could not be read."""
+    if text is None:
+        return None, None
+    # The kernel writes rchar and wchar first, once each: those two lines alone, in one match.
+    head = _IO_HEAD.match(text)
+    if head is not None and "char" not in text[head.end() :]:
+        return int(head[1]), int(head[2])
+    values: dict[str, int] = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        value = value.strip()
+        if key in ("rchar", "wchar") and value.isdigit() and len(value) <= 20:
+            values[key] = int(value)
+    return values.get("rchar"), values.get("wchar")
 
 
 def stat_fields(text: str) -> list[str]:
@@ -264,9 +266,15 @@ def pid_for_port(procfs: Path, port: int, candidates: Iterable[int] | None = Non
     return pid_owning_socket(procfs, inodes, pool)
 
 
-def _stat_fields(procfs: Path, pid: int) -> list[str] | None:
-    raw = read_text(f"{procfs}/{pid}/stat")
+def _stat_fields(procfs: Path, pid: int, kept: KeptFiles | None = None) -> list[str] | None:
+    path = f"{procfs}/{pid}/stat"
+    raw = read_text(path) if kept is None else kept.read(path)
     return None if raw is None else stat_fields(raw)
+
+
+def stat_paths(procfs: Path, pids: Iterable[int]) -> set[str]:
+    """The /proc/<pid>/stat paths _stat_fields reads for these PIDs (to retain their kept descriptors)."""
+    return {f"{procfs}/{pid}/stat" for pid in pids}
 
 
 def parent_map(procfs: Path) -> dict[int, int]:
@@ -279,16 +287,19 @@ def parent_map(procfs: Path) -> dict[int, int]:
     return out
 
 
-def parents_of(procfs: Path, pids: Iterable[int], known: Mapping[int, int]) -> dict[int, int]:
+def parents_of(
+    procfs: Path, pids: Iterable[int], known: Mapping[int, int], kept: KeptFiles | None = None
+) -> dict[int, int]:
     """PID -> parent PID for each pid and its ancestors.
 
     A few reads per GPU process instead of a scan of every process on the node (thousands on a busy
-    one). The pids themselves are read afresh; ancestors come from `known` (earlier rounds) when there,
-    as a process's parent changes only when its parent dies, and then its child's entry changes too.
+    one). The pids themselves are read afresh (through `kept` descriptors when given); ancestors come
+    from `known` (earlier rounds) when there, as a process's parent changes only when its parent dies,
+    and then its child's entry changes too.
     """
     out: dict[int, int] = {}
     for pid in pids:
-        fields = _stat_fields(procfs, pid)
+        fields = _stat_fields(procfs, pid, kept)
         if not fields or len(fields) < 2:
             continue
         out[pid] = parent = int(fields[1])
@@ -334,13 +345,18 @@ def boot_time_seconds(procfs: Path) -> float | None:
 
 
 def process_start_seconds(
-    procfs: Path, pid: int, clock_ticks_per_second: int | None = None, boot_seconds: float | None = None
+    procfs: Path,
+    pid: int,
+    clock_ticks_per_second: int | None = None,
+    boot_seconds: float | None = None,
+    kept: KeptFiles | None = None,
 ) -> float | None:
     """Process start time (epoch seconds): starttime (field 22, ticks since boot) + btime.
 
     `boot_seconds`: btime read earlier (it is fixed until a reboot); /proc/stat is generated from
-    every CPU's counters on each read, which costs on a node with many cores."""
-    fields = _stat_fields(procfs, pid)
+    every CPU's counters on each read, which costs on a node with many cores. `kept`: stat read
+    through a kept descriptor (None once the process is gone, as by path)."""
+    fields = _stat_fields(procfs, pid, kept)
     boot = boot_seconds if boot_seconds is not None else boot_time_seconds(procfs)
     if not fields or len(fields) < 20 or boot is None:
         return None

@@ -127,3 +127,30 @@ async def test_a_round_closes_the_descriptors_of_processes_that_left(
     finally:
         await collector.close()
     assert len(kept) == 0
+
+
+def test_retaining_the_same_pids_again_still_closes_a_descriptor_kept_since(procfs: ProcfsTree) -> None:
+    # A round retains the PIDs it read; the next round with the same PIDs has nothing to close and
+    # skips the work, but a descriptor kept in between for another PID must still be closed.
+    for pid in (4001, 4002, 4003):
+        procfs.add(pid, cgroup_v2_systemd(UIDS[0], CIDS[0]))
+        (procfs.root / str(pid) / "io").write_text(f"rchar: {pid}\nwchar: 1\nsyscr: 1\n")
+    kept = KeptFiles()
+    reader = Procfs(str(procfs.root), clock_ticks_per_second=CLOCK_TICKS, kept=kept)
+    reader.process(4001)
+    reader.process(4002)
+    reader.retain([4001, 4002])
+    assert len(kept) == 4
+    calls: list[object] = []
+    real_retain = kept.retain
+    kept.retain = lambda paths: calls.append(paths) or real_retain(paths)  # type: ignore[method-assign]
+    reader.process(4001)  # read again through the kept descriptors: nothing new kept
+    reader.retain([4002, 4001])
+    assert len(kept) == 4 and calls == []  # nothing to close: no pass over the descriptors
+    reader.process(4003)  # read outside the retained PIDs
+    assert len(kept) == 6
+    reader.retain([4001, 4002])
+    assert len(kept) == 4
+    reader.retain([4001])
+    assert len(kept) == 2
+    reader.close()

@@ -47,7 +47,11 @@ async def raw(tmp_path: Path) -> AsyncIterator[StartRaw]:
 
 
 async def list_once(socket_path: str, timeout_seconds: float = 5.0, **kwargs: int) -> object:
-    return await PodResourcesClient(socket_path, timeout_seconds, **kwargs).list()
+    client = PodResourcesClient(socket_path, timeout_seconds, **kwargs)
+    try:
+        return await client.list()
+    finally:
+        await client.close()
 
 
 def many_pods(count: int) -> tuple[object, ...]:
@@ -71,24 +75,29 @@ async def test_an_unchanged_answer_gives_the_same_pods_and_any_change_is_read(ku
     # refreshes with the same bytes return the objects already decoded (what was made from them is
     # kept downstream); a new pod, a changed device, a garbage answer or a failure are each read anew
     client = PodResourcesClient(kubelet.socket_path, 5.0)
-    kubelet.pods = many_pods(3)  # type: ignore[assignment]
-    first = await client.list()
-    assert first == kubelet.pods and await client.list() is first
-    kubelet.pods = many_pods(4)  # type: ignore[assignment]
-    grown = await client.list()
-    assert grown == kubelet.pods and grown is not first
-    kubelet.pods = (pod("batch", "job-00000-" + "x" * 40, {"worker": {"nvidia.com/gpu": [GPU_UUIDS[7]]}}),)
-    assert await client.list() == kubelet.pods
-    kubelet.garbage = b"\xff\xff\xff"
-    with pytest.raises(PodResourcesError, match="undecodable"):
-        await client.list()
-    kubelet.garbage = None
-    kubelet.fail_with = grpc.StatusCode.UNAVAILABLE
-    with pytest.raises(PodResourcesError, match="UNAVAILABLE"):
-        await client.list()
-    kubelet.fail_with = None
-    kubelet.pods = many_pods(3)  # type: ignore[assignment]
-    assert await client.list() == first
+    try:
+        kubelet.pods = many_pods(3)  # type: ignore[assignment]
+        first = await client.list()
+        assert first == kubelet.pods and await client.list() is first
+        kubelet.pods = many_pods(4)  # type: ignore[assignment]
+        grown = await client.list()
+        assert grown == kubelet.pods and grown is not first
+        changed = pod("batch", "job-00000-" + "x" * 40, {"worker": {"nvidia.com/gpu": [GPU_UUIDS[7]]}})
+        kubelet.pods = (changed,)
+        assert await client.list() == kubelet.pods
+        kubelet.garbage = b"\xff\xff\xff"
+        with pytest.raises(PodResourcesError, match="undecodable"):
+            await client.list()
+        kubelet.garbage = None
+        kubelet.fail_with = grpc.StatusCode.UNAVAILABLE
+        with pytest.raises(PodResourcesError, match="UNAVAILABLE"):
+            await client.list()
+        kubelet.fail_with = None
+        kubelet.pods = many_pods(3)  # type: ignore[assignment]
+        assert await client.list() == first
+    finally:
+        await client.close()
+    assert client.connections_opened == 1  # every call on the one kept connection, failed answers too
 
 
 async def test_status_message_is_percent_decoded(kubelet: FakeKubelet) -> None:
@@ -361,10 +370,13 @@ async def test_tracker_keeps_last_good_answer_through_a_hostile_kubelet(
     kubelet.pods = ONE_POD
     client = PodResourcesClient(kubelet.socket_path, timeout_seconds=5.0)
     tracker = PodResourcesTracker(client, TrackerSettings(max_stale_seconds=3600.0))
-    await tracker.refresh_once()
-    await kubelet.stop()  # the kubelet comes back misbehaving on the same socket
-    await raw(lambda x: answer(x, grpc_frame(b"zz", compressed=1)), kubelet.socket_path)
-    await tracker.refresh_once()
+    try:
+        await tracker.refresh_once()
+        await kubelet.stop()  # the kubelet comes back misbehaving on the same socket
+        await raw(lambda x: answer(x, grpc_frame(b"zz", compressed=1)), kubelet.socket_path)
+        await tracker.refresh_once()
+    finally:
+        await tracker.close()
     view = tracker.view()
     assert view.pods == ONE_POD and view.has_data
     assert "compressed answer" in view.error
@@ -418,12 +430,131 @@ def test_any_frames_end_in_an_answer_or_a_pod_resources_error(
             writer.close()
 
         server = await asyncio.start_unix_server(handle, socket_path)
+        client = PodResourcesClient(socket_path, timeout_seconds=5.0)
         try:
-            await PodResourcesClient(socket_path, timeout_seconds=5.0).list()
+            await client.list()
         except PodResourcesError as exc:
             assert "within" not in str(exc)  # it never waits for the deadline once the server is done
         finally:
+            await client.close()
             server.close()
 
     with tempfile.TemporaryDirectory() as folder:
         asyncio.run(one(os.path.join(folder, "fuzz.sock")))
+
+
+# --- the kept connection -----------------------------------------------------------------------
+
+
+async def test_a_restarted_kubelet_is_reached_again_without_an_error(kubelet: FakeKubelet) -> None:
+    # The kubelet restarts (its socket recreated): the kept connection is dead, the next List goes
+    # out on a new one within its deadline and answers; while the kubelet is gone, the error says so.
+    kubelet.pods = ONE_POD
+    client = PodResourcesClient(kubelet.socket_path, timeout_seconds=5.0)
+    try:
+        assert await client.list() == ONE_POD
+        assert await client.list() == ONE_POD
+        assert client.connections_opened == 1
+        await kubelet.stop()
+        with pytest.raises(PodResourcesError, match="does not exist"):
+            await client.list()
+        kubelet.pods = ()
+        await kubelet.start()
+        assert await client.list() == ()
+        assert client.connections_opened == 2
+    finally:
+        await client.close()
+
+
+def _calls(*behaviours: Respond) -> Respond:
+    """A respond that answers each request (on whatever connection) with the next behaviour."""
+    left = list(behaviours)
+
+    async def respond(exchange: RawExchange) -> None:
+        await left.pop(0)(exchange)
+
+    return respond
+
+
+def _ok(pods: tuple[object, ...] = ONE_POD) -> Respond:
+    return lambda x: answer(x, grpc_frame(encode_list_response(pods)))  # type: ignore[arg-type]
+
+
+async def _silent_close(exchange: RawExchange) -> None:
+    exchange.end()  # the server closes the connection without taking the request
+
+
+async def _goaway_after_answer(exchange: RawExchange) -> None:
+    await answer(exchange, grpc_frame(encode_list_response(ONE_POD)))
+    # then gives the connection up while it is idle: no stream after this one is taken
+    exchange.conn.close_connection(h2.errors.ErrorCodes.NO_ERROR, last_stream_id=exchange.stream_id)
+    await exchange.flush()
+
+
+async def _goaway_taking_the_call(exchange: RawExchange) -> None:
+    # the server took this stream (last_stream_id is it) and gives up before answering
+    exchange.conn.close_connection(h2.errors.ErrorCodes.INTERNAL_ERROR, last_stream_id=exchange.stream_id)
+    await exchange.flush()
+
+
+async def _reset(exchange: RawExchange) -> None:
+    exchange.conn.reset_stream(exchange.stream_id, h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
+    await exchange.flush()
+
+
+@pytest.mark.parametrize(
+    "first",
+    [
+        [_ok(), _silent_close],  # answered; closed without a word when the next request comes
+        [_goaway_after_answer],  # answered, then a GOAWAY while idle that takes no later stream
+    ],
+)
+async def test_a_kept_connection_the_server_closed_or_gave_up_is_replaced_within_the_call(
+    raw: StartRaw, first: list[Respond]
+) -> None:
+    # The server never saw the second call on the kept connection: it goes out again on a new one.
+    server = await raw(_calls(*first, _ok(()), _ok(())))
+    client = PodResourcesClient(server.socket_path, timeout_seconds=5.0)
+    try:
+        assert await client.list() == ONE_POD
+        assert await client.list() == ()
+        assert client.connections_opened == 2
+        assert await client.list() == ()  # the new connection is kept in turn
+        assert client.connections_opened == 2
+    finally:
+        await client.close()
+
+
+async def test_a_call_the_server_took_is_never_sent_twice(raw: StartRaw) -> None:
+    # A GOAWAY that names our stream as taken, a reset of our stream, or no answer within the deadline
+    # on the kept connection: the error is the call's (the server may have acted on it), the broken
+    # connection is dropped, and the next call opens a new one.
+    for failing, message in (
+        (_goaway_taking_the_call, r"GOAWAY \(INTERNAL_ERROR\) before the answer was complete"),
+        (_reset, r"reset the stream \(HTTP/2 error ENHANCE_YOUR_CALM\)"),
+        (lambda _: asyncio.Event().wait(), r"no answer from .* within 0\.3s"),
+    ):
+        server = await raw(_calls(_ok(), failing, _ok(())))
+        client = PodResourcesClient(server.socket_path, timeout_seconds=0.3)
+        try:
+            assert await client.list() == ONE_POD
+            with pytest.raises(PodResourcesError, match=message):
+                await client.list()
+            assert len(server.requests) == 2  # sent once
+            assert await client.list() == ()
+            assert client.connections_opened == 2
+        finally:
+            await client.close()
+
+
+async def test_each_call_on_a_kept_connection_is_a_new_stream_with_the_same_request(raw: StartRaw) -> None:
+    server = await raw(_calls(_ok(), _ok(), _ok()))
+    client = PodResourcesClient(server.socket_path, timeout_seconds=5.0)
+    try:
+        for _ in range(3):
+            assert await client.list() == ONE_POD
+    finally:
+        await client.close()
+    assert client.connections_opened == 1 and len(server.requests) == 3
+    assert all(headers == server.requests[0] for headers in server.requests)
+    await server.client_gone.wait()  # close() ends the kept connection

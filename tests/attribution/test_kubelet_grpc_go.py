@@ -79,6 +79,14 @@ def container(name: str, devices: dict[str, list[str]], **extra: Any) -> dict[st
     }
 
 
+async def _list(socket_path: str, timeout_seconds: float) -> tuple[PodResources, ...]:
+    client = PodResourcesClient(socket_path, timeout_seconds=timeout_seconds)
+    try:
+        return await client.list()
+    finally:
+        await client.close()
+
+
 async def test_grpc_go_answer_with_devices_claims_and_skipped_fields(serve: Serve) -> None:
     claim = {
         "claimName": "gpu-claim",
@@ -103,7 +111,7 @@ async def test_grpc_go_answer_with_devices_claims_and_skipped_fields(serve: Serv
     }  # fmt: skip
     socket_path = await serve(answer)
 
-    pods = await PodResourcesClient(socket_path, timeout_seconds=5.0).list()
+    pods = await _list(socket_path, 5.0)
 
     assert pods == (
         PodResources("llama-0", "serving", (
@@ -132,7 +140,7 @@ async def test_grpc_go_answer_of_many_windows(serve: Serve) -> None:
         ]
     }  # fmt: skip
     socket_path = await serve(answer)
-    pods = await PodResourcesClient(socket_path, timeout_seconds=10.0).list()
+    pods = await _list(socket_path, 10.0)
     assert [p.name for p in pods] == [f"job-{i:05d}" for i in range(3000)]
     assert pods[2999].containers[0].devices == (ContainerDevices("nvidia.com/gpu", (GPU_UUIDS[2999 % 8],)),)
 
@@ -140,5 +148,5 @@ async def test_grpc_go_answer_of_many_windows(serve: Serve) -> None:
 async def test_grpc_go_status_and_percent_encoded_message(serve: Serve) -> None:
     socket_path = await serve(None, "-fail-code", "8", "-fail-message", "rejected by rate limit: 100% ü")
     with pytest.raises(PodResourcesError) as failed:
-        await PodResourcesClient(socket_path, timeout_seconds=5.0).list()
+        await _list(socket_path, 5.0)
     assert str(failed.value) == "List failed: RESOURCE_EXHAUSTED: rejected by rate limit: 100% ü"

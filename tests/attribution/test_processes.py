@@ -24,6 +24,8 @@ from tests.attribution.helpers import (
 from tests.fakes.kubelet import FakeKubelet, pod
 
 CPU_TOTAL = "gpu_process_host_cpu_seconds_total"
+READ_BYTES = "gpu_process_io_read_bytes_total"
+WRITE_BYTES = "gpu_process_io_write_bytes_total"
 UIDS = [f"aaaaaaa{i}-bbbb-cccc-dddd-eeeeeeeeeee{i}" for i in range(4)]
 CIDS = [f"{i:x}" * 64 for i in range(10, 14)]
 
@@ -341,3 +343,130 @@ async def test_a_new_kubelet_answer_moves_allocations_and_process_series_in_the_
     assert label_rows(moved, "gpu_allocation_info", "pod") == {("llama-1",)}
     assert label_rows(moved, CPU_TOTAL, *rows) == {("4001", "2", "")}
     assert label_rows(moved, "gpu_process_state", "pid") == {("4001",)}
+
+
+async def test_an_unchanged_pid_pod_map_is_published_as_the_same_object_and_a_change_as_a_new_one(
+    kubelet: FakeKubelet, procfs: ProcfsTree, tmp_path: Path, gpus: list[GpuRef]
+) -> None:
+    # The processes collector reuses its rows while NodeState.pid_pods is the map they came from, so
+    # a round that learned nothing new must not hand it a fresh (equal) map; any change must.
+    kubelet.pods = (
+        pod("serving", "llama-0", {"vllm": {"nvidia.com/gpu": [GPU_UUIDS[0]]}}),
+        pod("vision", "resnet", {"triton": {"nvidia.com/gpu": [GPU_UUIDS[1]]}}),
+    )
+    procfs.add(4001, cgroup_v2_systemd(UIDS[0], CIDS[0]), utime_ticks=100)
+    procfs.add(4002, cgroup_v2_systemd(UIDS[1], CIDS[1]), utime_ticks=100)
+    state = NodeState(gpus=gpus, processes=[proc(0, 4001), proc(1, 4002)])
+    collector = make_collector(kubelet, procfs, tmp_path)
+    try:
+        await collector.collect(state)
+        first = state.pid_pods
+        procfs.add(4001, cgroup_v2_systemd(UIDS[0], CIDS[0]), utime_ticks=500)  # new values only
+        await collector.collect(state)
+        assert state.pid_pods is first
+        kubelet.pods = (
+            pod("serving", "llama-1", {"vllm": {"nvidia.com/gpu": [GPU_UUIDS[0]]}}),
+            pod("vision", "resnet", {"triton": {"nvidia.com/gpu": [GPU_UUIDS[1]]}}),
+        )
+        assert collector.tracker is not None
+        await collector.tracker.refresh_once()
+        await collector.collect(state)
+        renamed = state.pid_pods
+        assert renamed is not first and renamed[4001] == PodRef("serving", "llama-1", "vllm")
+        assert first[4001] == PodRef("serving", "llama-0", "vllm")  # a published map is never changed
+        state.processes = [proc(0, 4001)]  # 4002 left the GPUs
+        await collector.collect(state)
+        assert state.pid_pods is not renamed and set(state.pid_pods) == {4001}
+    finally:
+        await collector.close()
+
+
+async def test_rounds_that_reuse_the_host_rows_export_what_a_fresh_collector_would(
+    kubelet: FakeKubelet, procfs: ProcfsTree, tmp_path: Path, gpus: list[GpuRef]
+) -> None:
+    # While the GPU processes and their pods stay the same, a round keeps last round's host rows and
+    # puts in new values; an unreadable io, a process whose read fails, one in a new state or one
+    # that moves must each show exactly as a collector that never saw the node would show them.
+    from tests.attribution.helpers import set_cpu_ticks, set_io
+
+    kubelet.pods = (
+        pod("serving", "llama-0", {"vllm": {"nvidia.com/gpu": [GPU_UUIDS[0]]}}),
+        pod("vision", "resnet", {"triton": {"nvidia.com/gpu": [GPU_UUIDS[1]]}}),
+    )
+    procfs.add(4001, cgroup_v2_systemd(UIDS[0], CIDS[0]), utime_ticks=100)
+    procfs.add(4002, cgroup_v2_systemd(UIDS[1], CIDS[1]), utime_ticks=200)
+    for pid in (4001, 4002):
+        set_io(procfs.root, pid, pid, 1)
+    write_pod_dir(tmp_path / "pods", UIDS[0], "serving", "llama-0")  # a fresh collector names them too
+    write_pod_dir(tmp_path / "pods", UIDS[1], "vision", "resnet")
+    state = NodeState(gpus=gpus, processes=[proc(0, 4001), proc(1, 4002)])
+    kept = make_collector(kubelet, procfs, tmp_path)
+    names = ("gpu_process_host_cpu_seconds_total", READ_BYTES, WRITE_BYTES, "gpu_process_state")
+
+    def exported(families: object) -> set[tuple[object, ...]]:
+        return {
+            (s.name, tuple(sorted(s.labels.items())), s.value)
+            for name in names
+            for s in samples(families, name)  # type: ignore[arg-type]
+        }
+
+    async def same_as_fresh() -> set[tuple[object, ...]]:
+        got = exported(await kept.collect(state))
+        fresh = make_collector(kubelet, procfs, tmp_path)
+        try:
+            assert got == exported(await fresh.collect(NodeState(gpus=gpus, processes=state.processes)))
+        finally:
+            await fresh.close()
+        return got
+
+    try:
+        first = await same_as_fresh()
+        assert kept._host_memo is not None  # the rounds below reuse these rows while they can
+        set_cpu_ticks(procfs.root, 4001, 500, "disk_sleep")
+        set_io(procfs.root, 4002, 9999, 7)
+        assert await same_as_fresh() != first  # new values through the kept rows
+        (procfs.root / "4002" / "io").unlink()  # io unreadable: its io series go, the rest stay
+        assert {s[0] for s in await same_as_fresh() if ("pid", "4002") in s[1]} == set(names) - {
+            READ_BYTES,
+            WRITE_BYTES,
+        }
+        (procfs.root / "4001" / "stat").unlink()  # its read fails: no host series for it
+        assert not [s for s in await same_as_fresh() if ("pid", "4001") in s[1]]
+        procfs.add(4001, cgroup_v2_systemd(UIDS[0], CIDS[0]), utime_ticks=700)
+        await same_as_fresh()
+        state.processes = [proc(2, 4001), proc(1, 4002)]  # 4001 moved to GPU 2
+        assert ("gpu", "2") in next(s[1] for s in await same_as_fresh() if ("pid", "4001") in s[1])
+    finally:
+        await kept.close()
+
+
+async def test_a_listing_that_grows_or_puts_a_pid_on_another_gpu_is_read_in_full_next_round(
+    kubelet: FakeKubelet, procfs: ProcfsTree, tmp_path: Path, gpus: list[GpuRef]
+) -> None:
+    # A round keeps the last round's PIDs and devices while the listing holds the same processes;
+    # a new PID, or a PID now also on another GPU, must be read and placed in the very next round.
+    kubelet.pods = (pod("serving", "llama-0", {"vllm": {"nvidia.com/gpu": [GPU_UUIDS[0], GPU_UUIDS[1]]}}),)
+    procfs.add(4001, cgroup_v2_systemd(UIDS[0], CIDS[0]), utime_ticks=100)
+    procfs.add(4002, cgroup_v2_systemd(UIDS[0], CIDS[0]), utime_ticks=200)
+    state = NodeState(gpus=gpus, processes=[proc(0, 4001)])
+    collector = make_collector(kubelet, procfs, tmp_path)
+    try:
+        await collector.collect(state)
+        await collector.collect(state)
+        state.processes = [proc(0, 4001), proc(1, 4002)]
+        grown = await collector.collect(state)
+        state.processes = [proc(0, 4001), proc(1, 4001), proc(1, 4002)]
+        spread = await collector.collect(state)
+    finally:
+        await collector.close()
+    rows = ("pid", "gpu", "pod")
+    assert label_rows(grown, CPU_TOTAL, *rows) == {("4001", "0", "llama-0"), ("4002", "1", "llama-0")}
+    assert label_rows(spread, CPU_TOTAL, *rows) == {
+        ("4001", "0", "llama-0"),
+        ("4001", "1", "llama-0"),
+        ("4002", "1", "llama-0"),
+    }
+    assert state.pid_pods == {
+        4001: PodRef("serving", "llama-0", "vllm"),
+        4002: PodRef("serving", "llama-0", "vllm"),
+    }

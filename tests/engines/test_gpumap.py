@@ -10,7 +10,7 @@ from collections.abc import Iterable
 import pytest
 
 from exporter.collectors.base import GpuProcess, GpuRef, NodeState, PodRef
-from exporter.engines.gpumap import engine_gpus, gpu_indexes, node_index
+from exporter.engines.gpumap import NodeIndexMemo, engine_gpus, gpu_indexes, node_index
 from exporter.engines.targets import Target
 
 
@@ -76,3 +76,24 @@ def test_engine_gpus_through_the_round_index_match_a_pass_over_the_node(seed: in
         assert engine_gpus(target, tree, state, index) == expected
         assert engine_gpus(target, tree, state, gpu_indexes(state)) == expected
         assert engine_gpus(target, tree, state) == expected
+
+
+def test_the_index_is_kept_while_the_node_is_the_same_and_made_anew_when_a_field_is_replaced() -> None:
+    # NodeState's fields are replaced whole when they change; the processes listing is a new sequence
+    # every tick. Each replacement with other content must give the index of the new node.
+    rng = random.Random(7)
+    memo = NodeIndexMemo()
+    state = _node(rng)
+    while not state.processes or not state.pid_pods or not state.allocations:
+        state = _node(rng)
+    first = memo.index(state)
+    state.processes = list(state.processes)  # a new listing of the same processes
+    assert memo.index(state) is first
+    other = _node(random.Random(8))
+    for name in ("processes", "pid_pods", "allocations", "gpus"):
+        before = memo.index(state)
+        setattr(state, name, getattr(other, name))
+        index = memo.index(state)
+        assert index is not before and index == node_index(state), name
+    state.pid_pods = dict(state.pid_pods)  # an equal map, but another object: made again
+    assert memo.index(state) == node_index(state)

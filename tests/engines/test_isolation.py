@@ -225,7 +225,7 @@ async def test_a_hung_proc_lookup_costs_only_its_endpoint(
 
     monkeypatch.setattr(procfs, "pid_for_port", pid_for_port)
     monkeypatch.setattr(procfs, "alive", lambda root, pid: True)
-    monkeypatch.setattr(procfs, "process_start_seconds", lambda root, pid, ticks=None, boot=None: 1.0)
+    monkeypatch.setattr(procfs, "process_start_seconds", lambda root, pid, *more: 1.0)
     monkeypatch.setattr(procfs, "parent_map", lambda root: {4242: 1})
     monkeypatch.setattr(Target, "port", property(lambda t: hung_port if "second" in t.url else port))
     good = Target(f"{pages.base}/vllm", pod="good")

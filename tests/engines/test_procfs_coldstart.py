@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import errno
+import os
+import signal
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from exporter.collectors.base import NodeState
+from exporter.collectors.base import GpuProcess, NodeState
 from exporter.engines.collector import EnginesCollector
 from exporter.engines.settings import EngineSettings
 from exporter.engines.targets import Target
 from exporter.host import procfs
+from exporter.host.exits import own_namespace
 
 from .conftest import FIXTURES, FakeClock, ListSource, samples, value
 
@@ -83,9 +90,9 @@ def test_gpu_process_ancestry_is_read_without_scanning_every_process(monkeypatch
     reads: list[int] = []
     real = procfs._stat_fields
 
-    def counted(root: object, pid: int) -> list[str] | None:
+    def counted(root: object, pid: int, kept: object = None) -> list[str] | None:
         reads.append(pid)
-        return real(root, pid)  # type: ignore[arg-type]
+        return real(root, pid, kept)  # type: ignore[arg-type]
 
     monkeypatch.setattr(procfs, "_stat_fields", counted)
     parents = procfs.parents_of(ROOT, [4250], {})
@@ -213,3 +220,227 @@ async def test_boot_time_is_read_once_not_every_round(
     finally:
         await collector.close()
     assert len(boots) == 1
+
+
+def _copy_procfs(tmp_path: Path) -> Path:
+    import shutil
+
+    root = tmp_path / "proc"
+    shutil.copytree(ROOT, root, symlinks=True)
+    return root
+
+
+def _set_start(root: Path, pid: int, start_ticks: int) -> None:
+    """The process at pid is replaced by one started at start_ticks (a new stat file, as a new process
+    has: a kept descriptor of the old one must not answer for it)."""
+    stat = root / str(pid) / "stat"
+    text = stat.read_text()
+    head, rest = text[: text.rfind(")") + 2], text[text.rfind(")") + 2 :].split(" ")
+    rest[19] = str(start_ticks)  # starttime, field 22 (the fields after comm start at field 3)
+    stat.unlink()
+    stat.write_text(head + " ".join(rest))
+
+
+async def test_stat_files_are_kept_open_between_rounds_and_a_restart_under_the_same_pid_is_seen(
+    fake_engines: str, tmp_path: Path
+) -> None:
+    # An engine's and its GPU processes' stat are read every round through kept descriptors; a new
+    # process under the same PID (a restart) must still show as one, its start time read afresh.
+    root = _copy_procfs(tmp_path)
+    clock = FakeClock(BOOT + 5.0)
+    target = Target(f"{fake_engines}/vllm-0.33.0", namespace="serving", pod="llama-0", pid=4242)
+    settings = EngineSettings(procfs_path=root, clock_ticks_per_second=100)
+    collector = EnginesCollector([ListSource([target])], settings, clock)
+    state = NodeState(processes=[GpuProcess("GPU-a", "0", 4250)])
+    try:
+        clock.now = BOOT + 55.5
+        await collector.collect(state)
+        ep = collector._endpoints[target.url]
+        assert ep.process_start == BOOT + 10.0 and ep.cold_start_seconds == pytest.approx(45.5)
+        assert ep.tree == {4242, 4250}
+        assert len(collector._stat_files) == 2  # the engine's stat and its GPU process's
+        _set_start(root, 4242, 9000)  # restarted at BOOT + 90 under the same PID
+        clock.now = BOOT + 95.0
+        await collector.collect(state)
+        assert ep.pid == 4242 and ep.process_start == BOOT + 90.0
+        assert ep.cold_start_seconds == pytest.approx(5.0)  # measured afresh for the new process
+        state.processes = []  # the GPU process left: its descriptor is closed
+        await collector.collect(state)
+        assert len(collector._stat_files) == 1
+    finally:
+        await collector.close()
+    assert len(collector._stat_files) == 0
+
+
+async def test_an_engine_process_that_is_gone_falls_back_to_its_configured_pid(
+    fake_engines: str, tmp_path: Path
+) -> None:
+    # The PID found for an endpoint exits (its stat, read through a kept descriptor, is gone): the
+    # configured PID is used again when it lives, and no start time of the gone process is kept.
+    import shutil
+
+    root = _copy_procfs(tmp_path)
+    clock = FakeClock(BOOT + 5.0)
+    target = Target(f"{fake_engines}/vllm-0.33.0", pod="llama-0", pid=4242)
+    collector = EnginesCollector([ListSource([target])], EngineSettings(procfs_path=root), clock)
+    try:
+        await collector.collect(NodeState())
+        ep = collector._endpoints[target.url]
+        ep.pid = 4300  # as if a port lookup had found another process
+        await collector.collect(NodeState())
+        assert ep.pid == 4300
+        shutil.rmtree(root / "4300")
+        await collector.collect(NodeState())
+        assert ep.pid == 4242
+        shutil.rmtree(root / "4242")
+        await collector.collect(NodeState())
+        assert ep.pid is None and ep.tree == set()
+    finally:
+        await collector.close()
+
+
+async def test_a_gpu_pid_missing_from_procfs_is_looked_for_again_only_after_the_retry_interval(
+    fake_engines: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # NVML may list PIDs of another PID namespace (no hostPID): their stat never opens, so they are
+    # not looked for every round; a listed PID that is there is read every round (its parent can
+    # change), and one that leaves the GPUs and comes back is looked for at once.
+    reads: list[int] = []
+    real = procfs._stat_fields
+
+    def counted(root: Path, pid: int, kept: object = None) -> list[str] | None:
+        reads.append(pid)
+        return real(root, pid, kept)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(procfs, "_stat_fields", counted)
+    clock = FakeClock(BOOT + 5.0)
+    target = Target(f"{fake_engines}/vllm-0.33.0", pid=4242)
+    settings = EngineSettings(procfs_path=ROOT, clock_ticks_per_second=100, pid_retry_seconds=60.0)
+    collector = EnginesCollector([ListSource([target])], settings, clock)
+    gpus = [GpuProcess("GPU-a", "0", 4250), GpuProcess("GPU-b", "1", 77777)]  # 77777: not in our /proc
+    state = NodeState(processes=gpus)
+    try:
+        await collector.collect(state)
+        assert reads.count(77777) == 1 and reads.count(4250) == 1
+        for _ in range(3):
+            clock.now += 5.0
+            await collector.collect(state)
+        assert reads.count(77777) == 1 and reads.count(4250) == 4
+        assert collector._endpoints[target.url].tree == {4242, 4250}
+        clock.now += 60.0  # the retry interval: looked for once more
+        await collector.collect(state)
+        assert reads.count(77777) == 2
+        state.processes = gpus[:1]  # it leaves the GPUs ...
+        clock.now += 5.0
+        await collector.collect(state)
+        state.processes = gpus  # ... and a process with that PID is listed again: looked for at once
+        clock.now += 5.0
+        await collector.collect(state)
+        assert reads.count(77777) == 3
+    finally:
+        await collector.close()
+
+
+def _ppid(pid: int) -> int:
+    fields = procfs.stat_fields(Path(f"/proc/{pid}/stat").read_text())
+    return int(fields[1])
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "pidfd_open") or not own_namespace(Path("/proc")), reason="needs pidfds on our own /proc"
+)
+async def test_rounds_read_proc_only_until_a_followed_process_exits(
+    fake_engines: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An engine (P1) whose worker (P2) runs a GPU process (P3). Once the reads are vouched for by
+    # pidfds opened before them, rounds read nothing; the worker's exit reparents the GPU process,
+    # and the very next round reads again and no longer counts it in the engine's tree.
+    engine = await asyncio.create_subprocess_exec(
+        "sh", "-c", 'sh -c "sleep 60 & echo \\$!; wait" & exec sleep 60', stdout=asyncio.subprocess.PIPE
+    )  # fmt: skip
+    assert engine.stdout is not None
+    gpu = int(await engine.stdout.readline())
+    worker = _ppid(gpu)
+    assert _ppid(worker) == engine.pid
+    collector = EnginesCollector(
+        [ListSource([Target(f"{fake_engines}/vllm-0.33.0", pid=engine.pid)])],
+        EngineSettings(procfs_path=Path("/proc")),
+        FakeClock(),
+    )
+    reads: list[object] = []
+    real_read = collector._procfs.read
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        reads.append(args[0])
+        return await real_read(*args, **kwargs)
+
+    monkeypatch.setattr(collector._procfs, "read", counted)
+    state = NodeState(processes=[GpuProcess("GPU-a", "0", gpu)])
+    try:
+        await collector.collect(state)  # the worker was not watched before its child's read named it
+        await collector.collect(state)  # read once more, every process watched before the reads
+        assert len(reads) == 2
+        for _ in range(3):
+            metrics = list(await collector.collect(state))
+        assert len(reads) == 2  # nothing read: nothing followed has exited
+        ep = next(iter(collector._endpoints.values()))
+        assert ep.pid == engine.pid and ep.tree == {engine.pid, worker, gpu}
+        assert value(metrics, "inference_requests_running", gpu="0") >= 0
+        state.processes = [GpuProcess("GPU-a", "0", gpu), GpuProcess("GPU-b", "1", engine.pid)]
+        await collector.collect(state)  # another GPU listing: read
+        assert len(reads) == 3
+        state.processes = [GpuProcess("GPU-a", "0", gpu)]
+        await collector.collect(state)
+        await collector.collect(state)
+        reads.clear()
+        os.kill(worker, signal.SIGKILL)  # the GPU process is reparented
+        for _ in range(200):
+            if collector._exits.fired:
+                break
+            await asyncio.sleep(0.01)
+        await collector.collect(state)
+        assert len(reads) == 1 and _ppid(gpu) != worker
+        assert ep.tree == {engine.pid}
+    finally:
+        await collector.close()
+        for pid in (gpu, engine.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        await engine.wait()
+    assert len(collector._exits) == 0
+
+
+async def test_a_procfs_of_another_pid_namespace_is_read_every_round(fake_engines: str) -> None:
+    # A fixture tree (or a host /proc mounted elsewhere) names PIDs pidfd_open would not open: no
+    # round is kept, every round reads.
+    collector = EnginesCollector(
+        [ListSource([Target(f"{fake_engines}/vllm-0.33.0", pid=4242)])], SETTINGS, FakeClock(BOOT + 5.0)
+    )
+    assert not collector._exits.available
+    starts: list[float] = []
+    try:
+        for _ in range(3):
+            await collector.collect(NodeState(processes=[GpuProcess("GPU-a", "0", 4250)]))
+            starts.append(collector._endpoints[next(iter(collector._endpoints))].process_start or 0.0)
+        assert starts == [BOOT + 10.0] * 3 and collector._settled is None
+    finally:
+        await collector.close()
+
+
+async def test_a_kernel_without_pidfds_leaves_every_round_reading(monkeypatch: pytest.MonkeyPatch) -> None:
+    # pidfd_open answering ENOSYS (before Linux 5.3) or EPERM (a seccomp profile): nothing is watched,
+    # so no round is kept, and the call is not tried again for every PID of every round.
+    from exporter.host.exits import ExitWatch
+
+    calls: list[int] = []
+
+    def refused(pid: int, flags: int = 0) -> int:
+        calls.append(pid)
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    monkeypatch.setattr(os, "pidfd_open", refused, raising=False)
+    watch = ExitWatch(Path("/proc"))
+    watch.available = True  # as on a host whose /proc is ours
+    assert watch.watch([os.getpid(), os.getppid()]) == frozenset()
+    assert not watch.available and calls == [os.getpid()]
+    assert watch.watch([os.getpid()]) == frozenset() and calls == [os.getpid()]
