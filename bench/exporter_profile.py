@@ -11,6 +11,10 @@ overhead inflates the small functions, so read the shares, not the absolute time
 CPU is what `bench/exporter.py` measures (and `--no-profile` here: each thread kind's CPU per cycle,
 time.thread_time, without the profiler).
 
+The first table sums the profile's own time by area (the simulated driver, pynvml's wrappers, our
+NVML seam, collectors, sampler and series, asyncio, threads): the shares explain where ours and the
+raw loop differ. `--raw` profiles bench/exporter.py's raw pynvml loop the same way, for comparison.
+
 `--sim-cost` answers another question: how much of a cycle is the simulated driver itself, per C
 symbol, for gpupulse and for bench/exporter.py's raw pynvml loop (the floor). Each simulated C
 function is timed by the CPU time of the thread calling it, so both sides pay the same per call only
@@ -66,12 +70,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--render", action="store_true", help="render and gzip every snapshot (scraped)")
     parser.add_argument("--no-profile", action="store_true", help="only the per-thread CPU table")
+    parser.add_argument("--raw", action="store_true", help="profile the raw pynvml loop instead (the floor)")
     parser.add_argument(
         "--sim-cost", action="store_true", help="CPU inside the simulated driver per symbol, ours and raw"
     )
     args = parser.parse_args(argv)
     if args.sim_cost:
         print(_sim_cost(args.gpus, args.cycles))
+        return 0
+    if args.raw:
+        print(_raw_profile(args.gpus, args.cycles, args.top))
         return 0
     if not args.no_profile:
         threading.setprofile(_bootstrap)  # before the fleet starts its worker threads
@@ -119,13 +127,69 @@ def main(argv: list[str] | None = None) -> int:
         except Exception:  # a profiler of a thread that already ended
             pass
         stats.add(prof)
+    print(_printed(stats, args.cycles, args.top))
+    return 0
+
+
+# Where a function's file puts it, first match wins: (area, path fragment); "~" is a C built-in.
+_AREAS = (
+    ("simulated NVML (exporter/sim)", "/exporter/sim/"),
+    ("pynvml's wrappers and structs", "/pynvml.py"),
+    ("our NVML seam (exporter/nvml.py)", "/exporter/nvml.py"),
+    ("collectors (exporter/collectors)", "/exporter/collectors/"),
+    ("sampler, series, snapshot (rest of exporter/)", "/exporter/"),
+    ("the bench's own loop", "/bench/"),
+    ("asyncio", "/asyncio/"),
+    ("threads and queues", "/threading.py"),
+    ("threads and queues", "/queue.py"),
+    ("C built-ins (len, isinstance, dict.get, ctypes calls...)", "~"),
+)
+
+
+def _areas(stats: pstats.Stats, cycles: int) -> str:
+    """Markdown: the profile's own time summed by area, per cycle and as a share."""
+    spent: Counter[str] = Counter()
+    for (filename, _line, _name), row in stats.stats.items():  # type: ignore[attr-defined]
+        area = next((a for a, frag in _AREAS if frag in filename or filename == frag), "other Python")
+        spent[area] += row[2]  # tottime: own time, callees excluded
+    total = sum(spent.values()) or 1.0
+    lines = ["| area | own time per cycle, ms (profiled) | share |", "|---|---|---|"]
+    for area, seconds in spent.most_common():
+        lines.append(f"| {area} | {1000 * seconds / cycles:.2f} | {100 * seconds / total:.0f} % |")
+    return "\n".join(lines)
+
+
+def _printed(stats: pstats.Stats, cycles: int, top: int) -> str:
+    parts = [_areas(stats, cycles)]
     for order in ("tottime", "cumulative"):
         out = io.StringIO()
         stats.stream = out  # type: ignore[attr-defined]
-        stats.sort_stats(order).print_stats(args.top)
+        stats.sort_stats(order).print_stats(top)
         text = out.getvalue()
-        print(text[text.find("   ncalls") :].replace(str(ROOT) + "/", ""))
-    return 0
+        parts.append(text[text.find("   ncalls") :].replace(str(ROOT) + "/", ""))
+    return "\n\n".join(parts)
+
+
+def _raw_profile(gpus: int, cycles: int, top: int) -> str:
+    """The raw pynvml loop under the same profiler: the floor's own shares."""
+    with tempfile.TemporaryDirectory() as tmp, Target(scenario_file(gpus, Path(tmp))) as target:
+        pynvml.nvmlInit()
+        raw = RawLoop(target.now_us)
+        for _ in range(5):
+            target.advance()
+            raw.cycle()
+        prof = cProfile.Profile(time.thread_time)
+        t0 = time.process_time()
+        prof.enable()
+        for _ in range(cycles):
+            target.advance()
+            raw.cycle()
+        prof.disable()
+        process_ms = 1000 * (time.process_time() - t0) / cycles
+        pynvml.nvmlShutdown()
+    head = f"raw pynvml loop, {gpus} GPUs, {cycles} cycles (profiled): process CPU per cycle"
+    head += f" {process_ms:.2f} ms"
+    return head + "\n" + _printed(pstats.Stats(prof, stream=io.StringIO()), cycles, top)
 
 
 def _timed_lookup(sim: Any) -> tuple[Counter[str], Counter[str]]:
