@@ -39,7 +39,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -612,7 +612,10 @@ class ServeResult:
     rss_mib: float | None = None
     cpu_percent: float | None = None
     body: bytes = b""
+    rss_trace: list[tuple[float, float]] = field(default_factory=list)  # (seconds into the soak, RSS MiB)
 
+
+SOAK_LEGS = 10
 
 PLUGINS_OFF = ["--no-collector.attribution", "--no-collector.engines", "--no-collector.pagecache"]
 
@@ -642,10 +645,14 @@ def measure_serving(
                 body=body,
             )
             if soak_seconds > 0:
-                _, cpu_before = _proc_stats(proc.pid)
+                rss, cpu_before = _proc_stats(proc.pid)
                 t0 = time.monotonic()
-                asyncio.run(_soak(url, soak_seconds))
-                rss, cpu_after = _proc_stats(proc.pid)
+                result.rss_trace.append((0.0, rss))
+                # ten legs, RSS read after each: growth shows as a trend, not just an end value
+                for leg in range(1, SOAK_LEGS + 1):
+                    asyncio.run(_soak(url, t0 + soak_seconds * leg / SOAK_LEGS - time.monotonic()))
+                    rss, cpu_after = _proc_stats(proc.pid)
+                    result.rss_trace.append((time.monotonic() - t0, rss))
                 result.rss_mib = rss
                 result.cpu_percent = 100 * (cpu_after - cpu_before) / (time.monotonic() - t0)
             return result
@@ -841,6 +848,7 @@ def main(argv: list[str] | None = None) -> int:
             "|---|---|---|---|---|---|---|",
         ]
         bodies: dict[int, bytes] = {}
+        soak_note = ""
         for n in counts:
             soak = args.duration if n == max(counts) else 0.0
             plugins = PLUGINS_OFF if args.core_only else ()
@@ -853,6 +861,10 @@ def main(argv: list[str] | None = None) -> int:
             )
             print(lines[-1], file=sys.stderr, flush=True)
             bodies[n] = r.body
+            if r.rss_trace:
+                trace = ", ".join(f"{t:.0f} s {mib:.1f}" for t, mib in r.rss_trace)
+                soak_note = f"RSS of the {n or 'real'}-GPU exporter over the soak, MiB: {trace}"
+        lines += ["", soak_note] if soak_note else []
         lines += [
             "",
             "Floor of the method: the same clients against a bare aiohttp app returning the same bytes:",
