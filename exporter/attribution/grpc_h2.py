@@ -67,12 +67,9 @@ class UnaryChannel:
             deadline = asyncio.get_running_loop().time() + timeout_seconds  # connect and answer together
             conn = self._conn
             if conn is not None and conn.usable():
-                try:
-                    async with asyncio.timeout_at(deadline):
-                        answer = await conn.exchange(method, request, timeout_seconds, max_message_bytes)
-                except BaseException as exc:
-                    await self._drop()
-                    _raise(exc, path, timeout_seconds)
+                answer = await self._exchange(
+                    conn, method, request, deadline, timeout_seconds, max_message_bytes
+                )
                 if answer is not None:
                     return _message(method, *answer)  # a failed status on a sound stream: kept
             # none kept, or the kept one was closed or given up before our stream was taken: a new one
@@ -90,12 +87,7 @@ class UnaryChannel:
                 raise PodResourcesError(f"cannot connect to {path}: {exc.strerror or exc}") from exc
             self.connections_opened += 1
             self._conn = conn = _H2Connection(reader, writer)
-            try:
-                async with asyncio.timeout_at(deadline):
-                    answer = await conn.exchange(method, request, timeout_seconds, max_message_bytes)
-            except BaseException as exc:
-                await self._drop()
-                _raise(exc, path, timeout_seconds)
+            answer = await self._exchange(conn, method, request, deadline, timeout_seconds, max_message_bytes)
             assert answer is not None  # a first exchange never gives up for a second try
             return _message(method, *answer)
 
@@ -103,6 +95,23 @@ class UnaryChannel:
         """Close the connection; the next call opens a new one."""
         async with self._lock:
             await self._drop()
+
+    async def _exchange(
+        self,
+        conn: _H2Connection,
+        method: str,
+        request: bytes,
+        deadline: float,
+        timeout_seconds: float,
+        max_message_bytes: int,
+    ) -> tuple[dict[bytes, bytes], bytes] | None:
+        """One exchange on `conn` by the call's deadline; any failure drops the connection."""
+        try:
+            async with asyncio.timeout_at(deadline):
+                return await conn.exchange(method, request, timeout_seconds, max_message_bytes)
+        except BaseException as exc:
+            await self._drop()
+            _raise(exc, self.socket_path, timeout_seconds)
 
     async def _drop(self) -> None:
         conn, self._conn = self._conn, None
