@@ -150,7 +150,11 @@ def _areas(stats: pstats.Stats, cycles: int) -> str:
     """Markdown: the profile's own time summed by area, per cycle and as a share."""
     spent: Counter[str] = Counter()
     for (filename, _line, _name), row in stats.stats.items():  # type: ignore[attr-defined]
-        area = next((a for a, frag in _AREAS if frag in filename or filename == frag), "other Python")
+        # "~" is cProfile's whole file name for a built-in; the other fragments are parts of a path
+        area = next(
+            (a for a, frag in _AREAS if filename == frag or (frag != "~" and frag in filename)),
+            "other Python",
+        )
         spent[area] += row[2]  # tottime: own time, callees excluded
     total = sum(spent.values()) or 1.0
     lines = ["| area | own time per cycle, ms (profiled) | share |", "|---|---|---|"]
