@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import operator
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
@@ -62,6 +63,7 @@ class Sampler:
         # name -> (when its next round is due, the running round)
         self._slow: dict[str, tuple[float, asyncio.Task[_Round]]] = {}
         self._hook_tasks: set[asyncio.Task[None]] = set()
+        self._merger = FamilyMerger()
 
     def _timeout(self, collector: Collector) -> float:
         # A collector with deadlines inside its round declares one above them (the engines collector:
@@ -179,7 +181,7 @@ class Sampler:
         taken_unix, taken_mono = self.clock.time(), self.clock.monotonic()
         if good:
             self.last_good_unix, self.last_good_monotonic = taken_unix, taken_mono
-        families = merge_families([f for fams, _ in results for f in fams])
+        families = self._merger.merge([f for fams, _ in results for f in fams])
         stale = self.gpu_status.stale_gpus() if self.gpu_status is not None else ()
         families += self_families(rounds, self.last_good_unix, stale)
         snap = Snapshot.build(
@@ -288,33 +290,58 @@ class Sampler:
                 log.exception("closing collector %s", collector.name)
 
 
-def merge_families(families: list[Metric]) -> list[Metric]:
-    """One family per name, in first-seen order.
+class FamilyMerger:
+    """One family per name, in first-seen order, with the joined families kept between ticks.
 
     Collectors may share a family (gpupulse_series_dropped_total is written by attribution and by
     engines); two HELP/TYPE blocks of one name are invalid exposition, so their samples are joined.
+    The sharing collectors run on intervals and serve the same family objects until their next
+    round, so a joined family is kept while its parts are the same objects: a tick between rounds
+    joins nothing anew, and the kept family's text is rendered once (snapshot._RENDERED).
     """
-    if len({f.name for f in families}) == len(families):  # the usual tick: nothing shared
-        return families
-    groups: dict[str, list[Metric]] = {}
-    for family in families:
-        groups.setdefault(family.name, []).append(family)
-    out: list[Metric] = []
-    for name, group in groups.items():
-        first = group[0]
-        if len(group) == 1:
-            out.append(first)
+
+    def __init__(self) -> None:
+        # name -> (the parts it was joined from, the joined family); names shared in the last merge only
+        self._joined: dict[str, tuple[list[Metric], Metric]] = {}
+
+    def merge(self, families: list[Metric]) -> list[Metric]:
+        """The families with each shared name joined into one, at its first place."""
+        if len({f.name for f in families}) == len(families):  # the usual tick: nothing shared
+            self._joined.clear()
+            return families
+        first: dict[str, Metric] = {}
+        shared: dict[str, list[Metric]] = {}
+        for f in families:
+            seen = first.setdefault(f.name, f)
+            if seen is not f:
+                shared.setdefault(f.name, [seen]).append(f)
+        joined: dict[str, tuple[list[Metric], Metric]] = {}
+        for name, parts in shared.items():
+            kept = self._joined.get(name)
+            if kept is None or len(kept[0]) != len(parts) or not all(map(operator.is_, kept[0], parts)):
+                kept = (parts, _join(parts))
+            joined[name] = kept
+        self._joined = joined
+        out: list[Metric] = []
+        for f in families:
+            if f.name not in joined:
+                out.append(f)
+            elif first.get(f.name) is f:  # the joined family takes the place of the name's first
+                out.append(joined[f.name][1])
+        return out
+
+
+def _join(group: list[Metric]) -> Metric:
+    first = group[0]
+    joined = Metric(first.name, first.documentation, first.type, first.unit)
+    for family in group:
+        if family.type != first.type:
+            log.error(
+                "families named %s disagree on type (%s, %s); dropping the latter",
+                first.name,
+                first.type,
+                family.type,
+            )
             continue
-        joined = Metric(first.name, first.documentation, first.type, first.unit)
-        for family in group:
-            if family.type != first.type:
-                log.error(
-                    "families named %s disagree on type (%s, %s); dropping the latter",
-                    name,
-                    first.type,
-                    family.type,
-                )
-                continue
-            joined.samples.extend(family.samples)
-        out.append(joined)
-    return out
+        joined.samples.extend(family.samples)
+    return joined
