@@ -1173,13 +1173,19 @@ class GpuWorker:
         return not self._thread.is_alive()
 
 
-def execute(job: WorkerJob) -> None:
-    """Run a job on the calling thread: its fn, then `finished`, then on_done(ok, result or exception)."""
+def run_job(job: WorkerJob) -> tuple[bool, Any]:
+    """Run a job's fn on the calling thread and mark it finished: (True, result) or (False, exception)."""
     try:
         ok, result = True, job.fn()
     except BaseException as exc:
         ok, result = False, exc
     job.finished = True
+    return ok, result
+
+
+def execute(job: WorkerJob) -> None:
+    """Run a job on the calling thread: its fn, then `finished`, then on_done(ok, result or exception)."""
+    ok, result = run_job(job)
     try:
         job.on_done(ok, result)
     except Exception:
@@ -1193,14 +1199,21 @@ class RoundRunner:
     between each other (with the real driver, at every C call, which releases the GIL). A thread that
     stays inside a hung call is not waited for: the next round gets another thread, up to
     `max_threads` (one per GPU that can hang, plus one); past that, submit refuses.
+
+    A round calls `release()` once its GPU calls are done and before it hands its results back: the
+    thread counts as idle from then, so the next round, submitted by whoever the hand-over wakes,
+    waits for this thread instead of starting another. Without it, a woken event loop that preempted
+    the thread on its CPU submitted the next round before the thread was back, and back-to-back
+    rounds spread over up to four threads, each one running cold.
     """
 
     def __init__(self, name: str, max_threads: int) -> None:
         self.name, self.max_threads = name, max_threads
         self._queue: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
-        self._idle = 0  # threads waiting on the queue and not yet promised a round
+        self._idle = 0  # threads waiting on the queue, or about to, and not yet promised a round
         self._threads: list[threading.Thread] = []
+        self._round = threading.local()  # on a runner thread: .released, for the round it runs
 
     def submit(self, fn: Callable[[], None]) -> bool:
         """Run fn on an idle thread (or a new one); False when every allowed thread is busy."""
@@ -1220,13 +1233,22 @@ class RoundRunner:
 
     def _loop(self, fn: Callable[[], None] | None) -> None:
         while fn is not None:
+            self._round.released = False
             try:
                 fn()
             except Exception:
                 log.exception("a GPU round failed")
-            with self._lock:
-                self._idle += 1
+            self.release()
             fn = self._queue.get()
+
+    def release(self) -> None:
+        """On a runner thread, inside its round: this thread takes the next round from now (it makes
+        no more GPU call in this one). Once per round; nothing on any other thread."""
+        if getattr(self._round, "released", True):
+            return
+        self._round.released = True
+        with self._lock:
+            self._idle += 1
 
     @property
     def threads(self) -> int:

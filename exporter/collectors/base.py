@@ -65,7 +65,11 @@ class Collector(Protocol):
     interval_seconds: float | None
 
     async def collect(self, state: NodeState) -> Sequence[Metric]:
-        """Sample and return complete families; raise CollectorError when the round failed."""
+        """Sample and return complete families; raise CollectorError when the round failed.
+
+        Families are new objects each round and never changed once returned: the sampler and the
+        snapshot keep what they made of an object (its rendered text, a family two collectors share
+        joined) for as long as the same object is served again."""
         ...
 
     async def close(self) -> None:

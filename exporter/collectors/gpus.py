@@ -16,7 +16,7 @@ from prometheus_client.core import Metric
 
 from exporter.collectors.base import GpuRef, NodeState
 from exporter.errors import GpuLostError, NvmlUnknownError
-from exporter.nvml import Device, GpuWorker, Nvml, RoundRunner, WorkerJob, execute, wake_loop
+from exporter.nvml import Device, GpuWorker, Nvml, RoundRunner, WorkerJob, run_job, wake_loop
 from gpupulse.clock import Clock
 
 log = logging.getLogger(__name__)
@@ -206,28 +206,36 @@ class GpuFleet:
         next_up = [0]  # position of the first batch not started
         lock = threading.Lock()
 
-        def finished(index: str, ok: bool, value: Any) -> None:  # on the thread that ran the batch
+        def finished(index: str, ok: bool, value: Any) -> bool:  # on the thread that ran the batch
             results[index] = (ok, value)
             with lock:
                 remaining[0] -= 1
-                last = remaining[0] == 0
-            if last:
+                return remaining[0] == 0  # the round's last batch
+
+        def on_own_thread(index: str, ok: bool, value: Any) -> None:  # a batch fanned out to its GPU
+            if finished(index, ok, value):
                 wake_loop(loop, end)
 
         started = [
-            WorkerJob(partial(_run_jobs, slot.device, jobs), partial(finished, slot.index))
+            WorkerJob(partial(_run_jobs, slot.device, jobs), partial(on_own_thread, slot.index))
             for slot, jobs in batches
         ]
+        runner = self._runner
 
         def in_a_row() -> None:  # on the runner thread: claim and run batches until none is left
+            last = False
             while True:
                 with lock:
                     i = next_up[0]
                     if i >= len(started):
-                        return
+                        break
                     next_up[0] = i + 1
                     job = started[i]
-                execute(job)
+                last = finished(batches[i][0].index, *run_job(job)) or last
+            # idle before the loop is woken: the next tick's round comes back to this thread
+            runner.release()
+            if last:
+                wake_loop(loop, end)
 
         def fan_out() -> None:  # every batch not claimed yet, each on its own GPU's thread
             with lock:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import yaml
 
+from exporter.config import ExporterSettings
 from exporter.nvml import RoundRunner
 from tests.exporter.harness import simulated_exporter
 
@@ -57,6 +58,49 @@ def test_a_round_that_fails_leaves_its_thread_running_the_next() -> None:
     finally:
         runner.stop()
         assert runner.join(5)
+
+
+def test_a_round_that_released_its_thread_gets_the_next_round_on_it() -> None:
+    # The loop woken by a round's hand-back may submit the next round before the runner thread is
+    # back on its queue (the loop preempts it on its CPU): released, the thread takes that round.
+    runner = RoundRunner("test-round", max_threads=4)
+    released, go_on, done, ran = threading.Event(), threading.Event(), threading.Event(), []
+
+    def first() -> None:
+        runner.release()  # its GPU calls are done
+        runner.release()  # once per round: a second call counts nothing
+        released.set()
+        go_on.wait(30)  # still handing back
+        ran.append("first")
+
+    try:
+        runner.release()  # not a runner thread: nothing
+        assert runner.idle == 0
+        assert runner.submit(first)
+        assert released.wait(30)
+        assert runner.submit(lambda: (ran.append("second"), done.set()))
+        assert runner.threads == 1  # queued for the released thread, not a new one
+        go_on.set()
+        assert done.wait(30)
+        assert ran == ["first", "second"]
+        _until(lambda: runner.idle == 1, "the thread did not come back")
+        assert runner.threads == 1
+    finally:
+        go_on.set()
+        runner.stop()
+        assert runner.join(5)
+
+
+async def test_back_to_back_ticks_keep_one_runner_thread(tmp_path: Path) -> None:
+    scenario = {"name": "eight", "gpus": [{"model": "H100"} for _ in range(8)]}
+    path = tmp_path / "scenario.yaml"
+    path.write_text(yaml.safe_dump(scenario))
+    # a deadline that only bounds a hang: no round here ends by it
+    settings = ExporterSettings(sampling_interval_seconds=1.0, gpu_call_timeout_seconds=30.0)
+    async with simulated_exporter(path, start_seconds=1.0, settings=settings) as h:
+        for _ in range(50):  # each tick submits its round as soon as the last one handed back
+            await h.tick(1.0)
+        assert h.fleet._runner.threads == 1
 
 
 async def test_gpus_hung_in_a_round_hold_only_their_threads(tmp_path: Path) -> None:
