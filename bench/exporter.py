@@ -1,6 +1,6 @@
 """Exporter benchmark (not a test): CPU per sampling cycle, scrape latency and RSS on the simulated NVML.
 
-    .venv/bin/python bench/exporter.py [--cycles 40] [--pairs 5] [--duration 60] [--markdown out.md]
+    .venv/bin/python bench/exporter.py [--cycles 40] [--pairs 9] [--duration 60] [--markdown out.md]
 
 Everything runs on the same simulated NVML (the shipped `large` scenario cut to 1, 8 and 16 GPUs, always
 64 processes):
@@ -929,7 +929,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--pairs",
         type=int,
-        default=5,
+        default=9,
         help="repeats inside this run: gpupulse and the raw loop in this many alternating pairs per GPU "
         "count, the plug-in measurement this many times, and this many exporter/bare serving pairs at the "
         "largest count (one 16-GPU run moves by 10-30%% on a shared VM; the tables give medians of the "
