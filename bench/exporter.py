@@ -39,6 +39,7 @@ import json
 import math
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -68,6 +69,11 @@ from gpupulse.clock import Clock, SystemClock  # noqa: E402
 
 GPU_COUNTS = (1, 8, 16)
 PLUGIN_PAIRS = 3  # runs with and without the plug-ins, interleaved
+# Issue 26 set "plug-ins at most 1 ms per cycle at 16 GPUs" on a machine whose raw loop read 2.41 ms
+# at 16 GPUs in the same run: as a ratio in one run, at most 1/2.41 of the raw loop. This VM's speed
+# moves 10-30 % from hour to hour (docs/benchmarks.md), so the ratio is what one run can decide.
+ISSUE_RAW_16_MS = 2.41
+PLUGIN_TARGET_MS = 1.0
 SCRAPERS = 10
 WARMUP_SECONDS = 3.0  # the exporter's first ticks import and allocate; steady state is what we serve
 WARMUP_SCRAPES = 20  # per scraper, not measured
@@ -497,6 +503,7 @@ def measure_plugins(path: Path | None, cycles: int) -> PluginResult:
         kubelet.terminate()
         kubelet.wait(10)
         weights.unlink(missing_ok=True)
+        shutil.rmtree(workdir, ignore_errors=True)  # the fake /proc, pod directories, kubelet socket
 
 
 class _Started:
@@ -792,7 +799,14 @@ def _cpu_table(args: argparse.Namespace, files: dict[int, Path | None]) -> list[
 
 
 def _plugins_table(args: argparse.Namespace, n: int) -> list[str]:
-    runs = [measure_isolated("plugins", n, args.plugin_cycles) for _ in range(args.pairs)]
+    # each plug-in run paired with a raw-loop run beside it: the ratio holds across the host's spells
+    runs, raw = _alternating(
+        args.pairs,
+        functools.partial(measure_isolated, "plugins", n, args.plugin_cycles),
+        functools.partial(measure_isolated, "raw", n, args.cycles),
+    )
+    ratios = [r.added_ms / w.cpu_ms for r, w in zip(runs, raw, strict=True)]
+    target = PLUGIN_TARGET_MS / ISSUE_RAW_16_MS
 
     def med(name: str) -> float:
         return float(statistics.median(getattr(r, name) for r in runs))
@@ -800,10 +814,10 @@ def _plugins_table(args: argparse.Namespace, n: int) -> list[str]:
     lines = [
         "",
         f"Plug-in collectors' added CPU per 1 s cycle ({n} GPUs; {args.pairs} runs in fresh interpreters, "
-        f"each of {PLUGIN_PAIRS} back-to-back pairs of {args.plugin_cycles} cycles with and without them; "
-        "medians of the runs, quartiles of the added CPU in brackets): 4 simulated engines (vLLM, SGLang, "
-        "TGI, vLLM) every 5 s, attribution (110 pods, 64 processes) every 5 s, a 256 MiB model in the page "
-        "cache every 30 s:",
+        f"each of {PLUGIN_PAIRS} back-to-back pairs of {args.plugin_cycles} cycles with and without them, "
+        f"alternating with {args.pairs} runs of the raw loop at {n} GPUs; medians of the runs, quartiles in "
+        "brackets): 4 simulated engines (vLLM, SGLang, TGI, vLLM) every 5 s, attribution (110 pods, 64 "
+        "processes) every 5 s, a 256 MiB model in the page cache every 30 s:",
         "",
         "| NVML collectors only, ms | with the plug-ins, ms | added per cycle, ms "
         "| round: engines (4), attribution, page cache, ms "
@@ -814,8 +828,16 @@ def _plugins_table(args: argparse.Namespace, n: int) -> list[str]:
         f"{med('pagecache_round_ms'):.2f} "
         f"| {med('idle_tick_added_ms'):.2f}, {med('round_tick_added_ms'):.2f} "
         f"({med('round_tick_over_alone_ms'):.2f}) |",
+        "",
+        f"| raw loop at {n} GPUs, ms | added / raw loop, per pair | target: "
+        f"{PLUGIN_TARGET_MS:g} ms where the raw loop read {ISSUE_RAW_16_MS} ms | added at that machine's "
+        "speed, ms | pairs under the target |",
+        "|---|---|---|---|---|",
+        f"| {statistics.median(w.cpu_ms for w in raw):.2f} | {_spread(ratios)} | at most {target:.3f} "
+        f"| {_spread([x * ISSUE_RAW_16_MS for x in ratios])} | {sum(x <= target for x in ratios)} of "
+        f"{len(ratios)} |",
     ]
-    print(lines[-1], file=sys.stderr, flush=True)
+    print("\n".join(lines[-7:]), file=sys.stderr, flush=True)
     return lines
 
 
