@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import gc
 import logging
 import os
 import signal
@@ -22,7 +21,7 @@ from typing import Any
 
 from aiohttp import web
 
-from exporter import registry
+from exporter import gcpolicy, registry
 from exporter.collectors.base import Collector
 from exporter.collectors.gpus import GpuFleet
 from exporter.collectors.xid import XidCounter
@@ -421,6 +420,7 @@ async def _serve(
     exporter = await sampling.start()
     web_config = web_config_from_flag(args.web_config_file)
     runner = web.AppRunner(make_app(exporter.sampler, web_config), access_log=None)
+    collecting: asyncio.Task[None] | None = None
     try:
         await runner.setup()
         site = make_site(
@@ -430,14 +430,16 @@ async def _serve(
             ssl_context=web_config.context if web_config is not None else None,
         )
         await site.start()
-        # What start-up made (modules, NVML tables, the simulation) lives for the whole run: frozen
-        # out of the garbage collector's scans, a full collection set off by a burst of parsing (a
-        # hostile engine page) stays short instead of stalling scrapes behind the GIL.
-        gc.freeze()
+        # What start-up made lives for the whole run: frozen out of the collector's scans, so a full
+        # collection stays short; one a minute frees the cycles that died old (exporter/gcpolicy.py).
+        gcpolicy.freeze_startup()
+        collecting = asyncio.create_task(gcpolicy.collect_periodically())
         log.info("listening on %s", _bound(runner, settings))
         await stop.wait()
     finally:
         log.info("shutting down")
+        if collecting is not None:
+            collecting.cancel()
         await runner.cleanup()
         await sampling.stop()
     if exporter.sampler.fatal is not None:
