@@ -41,6 +41,9 @@ _SETTINGS = 0x4  # HTTP/2 frame type
 _OVERHEAD_BYTES = 1 << 20  # frames, headers and trailers around the one message
 _CLOSED_EARLY = "the server closed the connection before the answer was complete"
 _LAST_STREAM = 2**31 - 1 - 2  # a client's stream ids are odd and below 2**31: past this, a new connection
+# RFC 9113 6.8: a server shutting down gracefully first sends a GOAWAY with this last stream id (and
+# NO_ERROR): a notice that names no stream as taken; its final GOAWAY would.
+_GRACEFUL_NOTICE = 2**31 - 1
 
 
 class UnaryChannel:
@@ -144,6 +147,30 @@ class _H2Connection:
         )
         self.h2.initiate_connection()
         self.used = False  # a first exchange checks the server's first frame; a later one may be stale
+        self._partial = bytearray()  # the start of a frame not yet whole
+
+    def frames(self, data: bytes) -> list[bytes]:
+        """The whole frames received so far, each to be given to h2 alone: h2 refuses any frame after
+        a GOAWAY, and a gRPC server shutting down follows its GOAWAY with a PING in the same write;
+        fed together, the GOAWAY's answer (was our stream taken?) was lost in h2's error."""
+        buf = self._partial
+        buf += data
+        out, at = [], 0
+        while len(buf) - at >= _FRAME_HEADER_BYTES:
+            end = at + _FRAME_HEADER_BYTES + int.from_bytes(buf[at : at + 3], "big")
+            if end > len(buf):
+                break
+            out.append(bytes(buf[at:end]))
+            at = end
+        del buf[:at]
+        return out
+
+    def _absorb(self, frames: list[bytes]) -> None:
+        """Frames that came after our answer (a PING, a window update, a GOAWAY): h2 keeps its state;
+        after a GOAWAY it refuses the rest, and the connection is not used again (`usable`)."""
+        with contextlib.suppress(h2.exceptions.ProtocolError):
+            for frame in frames:
+                self.h2.receive_data(frame)
 
     def usable(self) -> bool:
         return (
@@ -206,7 +233,8 @@ class _H2Connection:
                     raise PodResourcesError(_CLOSED_EARLY)
                 if received > limit:
                     raise PodResourcesError(f"the server sent more than {limit} bytes for one answer")
-                for event in conn.receive_data(data):
+                frames = self.frames(data)
+                for at, event in ((i, e) for i, frame in enumerate(frames) for e in conn.receive_data(frame)):
                     if isinstance(event, h2.events.DataReceived):
                         # hand the window back at once, or an answer over 64 KiB stalls the stream
                         conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
@@ -215,8 +243,13 @@ class _H2Connection:
                             f"the server closed the connection with GOAWAY ({_code(event.error_code)})"
                             " before the answer was complete"
                         )
-                        # a stream above the last one the server took was never seen by it
-                        taken = event.last_stream_id is not None and event.last_stream_id >= stream
+                        # a stream above the last one the server took was never seen by it; a
+                        # graceful notice takes none (a call that went out twice is a read)
+                        last = event.last_stream_id
+                        graceful = (
+                            last == _GRACEFUL_NOTICE and event.error_code == h2.errors.ErrorCodes.NO_ERROR
+                        )
+                        taken = last is not None and last >= stream and not graceful
                         if reused and not answered and not taken:
                             return None
                         raise PodResourcesError(why)
@@ -237,6 +270,7 @@ class _H2Connection:
                             f"the server reset the stream (HTTP/2 error {_code(event.error_code)})"
                         )
                     elif isinstance(event, h2.events.StreamEnded):
+                        self._absorb(frames[at + 1 :])
                         return status, bytes(body)
                 if pending := conn.data_to_send():
                     writer.write(pending)

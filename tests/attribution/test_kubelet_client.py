@@ -16,6 +16,7 @@ import grpc
 import grpc.aio
 import h2.errors
 import pytest
+from hyperframe.frame import GoAwayFrame, PingFrame
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -491,6 +492,15 @@ async def _goaway_after_answer(exchange: RawExchange) -> None:
     await exchange.flush()
 
 
+async def _graceful_shutdown_after_answer(exchange: RawExchange) -> None:
+    await answer(exchange, grpc_frame(encode_list_response(ONE_POD)))
+    # then shuts down as grpc servers do: a GOAWAY notice (2^31-1, no stream named as taken) and a
+    # PING in one write, and the socket closed; h2 refuses the PING after the GOAWAY
+    notice = GoAwayFrame(0, last_stream_id=2**31 - 1, error_code=0).serialize()
+    await exchange.raw(notice + PingFrame(0, opaque_data=b"shutdown").serialize())
+    exchange.end()
+
+
 async def _goaway_taking_the_call(exchange: RawExchange) -> None:
     # the server took this stream (last_stream_id is it) and gives up before answering
     exchange.conn.close_connection(h2.errors.ErrorCodes.INTERNAL_ERROR, last_stream_id=exchange.stream_id)
@@ -507,6 +517,7 @@ async def _reset(exchange: RawExchange) -> None:
     [
         [_ok(), _silent_close],  # answered; closed without a word when the next request comes
         [_goaway_after_answer],  # answered, then a GOAWAY while idle that takes no later stream
+        [_graceful_shutdown_after_answer],  # answered, then shut down gracefully while idle
     ],
 )
 async def test_a_kept_connection_the_server_closed_or_gave_up_is_replaced_within_the_call(
