@@ -234,44 +234,45 @@ class _H2Connection:
                 if received > limit:
                     raise PodResourcesError(f"the server sent more than {limit} bytes for one answer")
                 frames = self.frames(data)
-                for at, event in ((i, e) for i, frame in enumerate(frames) for e in conn.receive_data(frame)):
-                    if isinstance(event, h2.events.DataReceived):
-                        # hand the window back at once, or an answer over 64 KiB stalls the stream
-                        conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
-                    if isinstance(event, h2.events.ConnectionTerminated):
-                        why = (
-                            f"the server closed the connection with GOAWAY ({_code(event.error_code)})"
-                            " before the answer was complete"
-                        )
-                        # a stream above the last one the server took was never seen by it; a
-                        # graceful notice takes none (a call that went out twice is a read)
-                        last = event.last_stream_id
-                        graceful = (
-                            last == _GRACEFUL_NOTICE and event.error_code == h2.errors.ErrorCodes.NO_ERROR
-                        )
-                        taken = last is not None and last >= stream and not graceful
-                        if reused and not answered and not taken:
-                            return None
-                        raise PodResourcesError(why)
-                    if getattr(event, "stream_id", None) != stream:
-                        continue  # a frame of an earlier call's stream, or of the connection
-                    answered = True
-                    if isinstance(event, h2.events.ResponseReceived):
-                        headers = dict(event.headers)
-                        _check_response_headers(headers)
-                        status.update(headers)  # a trailers-only answer puts grpc-status here
-                    elif isinstance(event, h2.events.DataReceived):
-                        body += event.data
-                        _check_length(body, max_message_bytes)
-                    elif isinstance(event, h2.events.TrailersReceived):
-                        status.update(dict(event.headers))
-                    elif isinstance(event, h2.events.StreamReset):
-                        raise PodResourcesError(
-                            f"the server reset the stream (HTTP/2 error {_code(event.error_code)})"
-                        )
-                    elif isinstance(event, h2.events.StreamEnded):
-                        self._absorb(frames[at + 1 :])
-                        return status, bytes(body)
+                for at, frame in enumerate(frames):
+                    for event in conn.receive_data(frame):
+                        if isinstance(event, h2.events.DataReceived):
+                            # hand the window back at once, or an answer over 64 KiB stalls the stream
+                            conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+                        if isinstance(event, h2.events.ConnectionTerminated):
+                            why = (
+                                f"the server closed the connection with GOAWAY ({_code(event.error_code)})"
+                                " before the answer was complete"
+                            )
+                            # a stream above the last one the server took was never seen by it; a
+                            # graceful notice takes none (a call that went out twice is a read)
+                            last = event.last_stream_id
+                            graceful = (
+                                last == _GRACEFUL_NOTICE and event.error_code == h2.errors.ErrorCodes.NO_ERROR
+                            )
+                            taken = last is not None and last >= stream and not graceful
+                            if reused and not answered and not taken:
+                                return None
+                            raise PodResourcesError(why)
+                        if getattr(event, "stream_id", None) != stream:
+                            continue  # a frame of an earlier call's stream, or of the connection
+                        answered = True
+                        if isinstance(event, h2.events.ResponseReceived):
+                            headers = dict(event.headers)
+                            _check_response_headers(headers)
+                            status.update(headers)  # a trailers-only answer puts grpc-status here
+                        elif isinstance(event, h2.events.DataReceived):
+                            body += event.data
+                            _check_length(body, max_message_bytes)
+                        elif isinstance(event, h2.events.TrailersReceived):
+                            status.update(dict(event.headers))
+                        elif isinstance(event, h2.events.StreamReset):
+                            raise PodResourcesError(
+                                f"the server reset the stream (HTTP/2 error {_code(event.error_code)})"
+                            )
+                        elif isinstance(event, h2.events.StreamEnded):
+                            self._absorb(frames[at + 1 :])
+                            return status, bytes(body)
                 if pending := conn.data_to_send():
                     writer.write(pending)
                     await writer.drain()
