@@ -570,6 +570,17 @@ def _proc_stats(pid: int) -> tuple[float, float]:
     return rss_kib / 1024, (int(fields[11]) + int(fields[12])) / ticks
 
 
+def _rss_parts(pid: int) -> tuple[float, float]:
+    """(anonymous, file-backed) resident MiB: a step in the second is code and libraries paged back
+    in (after the host reclaimed them), not the process allocating."""
+    kib = {"RssAnon:": 0.0, "RssFile:": 0.0}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key = line.split(maxsplit=1)[0] if line else ""
+        if key in kib:
+            kib[key] = float(line.split()[1])
+    return kib["RssAnon:"] / 1024, kib["RssFile:"] / 1024
+
+
 async def _wait_up(session: aiohttp.ClientSession, url: str) -> None:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -625,7 +636,8 @@ class ServeResult:
     rss_mib: float | None = None
     cpu_percent: float | None = None
     body: bytes = b""
-    rss_trace: list[tuple[float, float]] = field(default_factory=list)  # (seconds into the soak, RSS MiB)
+    # (seconds into the soak, RSS MiB, of which anonymous, of which file-backed)
+    rss_trace: list[tuple[float, float, float, float]] = field(default_factory=list)
 
 
 SOAK_LEGS = 10
@@ -660,12 +672,12 @@ def measure_serving(
             if soak_seconds > 0:
                 rss, cpu_before = _proc_stats(proc.pid)
                 t0 = time.monotonic()
-                result.rss_trace.append((0.0, rss))
+                result.rss_trace.append((0.0, rss, *_rss_parts(proc.pid)))
                 # ten legs, RSS read after each: growth shows as a trend, not just an end value
                 for leg in range(1, SOAK_LEGS + 1):
                     asyncio.run(_soak(url, t0 + soak_seconds * leg / SOAK_LEGS - time.monotonic()))
                     rss, cpu_after = _proc_stats(proc.pid)
-                    result.rss_trace.append((time.monotonic() - t0, rss))
+                    result.rss_trace.append((time.monotonic() - t0, rss, *_rss_parts(proc.pid)))
                 result.rss_mib = rss
                 result.cpu_percent = 100 * (cpu_after - cpu_before) / (time.monotonic() - t0)
             return result
@@ -893,8 +905,12 @@ def _serving_tables(args: argparse.Namespace, files: dict[int, Path | None]) -> 
         print(lines[-1], file=sys.stderr, flush=True)
         bodies[n] = r.body
         if r.rss_trace:
-            trace = ", ".join(f"{t:.0f} s {mib:.1f}" for t, mib in r.rss_trace)
-            soak_note = f"RSS of the {n or 'real'}-GPU exporter over the soak, MiB: {trace}"
+            trace = ", ".join(
+                f"{t:.0f} s {mib:.1f} ({anon:.1f} + {file:.1f})" for t, mib, anon, file in r.rss_trace
+            )
+            soak_note = (
+                f"RSS of the {n or 'real'}-GPU exporter over the soak, MiB (anonymous + file-backed): {trace}"
+            )
     lines += ["", soak_note] if soak_note else []
     lines += [
         "",
