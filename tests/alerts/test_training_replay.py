@@ -61,8 +61,10 @@ async def _run_until_settled(
 async def _check_case(replay: Replay, case: Case, report: list[str]) -> None:
     speed = replay.profile.speed
     quiet = await replay.quiet(case)
-    assert not quiet.firing, f"{case.name}: alerts firing that should not: {quiet.firing}"
-    assert not quiet.too_long, f"{case.name}: pending for more than half their for: {quiet.too_long}"
+    if quiet.firing or quiet.too_long:
+        timeline = await replay.timeline(case)
+        assert not quiet.firing, f"{case.name}: firing that should not: {quiet.firing}\n{timeline}"
+        assert not quiet.too_long, f"{case.name}: pending over half their for: {quiet.too_long}\n{timeline}"
     if case.fault_at is None:
         assert not replay.pod_deletes(case), f"{case.name}: the controller touched the healthy job"
         assert not any(replay.cordoned(n) for n in case.nodes)

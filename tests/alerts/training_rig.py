@@ -357,6 +357,44 @@ class Replay:
         )
         return Quiet(firing, pending, too_long)
 
+    async def timeline(self, case: Case) -> str:
+        """What the training rules read on this case, as change points in scenario seconds after its
+        onset (the start where it has none): written into a failure, so a flake explains itself."""
+        job = f'namespace="{NAMESPACE}", training_job="{case.job}"'
+        nodes = "|".join(case.nodes)
+        queries = {
+            "ALERTS": f"ALERTS{{{job}}}",
+            "ranks": f"training_job:gpu_training_ranks:count{{{job}}}",
+            "all ranks busy-idle": f"min(max by (rank) (rank:gpu_training_busy_idle:bool{{{job}}}))",
+            "gpu_up == 0": f'gpu_up{{node=~"{nodes}"}} == 0',
+            "stale": f'gpupulse_gpu_stale{{node=~"{nodes}"}} == 1',
+            "xid": f'gpu_xid_errors_total{{node=~"{nodes}"}}',
+            "rank_info": f"count by (node) (gpu_training_rank_info{{{job}}})",
+        }
+        now = time.time()
+        zero = self.onset(case) if case.fault_at is not None else self.t_start
+        step = self.profile.interval_seconds
+        lines = []
+        for name, expr in queries.items():
+            data = await self.prom.api(
+                "query", query=f"({expr})[{int(now - self.t_start) + 5}s:{step:g}s]", time=str(now)
+            )
+            for series in data["result"]:
+                labels = {
+                    k: v
+                    for k, v in series["metric"].items()
+                    if k in ("alertname", "alertstate", "node", "gpu", "xid")
+                }
+                changes, last, prev_ts = [], None, None
+                for ts, value in series["values"]:
+                    at = (float(ts) - zero) * self.profile.speed
+                    if value != last or (prev_ts is not None and float(ts) - prev_ts > 1.5 * step):
+                        changes.append(f"{at:.0f}s={value}")
+                    last, prev_ts = value, float(ts)
+                end = (float(series["values"][-1][0]) - zero) * self.profile.speed
+                lines.append(f"  {name} {labels}: {' '.join(changes)} (to {end:.0f}s)")
+        return "\n".join(lines)
+
     def pod_deletes(self, case: Case) -> list[str]:
         """Pod DELETE requests the controller sent for this case's job."""
         prefix = f"/api/v1/namespaces/{NAMESPACE}/pods/{case.job}-"
