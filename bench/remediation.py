@@ -89,11 +89,14 @@ class NoopEngine:
     def stats(self) -> dict[str, Any]:
         return {}
 
-    def pause(self, by: str) -> None: ...
+    def pause(self, by: str) -> dict[str, Any]:
+        return {}
 
-    def resume(self, by: str) -> None: ...
+    def resume(self, by: str) -> dict[str, Any]:
+        return {}
 
-    def reset_breaker(self, by: str) -> None: ...
+    def reset_breaker(self, by: str) -> dict[str, Any]:
+        return {}
 
 
 def run_noop_controller(port: int, storage: str, sync: str) -> None:

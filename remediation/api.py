@@ -6,7 +6,7 @@ Every route here sits behind the bearer-token middleware (see auth.py).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from aiohttp import web
@@ -93,16 +93,17 @@ class Api:
         """GET /api/v1/stats: the engine's counts, including the share handled without a human."""
         return _json(dict(self.engine.stats()))
 
-    def _control(self, action: Callable[[str], None], verb: str) -> Callable[[web.Request], Any]:
+    def _control(self, action: Callable[[str], Mapping[str, Any]], verb: str) -> Callable[[web.Request], Any]:
         async def handler(request: web.Request) -> web.Response:
             by = await _operator(request)
             if isinstance(by, web.Response):
                 return by
             try:
-                action(by)
+                answer = action(by)
             except NotLeader as exc:  # a follower replica: the leader's engine holds the state
                 return _error(503, "leader", str(exc))
-            return _json({"ok": True, "action": verb, "by": by})
+            # changed: false when the switch already stood so; paused and breaker: what it left
+            return _json({**answer, "ok": True, "action": verb, "by": by})
 
         return handler
 

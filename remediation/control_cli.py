@@ -135,6 +135,7 @@ def register(subparsers: Any) -> None:
     resume = subparsers.add_parser("resume", help="Let a paused controller act again.")
     add_connection_flags(resume)
     _add_operator_flag(resume)
+    resume.add_argument("--reason", default="", help="Why, recorded with your name in the ledger.")
     resume.set_defaults(func=cmd_control, control="resume")
 
     status = subparsers.add_parser(
@@ -149,6 +150,7 @@ def register(subparsers: Any) -> None:
     reset = sub.add_parser("reset", help="Close the breaker (the controller acts again).")
     add_connection_flags(reset)
     _add_operator_flag(reset)
+    reset.add_argument("--reason", default="", help="Why, recorded with your name in the ledger.")
     reset.set_defaults(func=cmd_control, control="breaker_reset")
 
 
@@ -187,9 +189,36 @@ def _operator(ns: argparse.Namespace, environ: Mapping[str, str]) -> str:
 _PATHS = {"pause": "/api/v1/pause", "resume": "/api/v1/resume", "breaker_reset": "/api/v1/breaker/reset"}
 _DONE = {
     "pause": "paused: new actions are blocked and their incidents page",
-    "resume": "resumed: the controller acts again",
-    "breaker_reset": "breaker closed: the controller acts again",
+    "resume": "resumed",
+    "breaker_reset": "breaker closed",
 }
+
+
+def control_outcome(control: str, answer: Mapping[str, Any]) -> str:
+    """What a switch did, as it is: nothing when it already stood so, and what still blocks actions
+    (a pause after a breaker reset, an open breaker after a resume)."""
+    paused = answer.get("paused")
+    breaker = answer.get("breaker")
+    if not isinstance(paused, Mapping) or not isinstance(breaker, Mapping):
+        return _DONE[control]  # a controller older than the answer's fields
+    if answer.get("changed") is False:
+        head = {
+            "pause": f"already paused by {paused.get('by', '?')} at {_when(paused.get('at'))}",
+            "resume": "was not paused",
+            "breaker_reset": "the breaker was not open",
+        }[control] + ": nothing changed"
+    else:
+        head = _DONE[control]
+    if control == "pause":
+        return head
+    blocks = []
+    if paused.get("paused"):
+        blocks.append(f"it is still paused by {paused.get('by', '?')} (acts after `resume`)")
+    if breaker.get("open"):
+        blocks.append(f"its breaker is OPEN: {breaker.get('reason', '?')} (acts after `breaker reset`)")
+    return head + (
+        "; the controller does not act: " + "; ".join(blocks) if blocks else "; the controller acts again"
+    )
 
 
 def cmd_control(
@@ -214,7 +243,9 @@ def cmd_control(
     except CLIError as e:
         print(f"{PROG} {name}: error: {e}", file=err)
         return 1
-    print(f"{_DONE[ns.control]} (by {answer.get('by', body['by'])}, {client.url})", file=out)
+    print(
+        f"{control_outcome(ns.control, answer)} (by {answer.get('by', body['by'])}, {client.url})", file=out
+    )
     return 0
 
 
@@ -288,5 +319,16 @@ def render_status(url: str, stats: Mapping[str, Any]) -> str:
         )
     if "incidents_open" in stats:
         rows.append(("incidents", f"{stats['incidents_open']} open"))
+    log = stats.get("switch_log")
+    if isinstance(log, list):
+        for i, entry in enumerate(e for e in log[:5] if isinstance(e, Mapping)):
+            verb = {"breaker_reset": "breaker reset"}.get(str(entry.get("action")), str(entry.get("action")))
+            same = "" if entry.get("changed", True) else " (nothing changed)"
+            rows.append(
+                (
+                    "switched" if i == 0 else "",
+                    f"{_when(entry.get('at'))} {verb} by {entry.get('by', '?')}{same}",
+                )
+            )
     width = max(len(k) for k, _ in rows)
     return "".join(f"{k.ljust(width)}  {v}\n" for k, v in rows)

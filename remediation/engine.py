@@ -175,17 +175,17 @@ class RemediationEngine:
         """Incident counts by resolution and the share handled without a human."""
         return self._operations.stats()
 
-    def pause(self, by: str) -> None:
+    def pause(self, by: str) -> Mapping[str, Any]:
         """Stop taking actions (new actions are blocked and their incidents page) until resume()."""
-        self._operations.pause(by)
+        return self._operations.pause(by)
 
-    def resume(self, by: str) -> None:
+    def resume(self, by: str) -> Mapping[str, Any]:
         """Allow actions again."""
-        self._operations.resume(by)
+        return self._operations.resume(by)
 
-    def reset_breaker(self, by: str) -> None:
+    def reset_breaker(self, by: str) -> Mapping[str, Any]:
         """A human closes the breaker; incidents already paged stay with humans."""
-        self._operations.reset_breaker(by)
+        return self._operations.reset_breaker(by)
 
     # ------------------------------------------------------------------ plumbing
 

@@ -19,6 +19,10 @@ from remediation.signatures import SignatureLibrary
 
 log = logging.getLogger("remediation.engine")
 
+# the kill switch's own audit trail: a ledger state, so cluster mode replicates it with the switches
+SWITCH_LOG = "switch_log"
+SWITCH_LOG_KEEP = 50
+
 
 class Operations:
     """What an operator reads and switches (the sync half of remediation.model.Engine)."""
@@ -89,6 +93,7 @@ class Operations:
             "breaker": breaker or {"open": False},
             "actions": self._actions(),
             "paused": self._ro.get_state(PAUSE) or {"paused": False},
+            "switch_log": self.switch_log()[:10],
             "dry_run": self.settings.dry_run,
             "signatures": len(self.library),
         }
@@ -104,28 +109,59 @@ class Operations:
             "max_per_minute": b.max_actions_per_minute,
         }
 
-    def pause(self, by: str) -> None:
-        """Stop taking actions (new actions are blocked and their incidents page) until resume()."""
+    def pause(self, by: str) -> Mapping[str, Any]:
+        """Stop taking actions (new actions are blocked and their incidents page) until resume(). A
+        controller already paused stays paused by whoever paused it first, since then."""
         with self._ro.transaction():
-            self._ro.set_state(PAUSE, {"paused": True, "by": by, "at": self.clock.time()})
+            changed = not self._ro.get_state(PAUSE).get("paused")
+            if changed:
+                self._ro.set_state(PAUSE, {"paused": True, "by": by, "at": self.clock.time()})
+            self._log_switch("pause", by, changed)
         self.metrics.paused.set(1)
-        log.warning("remediation paused by %s", by)
+        log.warning("remediation paused by %s%s", by, "" if changed else " (it already was)")
+        return self._switched(changed)
 
-    def resume(self, by: str) -> None:
-        """Allow actions again."""
+    def resume(self, by: str) -> Mapping[str, Any]:
+        """Allow actions again (an open breaker still blocks them)."""
         with self._ro.transaction():
-            self._ro.set_state(PAUSE, {"paused": False, "by": by, "at": self.clock.time()})
+            changed = bool(self._ro.get_state(PAUSE).get("paused"))
+            if changed:
+                self._ro.set_state(PAUSE, {"paused": False, "by": by, "at": self.clock.time()})
+            self._log_switch("resume", by, changed)
         self.metrics.paused.set(0)
-        log.warning("remediation resumed by %s", by)
+        log.warning("remediation resumed by %s%s", by, "" if changed else " (it was not paused)")
+        return self._switched(changed)
 
-    def reset_breaker(self, by: str) -> None:
-        """A human closes the breaker; incidents already paged stay with humans."""
+    def reset_breaker(self, by: str) -> Mapping[str, Any]:
+        """A human closes the breaker; incidents already paged stay with humans (a pause still blocks
+        actions)."""
         with self._ro.transaction():
-            SafetyGate(self._ro, self.settings.budgets, self.settings.cluster_node_count).close_breaker(
-                by, self.clock.time()
-            )
+            gate = SafetyGate(self._ro, self.settings.budgets, self.settings.cluster_node_count)
+            changed = bool(gate.breaker().get("open"))
+            if changed:
+                gate.close_breaker(by, self.clock.time())
+            self._log_switch("breaker_reset", by, changed)
         self.metrics.breaker_open.set(0)
-        log.warning("remediation breaker reset by %s", by)
+        log.warning("remediation breaker reset by %s%s", by, "" if changed else " (it was not open)")
+        return self._switched(changed)
+
+    def switch_log(self) -> list[dict[str, Any]]:
+        """Who paused, resumed or reset the breaker, when and why: the newest SWITCH_LOG_KEEP, newest
+        first (a change that found the switch already so has changed: false)."""
+        return list(reversed(self._ro.get_state(SWITCH_LOG).get("entries") or []))
+
+    def _log_switch(self, action: str, by: str, changed: bool) -> None:
+        entries = list(self._ro.get_state(SWITCH_LOG).get("entries") or [])
+        entries.append({"at": self.clock.time(), "action": action, "by": by, "changed": changed})
+        self._ro.set_state(SWITCH_LOG, {"entries": entries[-SWITCH_LOG_KEEP:]})
+
+    def _switched(self, changed: bool) -> Mapping[str, Any]:
+        """What an operator's switch answers: whether it changed anything and the state it left."""
+        return {
+            "changed": changed,
+            "paused": self._ro.get_state(PAUSE) or {"paused": False},
+            "breaker": self._ro.get_state(BREAKER) or {"open": False},
+        }
 
 
 _BRIEF = (

@@ -82,17 +82,17 @@ class EngineProxy:
         leading = self.engine is not None
         return {**base, "replica": self.identity, "leader": leading, "leader_election": elector is not None}
 
-    def pause(self, by: str) -> None:
+    def pause(self, by: str) -> Mapping[str, Any]:
         """Pause the leader's engine."""
-        self._leader().pause(by)
+        return self._leader().pause(by)
 
-    def resume(self, by: str) -> None:
+    def resume(self, by: str) -> Mapping[str, Any]:
         """Resume the leader's engine."""
-        self._leader().resume(by)
+        return self._leader().resume(by)
 
-    def reset_breaker(self, by: str) -> None:
+    def reset_breaker(self, by: str) -> Mapping[str, Any]:
         """Close the leader's breaker."""
-        self._leader().reset_breaker(by)
+        return self._leader().reset_breaker(by)
 
     async def close_engine(self) -> None:
         """Close the ladder engine (the ledger) and forget it."""

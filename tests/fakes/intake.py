@@ -89,14 +89,17 @@ class FakeEngine:
     def stats(self) -> Mapping[str, Any]:
         return {"incidents": 2, "handled_without_human_ratio": 0.5}
 
-    def pause(self, by: str) -> None:
+    def pause(self, by: str) -> Mapping[str, Any]:
         self.controls.append(("pause", by))
+        return {}
 
-    def resume(self, by: str) -> None:
+    def resume(self, by: str) -> Mapping[str, Any]:
         self.controls.append(("resume", by))
+        return {}
 
-    def reset_breaker(self, by: str) -> None:
+    def reset_breaker(self, by: str) -> Mapping[str, Any]:
         self.controls.append(("reset_breaker", by))
+        return {}
 
 
 def make_settings(tmp_path: Path, **overrides: Any) -> Settings:

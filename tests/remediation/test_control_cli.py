@@ -94,9 +94,57 @@ def test_pause_status_resume_and_breaker_reset_on_a_running_controller(
     assert f"by bob@{socket.gethostname()}" in resumed.stdout
     assert "paused      no" in cli("status", *flags).stdout
 
+    # the breaker never opened: a reset changes nothing, and says so (who tried stays on record)
     reset = cli("breaker", "reset", *flags, "--by", "carol")
     assert reset.returncode == 0, reset.stderr
-    assert "breaker     closed, closed by carol" in cli("status", *flags).stdout
+    assert reset.stdout.startswith("the breaker was not open: nothing changed")
+    status = cli("status", *flags).stdout
+    assert "breaker     closed\n" in status and "breaker reset by carol (nothing changed)" in status
+
+
+@pytest.mark.integration
+def test_each_switch_says_what_it_changed_and_what_still_blocks_actions(
+    controller: tuple[Serve, Path],
+) -> None:
+    serve, token = controller
+    flags = ["--url", serve.url, "--auth.token-file", str(token)]
+    assert not _stats(serve)["paused"]["paused"] and not _stats(serve)["breaker"]["open"]
+
+    # a breaker that was never open: the old answer said "breaker closed: the controller acts again"
+    reset = cli("breaker", "reset", *flags, "--by", "dave", "--reason", "checking")
+    assert reset.returncode == 0, reset.stderr
+    assert reset.stdout.startswith("the breaker was not open: nothing changed; the controller acts again")
+
+    assert cli("pause", *flags, "--by", "erin", "--reason", "rack 7").returncode == 0
+    again = cli("pause", *flags, "--by", "frank")
+    assert again.stdout.startswith("already paused by erin (rack 7) at "), again.stdout
+    assert "nothing changed" in again.stdout
+    assert _stats(serve)["paused"]["by"] == "erin (rack 7)"  # the first pause's author and time stay
+
+    # a breaker reset while paused does not make the controller act
+    reset = cli("breaker", "reset", *flags, "--by", "dave")
+    assert "the controller does not act: it is still paused by erin (rack 7) (acts after `resume`)" in (
+        reset.stdout
+    )
+
+    resumed = cli("resume", *flags, "--by", "erin", "--reason", "rack 7 done")
+    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.stdout.startswith("resumed; the controller acts again (by erin (rack 7 done), ")
+    assert cli("resume", *flags, "--by", "erin").stdout.startswith("was not paused: nothing changed")
+
+    # who did what, newest first, in the status a person reads and in its JSON
+    log = _stats(serve)["switch_log"]
+    assert [(e["action"], e["by"], e["changed"]) for e in log[:6]] == [
+        ("resume", "erin", False),
+        ("resume", "erin (rack 7 done)", True),
+        ("breaker_reset", "dave", False),
+        ("pause", "frank", False),
+        ("pause", "erin (rack 7)", True),
+        ("breaker_reset", "dave (checking)", False),
+    ]
+    text = cli("status", *flags).stdout
+    assert "switched    " in text and "resume by erin (rack 7 done)" in text
+    assert "pause by frank (nothing changed)" in text
 
 
 def _stats(serve: Serve) -> dict[str, Any]:
@@ -171,7 +219,7 @@ class _Follower:
     def stats(self) -> dict[str, Any]:
         return {"replica": "ctl-1", "leader": False, "leader_election": True}
 
-    def pause(self, by: str) -> None:
+    def pause(self, by: str) -> dict[str, Any]:
         raise NotLeader("ctl-1 is not the leader; send this to the leading replica")
 
     resume = reset_breaker = pause
@@ -219,3 +267,20 @@ async def test_an_answer_that_is_not_json_is_named(server: str) -> None:
     proc = await _cli("status", "--url", server)
     assert proc.returncode == 1
     assert one_line_error(proc).endswith("/api/v1/stats answered something that is not JSON")
+
+
+def test_a_resume_with_the_breaker_open_says_the_controller_still_does_not_act() -> None:
+    from remediation.control_cli import control_outcome
+
+    breaker = {"open": True, "opened_at": 0.0, "reason": "more than 20 actions in a minute"}
+    resumed = control_outcome("resume", {"changed": True, "paused": {"paused": False}, "breaker": breaker})
+    assert resumed == (
+        "resumed; the controller does not act: its breaker is OPEN: more than 20 actions in a minute "
+        "(acts after `breaker reset`)"
+    )
+    closed = control_outcome(
+        "breaker_reset", {"changed": True, "paused": {"paused": False}, "breaker": {"open": False}}
+    )
+    assert closed == "breaker closed; the controller acts again"
+    # an older controller's answer has no state: the plain words, as before
+    assert control_outcome("breaker_reset", {"ok": True}) == "breaker closed"
