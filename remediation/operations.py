@@ -118,6 +118,7 @@ class Operations:
                 self._ro.set_state(PAUSE, {"paused": True, "by": by, "at": self.clock.time()})
             self._log_switch("pause", by, changed)
         self.metrics.paused.set(1)
+        self.metrics.paused_since.set(float(self._ro.get_state(PAUSE).get("at") or 0.0))
         log.warning("remediation paused by %s%s", by, "" if changed else " (it already was)")
         return self._switched(changed)
 
@@ -129,6 +130,7 @@ class Operations:
                 self._ro.set_state(PAUSE, {"paused": False, "by": by, "at": self.clock.time()})
             self._log_switch("resume", by, changed)
         self.metrics.paused.set(0)
+        self.metrics.paused_since.set(0)
         log.warning("remediation resumed by %s%s", by, "" if changed else " (it was not paused)")
         return self._switched(changed)
 

@@ -87,6 +87,11 @@ class SafetyGate:
     def paused(self) -> bool:
         return bool(self.ledger.get_state(PAUSE).get("paused"))
 
+    def paused_since(self) -> float:
+        """When the current pause began; 0.0 while not paused."""
+        state = self.ledger.get_state(PAUSE)
+        return float(state.get("at") or 0.0) if state.get("paused") else 0.0
+
     def actions_in_flight(self) -> int:
         """Restart/migrate actions started and not yet finished (the concurrency budget's count)."""
         return self.ledger.count_actions(ACTION_RUNGS, 0.0, statuses=("started",))

@@ -267,6 +267,7 @@ async def start_service(
         )
         if warning:
             log.error("%s; paired with the new inbox", warning)
+        metrics.leader.set(1)  # a controller without leader election acts; the kube factory overrides
         engine = await engine_factory(settings, metrics)
     except BaseException:
         await inbox.close()

@@ -183,6 +183,37 @@ SIGNATURE_PAGES_REMAINING = _new(
     )
 )
 
+# The controller watched by its own alerts (alerts/rules/controller.py).
+PAUSED_SINCE = _new(
+    gauge(
+        "gpupulse_remediation_paused_since_timestamp_seconds",
+        "seconds",
+        "When the current pause began (0 while not paused): how long a pause has lasted.",
+        _C,
+        (),
+    )
+)
+LEADER = _new(
+    gauge(
+        "gpupulse_remediation_leader",
+        "",
+        "1 on the replica whose engine acts (a controller without leader election: always), 0 on a "
+        "follower: no replica at 1 means nothing acts.",
+        _C,
+        (),
+    )
+)
+DIAGNOSIS_FAILURES = _new(
+    counter(
+        "gpupulse_remediation_diagnosis_failures_total",
+        "",
+        "Diagnoses that could not read their signals, by reason (prometheus_unavailable, failed); "
+        "their incidents page without naming a cause.",
+        _C,
+        ("reason",),
+    )
+)
+
 CONTROLLER_METRICS: tuple[MetricSpec, ...] = (
     ALERTS_RECEIVED,
     ALERTS_REJECTED,
@@ -197,6 +228,9 @@ CONTROLLER_METRICS: tuple[MetricSpec, ...] = (
     FLAPPING_ALERTS,
     BREAKER_OPEN,
     PAUSED,
+    PAUSED_SINCE,
+    LEADER,
+    DIAGNOSIS_FAILURES,
     INCIDENTS_OPEN,
     INCIDENTS,
     ACTION_DURATION,

@@ -252,6 +252,7 @@ async def serve_kubernetes(settings: Settings) -> None:
     proxy = EngineProxy(runtime, settings.kube.identity)
 
     async def factory(s: Settings, metrics: RemediationMetrics) -> Engine:
+        metrics.leader.set_function(lambda: 1.0 if proxy.engine is not None else 0.0)
         if runtime.elector is None:
             mirror = await open_cluster_ledger(s, runtime, None) if s.kube.ledger == "kubernetes" else None
             proxy.engine = await build_kube_engine(s, metrics, proxy, mirror)

@@ -5,11 +5,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from remediation.diagnosis.types import Diagnosis
+from remediation.diagnosis.types import DIAGNOSIS_FAILED, PROMETHEUS_UNAVAILABLE, Diagnosis
 from remediation.effects import Act, CheckPromQL, Effect, SendGroupPage, SendPage
 from remediation.ladder import first_step
 from remediation.safety import BREAKER
 from remediation.transitions.timers import TimerTransitions
+
+# a diagnosis that says nothing because it could not read Prometheus, not because nothing lined up
+DIAGNOSIS_FAILURE_CODES = (PROMETHEUS_UNAVAILABLE, DIAGNOSIS_FAILED)
 
 
 class Transitions(TimerTransitions):
@@ -30,6 +33,9 @@ class Transitions(TimerTransitions):
         self._later(
             lambda: self.metrics.diagnoses.labels(layer=layer, cause=cause, confident=confident).inc()
         )
+        if diagnosis.reason_code in DIAGNOSIS_FAILURE_CODES:  # the signals could not be read at all
+            code = diagnosis.reason_code
+            self._later(lambda: self.metrics.diagnosis_failures.labels(reason=code).inc())
         waiting = inc.state == "open" and inc.next_at is not None and inc.firing_fps and not inc.held
         if trigger != "open" or not waiting:
             return []

@@ -54,6 +54,7 @@ class TimerTransitions(EventTransitions):
         self.metrics.incidents_open.set(self._db.count_open())
         self.metrics.breaker_open.set(1 if self._safety.breaker_open() else 0)
         self.metrics.paused.set(1 if self._safety.paused() else 0)
+        self.metrics.paused_since.set(self._safety.paused_since())
         self._publish_board(now)
 
     def _hold_after_gap(self, now: float) -> None:

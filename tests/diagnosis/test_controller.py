@@ -207,6 +207,7 @@ async def test_without_prometheus_the_ladder_runs_as_before_and_says_why(tmp_pat
         inc = rig.only_incident()
         assert inc["diagnosis"]["status"] == "no_diagnosis"
         assert inc["diagnosis"]["reason_code"] == "no_prometheus"
+        assert rig.metric("gpupulse_remediation_diagnosis_failures_total", reason="no_prometheus") == 0
         assert "waiting" not in events(inc)  # nothing to wait for
         await rig.advance(301)  # not verified: the ladder pages, and the page says why it cannot tell
         assert rig.pager.pages[-1].summary.endswith(
@@ -224,6 +225,10 @@ async def test_an_unreachable_prometheus_is_no_diagnosis_and_the_ladder_goes_on(
         assert rig.backend.rungs == ["restart"]
         inc = rig.only_incident()
         assert inc["diagnosis"]["reason_code"] == "prometheus_unavailable"
+        # counted apart from "nothing lined up", so that a blind diagnosis can be alerted on
+        await rig.advance(0)
+        failures = "gpupulse_remediation_diagnosis_failures_total"
+        assert rig.metric(failures, reason="prometheus_unavailable") == 1
     finally:
         await rig.engine.aclose()
 

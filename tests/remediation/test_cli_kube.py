@@ -129,6 +129,12 @@ def test_serve_with_the_kubernetes_backend_restarts_a_replicaset_pod(tmp_path: P
         api.stop()
 
 
+def _leader_gauge(serve: Serve) -> float:
+    with urllib.request.urlopen(serve.url + "/metrics", timeout=5) as r:
+        lines = r.read().decode().splitlines()
+    return float(next(line.split()[1] for line in lines if line.startswith("gpupulse_remediation_leader ")))
+
+
 def _stats(serve: Serve) -> dict[str, object]:
     req = urllib.request.Request(serve.url + "/api/v1/stats", headers={"Authorization": f"Bearer {TOKEN}"})
     with urllib.request.urlopen(req, timeout=5) as r:
@@ -188,6 +194,7 @@ def test_with_leader_election_only_the_leader_acts_on_what_the_follower_accepted
         assert lease["holderIdentity"] == "a"
         assert (_stats(leader)["leader"], _stats(follower)["leader"]) == (True, False)
         assert _stats(leader)["replica"] == "a"
+        assert (_leader_gauge(leader), _leader_gauge(follower)) == (1.0, 0.0)
         # a clean stop releases the Lease, so the follower takes over on its next try, not a lease later
         assert leader.stop() == 0
         wait_until(follower.ready, 3, "the follower to lead after the release")

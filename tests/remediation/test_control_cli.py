@@ -284,3 +284,13 @@ def test_a_resume_with_the_breaker_open_says_the_controller_still_does_not_act()
     assert closed == "breaker closed; the controller acts again"
     # an older controller's answer has no state: the plain words, as before
     assert control_outcome("breaker_reset", {"ok": True}) == "breaker closed"
+
+
+@pytest.mark.integration
+def test_a_controller_without_leader_election_reads_as_the_leader(controller: tuple[Serve, Path]) -> None:
+    import urllib.request
+
+    serve, _ = controller
+    with urllib.request.urlopen(serve.url + "/metrics", timeout=5) as r:
+        text = r.read().decode()
+    assert "\ngpupulse_remediation_leader 1.0\n" in text

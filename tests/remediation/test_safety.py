@@ -166,12 +166,17 @@ async def test_pause_blocks_actions_and_pages_until_resume(tmp_path: Path) -> No
     try:
         rig.engine.pause("bob")
         assert rig.metric("gpupulse_remediation_paused") == 1
+        paused_at = rig.clock.time()
+        assert rig.metric("gpupulse_remediation_paused_since_timestamp_seconds") == paused_at
+        await rig.advance(60)  # a tick rewrites the gauges from the ledger: still the pause's start
+        assert rig.metric("gpupulse_remediation_paused_since_timestamp_seconds") == paused_at
         await rig.fire(LEAK)
         assert rig.backend.calls == []
         assert rig.only_incident()["state"] == "paged"
         assert "paused by bob" in rig.pager.firing[0].summary
         rig.engine.resume("bob")
         assert rig.metric("gpupulse_remediation_paused") == 0
+        assert rig.metric("gpupulse_remediation_paused_since_timestamp_seconds") == 0
         await rig.fire({**LEAK, "pod": "later"})
         assert rig.backend.rungs == ["restart"]
     finally:
