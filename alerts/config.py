@@ -49,6 +49,8 @@ class Windows:
     training_step: str
     training_stalled_rank_evidence: str
     training_stalled_rank: str
+    controller_seen: str
+    controller_diagnosis: str
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,7 @@ class Thresholds:
     page_cache_resident_low_ratio: float
     page_cache_resident_high_ratio: float
     exporter_stale_seconds: float
+    controller_paused_max_seconds: float
     gang_size_gpus: int
     training_kernel_resident_ratio: float
     training_idle_tensor_active_ratio: float

@@ -25,8 +25,8 @@ SEVERITIES: tuple[Severity, ...] = ("critical", "warning", "info")
 Layer = Literal["hardware", "scheduling", "serving", "training", "observability"]
 LAYERS: tuple[Layer, ...] = ("hardware", "scheduling", "serving", "training", "observability")
 
-TargetKind = Literal["pod", "gpu", "node", "exporter", "job"]
-TARGET_KINDS: tuple[TargetKind, ...] = ("pod", "gpu", "node", "exporter", "job")
+TargetKind = Literal["pod", "gpu", "node", "exporter", "job", "controller"]
+TARGET_KINDS: tuple[TargetKind, ...] = ("pod", "gpu", "node", "exporter", "job", "controller")
 
 # A distributed training job (docs/design/training.md). Not `job`: Prometheus' own target label is
 # called that, and an exported `job` would be renamed `exported_job` at scrape time.
@@ -46,6 +46,8 @@ TARGET_IDENTITY: Mapping[TargetKind, tuple[str, ...]] = {
     "node": ("node",),
     "exporter": ("node",),
     "job": ("namespace", TRAINING_JOB_KIND_LABEL, TRAINING_JOB_LABEL),
+    # the remediation controller itself (its own alerts): never acted on, only paged, and routed past it
+    "controller": ("namespace",),
 }
 
 # The values of training_job_kind: the top controller of a rank's pod as `Kind.group` (kubectl's
@@ -85,6 +87,7 @@ FAULT_CLASSES: tuple[str, ...] = (
     "model_artifact",
     "crash_loop",
     "observability",
+    "controller",
     "training_hang",
     "training_straggler",
     "training_degraded",

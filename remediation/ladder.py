@@ -84,7 +84,7 @@ def target_from_labels(labels: Mapping[str, str]) -> tuple[Target, bool]:
     target = Target(
         kind=kind,
         node=node,
-        namespace=labels.get("namespace", "") if kind == "pod" else "",
+        namespace=labels.get("namespace", "") if kind in ("pod", "controller") else "",
         pod=labels.get("pod", "") if kind == "pod" else "",
         uuid=labels.get("uuid", "") if kind in ("pod", "gpu") else "",
     )
@@ -110,6 +110,8 @@ def incident_identity(target: Target) -> str:
         # the job, not the suspect rank: every alert about one job is one incident per signature, and
         # a restarted job keeps its name, so this is also its identity across restarts
         return f"job:{target.namespace}/{target.training_job_kind}/{target.training_job}"
+    if target.kind == "controller":
+        return f"controller:{target.namespace}"
     return f"{target.kind}:{target.node}"
 
 

@@ -73,6 +73,7 @@ _TARGET_VARS: Mapping[str, tuple[str, ...]] = {
     "exporter": ("node",),
     "pod": ("node", "namespace", "pod"),
     "job": ("node", "namespace"),
+    "controller": (),
 }
 
 _CONTROLLER = (
@@ -135,9 +136,7 @@ def links_block(alert: AlertFacts, dashboards: Mapping[str, str], node: bool) ->
     ]
     for key in (*_BOARDS_BY_ALERT.get(alert.name, _BOARDS_BY_LAYER[alert.layer]), "remediation"):
         title, variables = boards[key]
-        params = [
-            f"var-{v}={_PLACEHOLDER[v]}" for v in _TARGET_VARS[alert.target_kind] if v in variables
-        ]
+        params = [f"var-{v}={_PLACEHOLDER[v]}" for v in _TARGET_VARS[alert.target_kind] if v in variables]
         query = "?" + "&".join(params) if params else ""
         what = " (what gpupulse did: actions, breaker, pause)" if key == "remediation" else ""
         lines.append(f"- {title}{what}: `<grafana>/d/{UIDS[key]}{query}`")
@@ -145,7 +144,7 @@ def links_block(alert: AlertFacts, dashboards: Mapping[str, str], node: bool) ->
     if node:
         lines += [
             "",
-            "Commands on a node (`<driver-pod>`, \"in the node shell\") need no SSH: see",
+            'Commands on a node (`<driver-pod>`, "in the node shell") need no SSH: see',
             "[On the node](#on-the-node) at the end.",
         ]
     return "\n".join(lines)
@@ -184,6 +183,8 @@ def _escalation(alert: AlertFacts) -> str:
 
 def actions_block(alert: AlertFacts) -> str:
     """## What did gpupulse do?, ## By hand (dry run) and ## Stop the automation."""
+    if alert.target_kind == "controller":
+        return _controller_actions_block()
     sig = alert.signature
     rungs = " → ".join(sig.ladder.rungs)
     events = {
@@ -215,7 +216,7 @@ def actions_block(alert: AlertFacts) -> str:
         "## By hand (dry run, the default)",
         "",
         "The chart installs the controller with `controller.dryRun: true`: it records each step it would",
-        "take (outcome `dry_run`, \"dry run: would migrate ...\" in the incident's history) and neither acts",
+        'take (outcome `dry_run`, "dry run: would migrate ..." in the incident\'s history) and neither acts',
         "nor pages; the page you got came from your Alertmanager route. Until dry run is off, the steps",
         "are yours:",
         "",
@@ -229,6 +230,36 @@ def actions_block(alert: AlertFacts) -> str:
         _sh(f"{_EXEC} pause"),
         "",
         _sh(f"{_EXEC} resume"),
+    ]
+    return "\n".join(lines)
+
+
+def _controller_actions_block() -> str:
+    """The controller's own alerts: nothing of gpupulse acted, and the kill switch is what to read."""
+    lines = [
+        "## What did gpupulse do?",
+        "",
+        "Nothing: this alert is about the controller, and the chart routes it past the controller to your",
+        "own receivers. What the controller last did, and its switches (who paused, resumed or reset the",
+        "breaker, when and why):",
+        "",
+        _sh(_CONTROLLER),
+        "",
+        _sh(f"{_EXEC} status"),
+        "",
+        _sh(f"{_EXEC} incidents list"),
+        "",
+        "## By hand (dry run, the default)",
+        "",
+        "The same in dry run (`controller.dryRun: true`): a dry-run controller records what it would do,",
+        "so a stuck one records nothing either. Follow What to do.",
+        "",
+        "## Stop the automation",
+        "",
+        "A stuck controller acts on nothing, but if it must stay off while you repair it, pause it; the",
+        "pause is kept in its ledger and `status` shows it:",
+        "",
+        _sh(f'{_EXEC} pause --reason "<why>"'),
     ]
     return "\n".join(lines)
 
@@ -421,4 +452,3 @@ def runbook_files(
         }
         want[path] = render(text, blocks, path)
     return want
-

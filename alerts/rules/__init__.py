@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from alerts.config import ConfigError, RulesConfig
+from alerts.rules.controller import controller_file
 from alerts.rules.hardware import hardware_file
 from alerts.rules.model import Alert, Group, Record, RuleFile
 from alerts.rules.observability import observability_file
@@ -27,6 +28,7 @@ def rule_files(c: RulesConfig) -> tuple[RuleFile, ...]:
         serving_file(c),
         training_file(c),
         observability_file(c),
+        controller_file(c),
     )
     names = [a.alert for f in files for a in f.alerts()]
     unknown = set(c.for_durations) - set(names)

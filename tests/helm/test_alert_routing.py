@@ -114,6 +114,11 @@ def test_node_gpu_and_pod_alerts_reach_the_controller_once(
     # info alerts and alerts without a fault class never reach it
     quiet = {**gpu, "severity": "info"}
     assert _receivers(config, quiet, tmp_path, line_name) == ["null"]
+    # the controller's own alerts go past it, to the route everything else takes (a stuck controller
+    # cannot page about itself)
+    stuck = _labels(inst, "GPUPulseControllerBreakerOpen", namespace=home, job="gpupulse-controller")
+    assert stuck["target_kind"] == "controller" and stuck["severity"] == "critical"
+    assert _receivers(config, stuck, tmp_path, line_name) == ["null"]
 
 
 @ON_BOTH_LINES
