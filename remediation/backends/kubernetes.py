@@ -244,7 +244,7 @@ class KubernetesBackend:
                 pods, skipped, scope = await self._pods_to_move(target, node)
                 report = await evict_pods(
                     self._client,
-                    [PodRef.of(p) for p in pods],
+                    [PodRef.of(p) for p in pods if not is_terminating(p)],
                     EvictionSettings(
                         deadline_seconds=s.eviction_deadline_seconds,
                         backoff_initial_seconds=s.eviction_backoff_initial_seconds,
@@ -253,6 +253,7 @@ class KubernetesBackend:
                     ),
                     self._clock,
                     self._guard,
+                    terminating=[PodRef.of(p) for p in pods if is_terminating(p)],
                 )
                 forced: list[str] = []
                 stuck = set(report.blocked) | set(report.terminating)
@@ -334,10 +335,12 @@ class KubernetesBackend:
         raise PermanentError(f"cannot tell which node {target.key} runs on")
 
     async def _pods_to_move(self, target: Target, node: str) -> tuple[list[JSON], dict[str, str], str]:
+        """Pods in scope, those already terminating among them: migrate is done only once they are gone."""
         s = self._settings
         on_node = await self._client.list_pods_on_node(node)
-        skipped = {PodRef.of(p).key: why for p in on_node if (why := skip_reason(p))}
-        live: list[JSON] = [p for p in on_node if not skip_reason(p)]
+        # a pod already terminating is in scope too: a hung kubelet keeps it (and its GPU) on the node
+        skipped = {PodRef.of(p).key: why for p in on_node if (why := skip_reason(p)) and why != "terminating"}
+        live: list[JSON] = [p for p in on_node if skip_reason(p) in ("", "terminating")]
         if target.kind == "pod" or (target.namespace and target.pod):
             wanted = f"{target.namespace}/{target.pod}"
             return [p for p in live if PodRef.of(p).key == wanted], skipped, f"pod {wanted}"
