@@ -147,7 +147,9 @@ class EffectRunner:
             outcome = "success" if result.done else "failed"
             summary, details = result.summary, result.details
         except TemporaryError as exc:
-            outcome, summary, delay = "temporary", str(exc), exc.delay_seconds
+            # "refused" (the server changed nothing) is kept out of loop and budget counts
+            outcome = "refused" if exc.nothing_changed else "temporary"
+            summary, delay = str(exc), exc.delay_seconds
         except PermanentError as exc:
             outcome, summary = "failed", str(exc)
         except TimeoutError:
