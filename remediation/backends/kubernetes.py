@@ -122,11 +122,19 @@ class KubernetesBackend:
         self._guard()
         if target.kind == "job":
             return await self._restart_job(target, reason, cordoned="")
-        async with self._errors("restart", target):
-            pods = await self._restart_candidates(target)
-            node = target.node or PodRef.of(pods[0]).node
-            async with self._node_lock(node):
-                done = [await self._restart_pod(pod, reason) for pod in pods]
+        done: list[dict[str, Any]] = []
+        try:
+            async with self._errors("restart", target):
+                pods = await self._restart_candidates(target)
+                node = target.node or PodRef.of(pods[0]).node
+                async with self._node_lock(node):
+                    for pod in pods:
+                        done.append(await self._restart_pod(pod, reason))
+        except TemporaryError as exc:
+            if not done and isinstance(exc.__cause__, KubeTooManyRequests):
+                # throttled before any pod was replaced: the server changed nothing, not an action
+                raise TemporaryError(str(exc), exc.delay_seconds, nothing_changed=True) from exc.__cause__
+            raise
         summary = "; ".join(str(d["summary"]) for d in done)
         return ActionResult(
             done=True, summary=summary, details={"node": node, "pods": done, "reason": reason}
