@@ -80,7 +80,10 @@ class BodyRefused(RemediationError):
 
 
 class ActionError(RemediationError):
-    """A backend's action did not happen."""
+    """A backend's action did not happen, or only in part: `left` then says, for the page, what state
+    it left the cluster in and how to undo it ("" when nothing)."""
+
+    left: str = ""
 
 
 class PermanentError(ActionError):

@@ -150,8 +150,10 @@ class EffectRunner:
             # "refused" (the server changed nothing) is kept out of loop and budget counts
             outcome = "refused" if exc.nothing_changed else "temporary"
             summary, delay = str(exc), exc.delay_seconds
+            details = {"left": exc.left} if exc.left else {}
         except PermanentError as exc:
             outcome, summary = "failed", str(exc)
+            details = {"left": exc.left} if exc.left else {}
         except TimeoutError:
             outcome, summary, delay = (
                 "temporary",

@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from gpupulse.clock import Clock, SystemClock
 from remediation.errors import (
+    ActionError,
     KubeConflict,
     KubeError,
     KubeForbidden,
@@ -240,15 +241,32 @@ class KubernetesBackend:
     async def migrate(self, target: Target, reason: str) -> ActionResult:
         """Cordon and taint the node, then evict the affected pods, honouring PodDisruptionBudgets."""
         self._guard()
+        left: list[str] = []
+        try:
+            if target.kind == "job":
+                return await self._migrate_job(target, reason, left)
+            return await self._migrate_node(target, reason, left)
+        except ActionError as exc:
+            exc.left = "; ".join(left)
+            raise
+
+    def _left_cordoned(self, node: str, reason: str) -> str:
+        """What a cordon leaves for a human, and the commands that undo it."""
+        key = self._settings.taint_key
+        return (
+            f"node {node} left cordoned and tainted {key}={taint_value(reason)}:NoSchedule; "
+            f"undo: kubectl uncordon {node} && kubectl taint node {node} {key}-"
+        )
+
+    async def _migrate_node(self, target: Target, reason: str, left: list[str]) -> ActionResult:
         s = self._settings
-        if target.kind == "job":
-            return await self._migrate_job(target, reason)
         async with self._errors("migrate", target):
             node = await self._node_of(target)
             async with self._node_lock(node):
                 change = await cordon_and_taint(
                     self._client, node, s.taint_key, reason, self._clock, s.node_patch_attempts, self._guard
                 )
+                left.append(self._left_cordoned(node, reason))
                 pods, skipped, scope = await self._pods_to_move(target, node)
                 report = await evict_pods(
                     self._client,
@@ -281,6 +299,7 @@ class KubernetesBackend:
             "terminating": dict(sorted(report.terminating.items())) if not forced else {},
             "misconfigured": dict(sorted(report.misconfigured.items())),
             "eviction_attempts": report.attempts,
+            "left": "; ".join(left),
         }
         if report.misconfigured:
             raise PermanentError(
@@ -308,7 +327,7 @@ class KubernetesBackend:
         )
         return ActionResult(done=True, summary=summary, details=details)
 
-    async def _migrate_job(self, target: Target, reason: str) -> ActionResult:
+    async def _migrate_job(self, target: Target, reason: str, left: list[str]) -> ActionResult:
         """Cordon the suspect rank's node first, then restart the whole job: it reschedules elsewhere.
 
         Nothing is evicted: the gang restart stops every rank, the ones on this node included."""
@@ -326,6 +345,7 @@ class KubernetesBackend:
                     s.node_patch_attempts,
                     self._guard,
                 )
+                left.append(self._left_cordoned(target.node, reason))
         return await self._restart_job(target, reason, cordoned=target.node)
 
     async def _node_of(self, target: Target) -> str:

@@ -275,3 +275,40 @@ async def test_a_terminating_pod_past_the_deadline_is_force_deleted_with_the_del
     )
     assert ("ml/embed-x", uid, "delete") in kube_api.deleted
     assert result.details["forced_delete"] == ["ml/embed-x"]
+
+
+UNDO = (
+    "node gpu-1 left cordoned and tainted gpupulse.io/remediation=xid_79:NoSchedule; "
+    "undo: kubectl uncordon gpu-1 && kubectl taint node gpu-1 gpupulse.io/remediation-"
+)
+
+
+async def test_a_migrate_forbidden_after_the_cordon_says_what_it_left_and_how_to_undo_it(
+    kube_api: FakeKubeAPI, make_backend: Make
+) -> None:
+    _node_with_workloads(kube_api)
+    kube_api.fail("POST", "/eviction", 403, "Forbidden", times=100)
+    with pytest.raises(PermanentError, match="forbidden") as err:
+        await make_backend().migrate(Target(kind="node", node="gpu-1"), "xid 79")
+    assert kube_api.nodes["gpu-1"]["spec"]["unschedulable"] is True
+    assert err.value.left == UNDO
+
+
+async def test_a_migrate_past_the_pdb_deadline_says_what_it_left(
+    kube_api: FakeKubeAPI, make_backend: Make
+) -> None:
+    _node_with_workloads(kube_api)
+    kube_api.add_pdb("ml", "llm-pdb", {"app": "llm"}, disruptions_allowed=0)
+    with pytest.raises(TemporaryError) as err:
+        await make_backend().migrate(Target(kind="node", node="gpu-1"), "xid 79")
+    assert err.value.left == UNDO
+
+
+async def test_a_migrate_refused_before_the_cordon_left_nothing(
+    kube_api: FakeKubeAPI, make_backend: Make
+) -> None:
+    _node_with_workloads(kube_api)
+    kube_api.fail("PATCH", "/nodes/gpu-1", 403, "Forbidden", times=100)
+    with pytest.raises(PermanentError) as err:
+        await make_backend().migrate(Target(kind="node", node="gpu-1"), "xid 79")
+    assert err.value.left == ""
