@@ -246,6 +246,12 @@ class KubernetesBackend:
             if target.kind == "job":
                 return await self._migrate_job(target, reason, left)
             return await self._migrate_node(target, reason, left)
+        except TemporaryError as exc:
+            if not left and isinstance(exc.__cause__, KubeTooManyRequests):
+                # throttled before the cordon: the server changed nothing, not an action
+                raise TemporaryError(str(exc), exc.delay_seconds, nothing_changed=True) from exc.__cause__
+            exc.left = "; ".join(left)
+            raise
         except ActionError as exc:
             exc.left = "; ".join(left)
             raise

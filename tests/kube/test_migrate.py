@@ -312,3 +312,26 @@ async def test_a_migrate_refused_before_the_cordon_left_nothing(
     with pytest.raises(PermanentError) as err:
         await make_backend().migrate(Target(kind="node", node="gpu-1"), "xid 79")
     assert err.value.left == ""
+
+
+async def test_a_migrate_throttled_before_the_cordon_changed_nothing(
+    kube_api: FakeKubeAPI, make_backend: Make
+) -> None:
+    _node_with_workloads(kube_api)
+    kube_api.fail("PATCH", "/nodes/gpu-1", 429, "TooManyRequests", times=100)
+    with pytest.raises(TemporaryError) as err:
+        await make_backend().migrate(Target(kind="node", node="gpu-1"), "xid 79")
+    assert err.value.nothing_changed and err.value.left == ""
+    assert not kube_api.nodes["gpu-1"]["spec"].get("unschedulable")
+    assert kube_api.deleted == []
+
+
+async def test_a_migrate_throttled_after_the_cordon_is_an_action(
+    kube_api: FakeKubeAPI, make_backend: Make
+) -> None:
+    _node_with_workloads(kube_api)
+    kube_api.fail("GET", "/api/v1/pods", 429, "TooManyRequests", times=100)
+    with pytest.raises(TemporaryError) as err:
+        await make_backend().migrate(Target(kind="node", node="gpu-1"), "xid 79")
+    assert not err.value.nothing_changed
+    assert err.value.left == UNDO
