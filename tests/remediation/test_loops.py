@@ -256,3 +256,23 @@ async def test_temporary_failures_that_may_have_acted_still_count_towards_a_loop
     ledger = Ledger(connect(rig.db_path))
     assert LoopDetector(ledger, rig.settings.loops).restart_loop("pod:llm/vllm", rig.clock.time())
     ledger.conn.close()
+
+
+async def test_a_throttled_migrate_is_not_migrated_recently(rig: Rig) -> None:
+    from remediation.errors import TemporaryError
+
+    crash = {**LEAK, "alertname": "InferenceEngineCrashLooping", "fault_class": "crash_loop"}
+    attempts = rig.settings.max_temporary_retries + 1
+    rig.backend.errors["migrate"] = [
+        TemporaryError("migrate: 429 TooManyRequests", 10.0, nothing_changed=True) for _ in range(attempts)
+    ]
+    ev = await rig.fire(crash)
+    for _ in range(attempts - 1):
+        await rig.advance(11)
+    assert rig.backend.rungs == ["migrate"] * attempts
+    assert "could not act" in rig.only_incident()["reason"]
+    await rig.resolve(ev)
+    await rig.fire(crash)  # the same workload again: nothing was ever migrated, so migrate now
+    assert rig.backend.rungs == ["migrate"] * (attempts + 1)
+    newest = rig.engine.get_incident(int(rig.incidents()[0]["id"]))
+    assert newest is not None and "migrated" not in newest["reason"]
