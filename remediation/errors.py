@@ -80,7 +80,10 @@ class BodyRefused(RemediationError):
 
 
 class ActionError(RemediationError):
-    """A backend's action did not happen."""
+    """A backend's action did not happen, or only in part: `left` then says, for the page, what state
+    it left the cluster in and how to undo it ("" when nothing)."""
+
+    left: str = ""
 
 
 class PermanentError(ActionError):
@@ -88,11 +91,15 @@ class PermanentError(ActionError):
 
 
 class TemporaryError(ActionError):
-    """The action failed this time (API timeout, PDB blocks eviction): it may be retried after delay."""
+    """The action failed this time (API timeout, PDB blocks eviction): it may be retried after delay.
 
-    def __init__(self, message: str, delay_seconds: float = 5.0) -> None:
+    nothing_changed: the backend knows the server did not act (every write was refused, e.g. a 429
+    from API Priority and Fairness); the attempt is then no action for loops and budgets."""
+
+    def __init__(self, message: str, delay_seconds: float = 5.0, *, nothing_changed: bool = False) -> None:
         super().__init__(message)
         self.delay_seconds = delay_seconds
+        self.nothing_changed = nothing_changed
 
 
 class PagerError(RemediationError):

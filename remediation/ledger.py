@@ -29,7 +29,8 @@ from remediation.sqlitedb import check_integrity, is_corruption, open_db
 
 OPEN_STATES = ("open", "acting", "verifying", "cooldown", "retry_wait", "paged")
 ACTION_RUNGS = ("restart", "migrate")
-# ledger statuses of actions that count as "really done or possibly done" for loops and budgets
+# ledger statuses of actions that count as "really done or possibly done" for loops and budgets;
+# "refused" (a TemporaryError with nothing_changed: the server did not act) is deliberately absent
 REAL_ACTION_STATUSES = ("started", "success", "failed", "temporary", "interrupted")
 
 

@@ -80,7 +80,7 @@ class ActionBackend(Protocol):
     async def migrate(self, target: Target, reason: str) -> ActionResult: ...
 
 
-ActionPhase = Literal["started", "success", "failed", "temporary", "dry_run"]
+ActionPhase = Literal["started", "success", "failed", "temporary", "refused", "dry_run"]
 
 
 @dataclass(frozen=True)

@@ -147,9 +147,13 @@ class EffectRunner:
             outcome = "success" if result.done else "failed"
             summary, details = result.summary, result.details
         except TemporaryError as exc:
-            outcome, summary, delay = "temporary", str(exc), exc.delay_seconds
+            # "refused" (the server changed nothing) is kept out of loop and budget counts
+            outcome = "refused" if exc.nothing_changed else "temporary"
+            summary, delay = str(exc), exc.delay_seconds
+            details = {"left": exc.left} if exc.left else {}
         except PermanentError as exc:
             outcome, summary = "failed", str(exc)
+            details = {"left": exc.left} if exc.left else {}
         except TimeoutError:
             outcome, summary, delay = (
                 "temporary",

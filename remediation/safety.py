@@ -11,7 +11,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from remediation.ledger import ACTION_RUNGS, Ledger
+from remediation.ledger import ACTION_RUNGS, REAL_ACTION_STATUSES, Ledger
 from remediation.model import Target
 from remediation.selector import parse_selector
 from remediation.settings import BudgetSettings, ScopeSettings
@@ -98,9 +98,8 @@ class SafetyGate:
 
     def actions_last_minute(self, now: float) -> int:
         """Restart/migrate actions started in the 60 s before `now` (the per-minute budget's count)."""
-        return self.ledger.count_actions(
-            ACTION_RUNGS, now - 60.0, statuses=("started", "success", "failed", "temporary", "interrupted")
-        )
+        # refused attempts (the server changed nothing) are not actions: REAL_ACTION_STATUSES leaves them out
+        return self.ledger.count_actions(ACTION_RUNGS, now - 60.0, statuses=REAL_ACTION_STATUSES)
 
     def check(self, rung: str, target: Target, now: float) -> BudgetCheck:
         """Would starting this action exceed a budget? (call inside the deciding transaction)"""

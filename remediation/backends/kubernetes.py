@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from gpupulse.clock import Clock, SystemClock
 from remediation.errors import (
+    ActionError,
     KubeConflict,
     KubeError,
     KubeForbidden,
@@ -122,11 +123,19 @@ class KubernetesBackend:
         self._guard()
         if target.kind == "job":
             return await self._restart_job(target, reason, cordoned="")
-        async with self._errors("restart", target):
-            pods = await self._restart_candidates(target)
-            node = target.node or PodRef.of(pods[0]).node
-            async with self._node_lock(node):
-                done = [await self._restart_pod(pod, reason) for pod in pods]
+        done: list[dict[str, Any]] = []
+        try:
+            async with self._errors("restart", target):
+                pods = await self._restart_candidates(target)
+                node = target.node or PodRef.of(pods[0]).node
+                async with self._node_lock(node):
+                    for pod in pods:
+                        done.append(await self._restart_pod(pod, reason))
+        except TemporaryError as exc:
+            if not done and isinstance(exc.__cause__, KubeTooManyRequests):
+                # throttled before any pod was replaced: the server changed nothing, not an action
+                raise TemporaryError(str(exc), exc.delay_seconds, nothing_changed=True) from exc.__cause__
+            raise
         summary = "; ".join(str(d["summary"]) for d in done)
         return ActionResult(
             done=True, summary=summary, details={"node": node, "pods": done, "reason": reason}
@@ -232,19 +241,42 @@ class KubernetesBackend:
     async def migrate(self, target: Target, reason: str) -> ActionResult:
         """Cordon and taint the node, then evict the affected pods, honouring PodDisruptionBudgets."""
         self._guard()
+        left: list[str] = []
+        try:
+            if target.kind == "job":
+                return await self._migrate_job(target, reason, left)
+            return await self._migrate_node(target, reason, left)
+        except TemporaryError as exc:
+            if not left and isinstance(exc.__cause__, KubeTooManyRequests):
+                # throttled before the cordon: the server changed nothing, not an action
+                raise TemporaryError(str(exc), exc.delay_seconds, nothing_changed=True) from exc.__cause__
+            exc.left = "; ".join(left)
+            raise
+        except ActionError as exc:
+            exc.left = "; ".join(left)
+            raise
+
+    def _left_cordoned(self, node: str, reason: str) -> str:
+        """What a cordon leaves for a human, and the commands that undo it."""
+        key = self._settings.taint_key
+        return (
+            f"node {node} left cordoned and tainted {key}={taint_value(reason)}:NoSchedule; "
+            f"undo: kubectl uncordon {node} && kubectl taint node {node} {key}-"
+        )
+
+    async def _migrate_node(self, target: Target, reason: str, left: list[str]) -> ActionResult:
         s = self._settings
-        if target.kind == "job":
-            return await self._migrate_job(target, reason)
         async with self._errors("migrate", target):
             node = await self._node_of(target)
             async with self._node_lock(node):
                 change = await cordon_and_taint(
                     self._client, node, s.taint_key, reason, self._clock, s.node_patch_attempts, self._guard
                 )
+                left.append(self._left_cordoned(node, reason))
                 pods, skipped, scope = await self._pods_to_move(target, node)
                 report = await evict_pods(
                     self._client,
-                    [PodRef.of(p) for p in pods],
+                    [PodRef.of(p) for p in pods if not is_terminating(p)],
                     EvictionSettings(
                         deadline_seconds=s.eviction_deadline_seconds,
                         backoff_initial_seconds=s.eviction_backoff_initial_seconds,
@@ -253,6 +285,7 @@ class KubernetesBackend:
                     ),
                     self._clock,
                     self._guard,
+                    terminating=[PodRef.of(p) for p in pods if is_terminating(p)],
                 )
                 forced: list[str] = []
                 stuck = set(report.blocked) | set(report.terminating)
@@ -272,6 +305,7 @@ class KubernetesBackend:
             "terminating": dict(sorted(report.terminating.items())) if not forced else {},
             "misconfigured": dict(sorted(report.misconfigured.items())),
             "eviction_attempts": report.attempts,
+            "left": "; ".join(left),
         }
         if report.misconfigured:
             raise PermanentError(
@@ -299,7 +333,7 @@ class KubernetesBackend:
         )
         return ActionResult(done=True, summary=summary, details=details)
 
-    async def _migrate_job(self, target: Target, reason: str) -> ActionResult:
+    async def _migrate_job(self, target: Target, reason: str, left: list[str]) -> ActionResult:
         """Cordon the suspect rank's node first, then restart the whole job: it reschedules elsewhere.
 
         Nothing is evicted: the gang restart stops every rank, the ones on this node included."""
@@ -317,6 +351,7 @@ class KubernetesBackend:
                     s.node_patch_attempts,
                     self._guard,
                 )
+                left.append(self._left_cordoned(target.node, reason))
         return await self._restart_job(target, reason, cordoned=target.node)
 
     async def _node_of(self, target: Target) -> str:
@@ -334,10 +369,12 @@ class KubernetesBackend:
         raise PermanentError(f"cannot tell which node {target.key} runs on")
 
     async def _pods_to_move(self, target: Target, node: str) -> tuple[list[JSON], dict[str, str], str]:
+        """Pods in scope, those already terminating among them: migrate is done only once they are gone."""
         s = self._settings
         on_node = await self._client.list_pods_on_node(node)
-        skipped = {PodRef.of(p).key: why for p in on_node if (why := skip_reason(p))}
-        live: list[JSON] = [p for p in on_node if not skip_reason(p)]
+        # a pod already terminating is in scope too: a hung kubelet keeps it (and its GPU) on the node
+        skipped = {PodRef.of(p).key: why for p in on_node if (why := skip_reason(p)) and why != "terminating"}
+        live: list[JSON] = [p for p in on_node if skip_reason(p) in ("", "terminating")]
         if target.kind == "pod" or (target.namespace and target.pod):
             wanted = f"{target.namespace}/{target.pod}"
             return [p for p in live if PodRef.of(p).key == wanted], skipped, f"pod {wanted}"

@@ -59,6 +59,17 @@ def job_evidence(target: Target, labels: Mapping[str, str]) -> str:
     return f" (suspect: {', '.join(parts)})" if parts else " (no single rank is suspect)"
 
 
+def cluster_left(history: Sequence[Mapping[str, Any]]) -> str:
+    """What the incident's latest action left behind on the cluster (cordon, taint) and its undo, or ""."""
+    for entry in reversed(history):
+        if entry.get("kind") != "action":
+            continue
+        left = (entry.get("details") or {}).get("left")
+        if left:
+            return str(left)
+    return ""
+
+
 def incident_page(
     inc: Incident,
     sig: Signature,
@@ -76,9 +87,11 @@ def incident_page(
     )
     summary = inc.annotations.get("summary") or inc.alertname or sig.fault_class
     evidence = job_evidence(inc.target, inc.labels)
+    left = cluster_left(history)
     page = Page(
         dedup_key=f"gpupulse-incident-{inc.id}",
-        summary=f"{summary} on {incident_identity(inc.target)}{evidence}: {inc.reason or sig.reason}",
+        summary=f"{summary} on {incident_identity(inc.target)}{evidence}: {inc.reason or sig.reason}"
+        + (f" (cluster state: {left})" if left else ""),
         severity=sig.page_severity or inc.labels.get("severity", "") or "critical",
         fault_class=sig.fault_class,
         signature=sig.name,

@@ -33,6 +33,7 @@ REASONS: dict[ActionPhase, tuple[str, str]] = {
     "success": ("RemediationSucceeded", "Normal"),
     "failed": ("RemediationFailed", "Warning"),
     "temporary": ("RemediationRetrying", "Warning"),
+    "refused": ("RemediationRetrying", "Warning"),
     "dry_run": ("RemediationDryRun", "Normal"),
 }
 
@@ -80,6 +81,7 @@ def event_body(notice: ActionNotice, reporting_instance: str, now: datetime, uni
         "success": "done",
         "failed": "failed",
         "temporary": "will be retried",
+        "refused": "refused by the server, nothing changed; will be retried",
         "dry_run": "not taken (dry run)",
     }
     note = (

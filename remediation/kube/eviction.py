@@ -49,11 +49,25 @@ async def evict_pods(
     settings: EvictionSettings,
     clock: Clock,
     guard: Callable[[], None],
+    terminating: Iterable[PodRef] = (),
 ) -> EvictionReport:
-    """Evict every pod, each retrying 429s with exponential backoff until a shared deadline."""
+    """Evict every pod, each retrying 429s with exponential backoff until a shared deadline.
+
+    Pods of `terminating` were evicted or deleted before (an earlier attempt, a human): they are not
+    evicted again, only waited for until the same deadline, so a pod a hung kubelet keeps is reported
+    as terminating on every attempt, never taken as moved."""
     report = EvictionReport()
     deadline = clock.monotonic() + settings.deadline_seconds
     limit = asyncio.Semaphore(max(1, settings.concurrency))
+
+    async def wait(pod: PodRef) -> None:
+        async with limit:
+            guard()
+            still = await _wait_gone(client, pod, deadline, settings.gone_poll_seconds, clock)
+            if still:
+                report.terminating[pod.key] = still
+            else:
+                report.gone.append(pod.key)
 
     async def one(pod: PodRef) -> None:
         delay = settings.backoff_initial_seconds
@@ -94,6 +108,8 @@ async def evict_pods(
         async with asyncio.TaskGroup() as group:
             for pod in pods:
                 group.create_task(one(pod))
+            for pod in terminating:
+                group.create_task(wait(pod))
     except BaseExceptionGroup as failed:
         # the siblings are cancelled by now; hand the first cause to the caller as a plain exception
         raise failed.exceptions[0] from None

@@ -62,7 +62,7 @@ class Transitions(TimerTransitions):
             return []
         if outcome == "success":
             return self._after_success(eff.incident_id, eff.rung, now)
-        if outcome == "temporary" and inc.temp_retries < self.settings.max_temporary_retries:
+        if outcome in ("temporary", "refused") and inc.temp_retries < self.settings.max_temporary_retries:
             self._set(
                 eff.incident_id,
                 state="retry_wait",
@@ -74,6 +74,11 @@ class Transitions(TimerTransitions):
         if not inc.firing_fps:
             # the alert resolved while the failed action ran: nothing left to fix
             return self._close(eff.incident_id, "self_resolved", now)
+        if outcome == "refused":
+            # the server never acted: a bigger rung would act on a fault nothing has tried to fix yet
+            why = f"could not act: {rung} refused by the API server {inc.temp_retries + 1} times: {summary}"
+            self._conclude_rung(inc, "failed", why)
+            return self._page(eff.incident_id, now, why)
         why = f"{rung} failed: {summary}"
         return self._escalate(eff.incident_id, now, why, frozenset({rung}))
 

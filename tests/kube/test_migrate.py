@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -213,3 +214,124 @@ async def test_auto_uncordon_keeps_a_cordon_a_human_set_first(
     spec = kube_api.nodes["gpu-1"]["spec"]
     assert spec["unschedulable"] is True
     assert spec["taints"] == [human]
+
+
+def _hang_kubelet(api: FakeKubeAPI, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Evictions are accepted but the node's kubelet never confirms them: pods stay Terminating."""
+    remove = api._remove_pod
+
+    def graceful(pod: dict[str, Any], via: str) -> None:
+        if via != "eviction":
+            remove(pod, via)
+            return
+        meta = pod["metadata"]
+        _mark_terminating(api, meta["namespace"], meta["name"])
+        api.deleted.append((f"{meta['namespace']}/{meta['name']}", meta["uid"], via))
+
+    monkeypatch.setattr(api, "_remove_pod", graceful)
+
+
+def _mark_terminating(api: FakeKubeAPI, namespace: str, name: str) -> None:
+    api.update_pod(namespace, name, lambda p: p["metadata"].update(deletionTimestamp="2026-01-01T00:00:00Z"))
+
+
+async def test_a_pod_a_hung_kubelet_keeps_fails_migrate_on_every_attempt(
+    kube_api: FakeKubeAPI, make_backend: Make, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _node_with_workloads(kube_api)
+    _hang_kubelet(kube_api, monkeypatch)
+    backend = make_backend(on_eviction_deadline="fail")
+    target = Target(kind="pod", namespace="ml", pod="embed-x")
+    for attempt in (1, 2, 3):
+        with pytest.raises(TemporaryError, match="ml/embed-x evicted but not gone after 20s"):
+            await backend.migrate(target, "crash loop")
+        assert kube_api.pods[("ml", "embed-x")]["metadata"]["deletionTimestamp"], attempt
+    # evicted once; the later attempts wait for it instead of calling it moved
+    assert [d[0] for d in kube_api.deleted] == ["ml/embed-x"]
+
+
+async def test_a_terminating_pod_that_goes_before_the_deadline_completes_migrate(
+    kube_api: FakeKubeAPI, make_backend: Make, clock: StepClock
+) -> None:
+    _node_with_workloads(kube_api)
+    _mark_terminating(kube_api, "ml", "embed-x")
+    clock.after_sleep.append(lambda n: kube_api.remove_pod("ml", "embed-x") if n == 3 else None)
+    result = await make_backend().migrate(Target(kind="pod", namespace="ml", pod="embed-x"), "crash loop")
+    assert result.done
+    assert result.details["gone"] == ["ml/embed-x"]
+    assert "ml/embed-x" not in result.details["skipped"]
+    assert [d[0] for d in kube_api.deleted] == ["ml/embed-x"]  # removed by its kubelet, never evicted twice
+    assert [d[2] for d in kube_api.deleted] == ["removed"]
+
+
+async def test_a_terminating_pod_past_the_deadline_is_force_deleted_with_the_delete_policy(
+    kube_api: FakeKubeAPI, make_backend: Make
+) -> None:
+    _node_with_workloads(kube_api)
+    _mark_terminating(kube_api, "ml", "embed-x")
+    uid = kube_api.pods[("ml", "embed-x")]["metadata"]["uid"]
+    result = await make_backend(on_eviction_deadline="delete").migrate(
+        Target(kind="pod", namespace="ml", pod="embed-x"), "crash loop"
+    )
+    assert ("ml/embed-x", uid, "delete") in kube_api.deleted
+    assert result.details["forced_delete"] == ["ml/embed-x"]
+
+
+UNDO = (
+    "node gpu-1 left cordoned and tainted gpupulse.io/remediation=xid_79:NoSchedule; "
+    "undo: kubectl uncordon gpu-1 && kubectl taint node gpu-1 gpupulse.io/remediation-"
+)
+
+
+async def test_a_migrate_forbidden_after_the_cordon_says_what_it_left_and_how_to_undo_it(
+    kube_api: FakeKubeAPI, make_backend: Make
+) -> None:
+    _node_with_workloads(kube_api)
+    kube_api.fail("POST", "/eviction", 403, "Forbidden", times=100)
+    with pytest.raises(PermanentError, match="forbidden") as err:
+        await make_backend().migrate(Target(kind="node", node="gpu-1"), "xid 79")
+    assert kube_api.nodes["gpu-1"]["spec"]["unschedulable"] is True
+    assert err.value.left == UNDO
+
+
+async def test_a_migrate_past_the_pdb_deadline_says_what_it_left(
+    kube_api: FakeKubeAPI, make_backend: Make
+) -> None:
+    _node_with_workloads(kube_api)
+    kube_api.add_pdb("ml", "llm-pdb", {"app": "llm"}, disruptions_allowed=0)
+    with pytest.raises(TemporaryError) as err:
+        await make_backend().migrate(Target(kind="node", node="gpu-1"), "xid 79")
+    assert err.value.left == UNDO
+
+
+async def test_a_migrate_refused_before_the_cordon_left_nothing(
+    kube_api: FakeKubeAPI, make_backend: Make
+) -> None:
+    _node_with_workloads(kube_api)
+    kube_api.fail("PATCH", "/nodes/gpu-1", 403, "Forbidden", times=100)
+    with pytest.raises(PermanentError) as err:
+        await make_backend().migrate(Target(kind="node", node="gpu-1"), "xid 79")
+    assert err.value.left == ""
+
+
+async def test_a_migrate_throttled_before_the_cordon_changed_nothing(
+    kube_api: FakeKubeAPI, make_backend: Make
+) -> None:
+    _node_with_workloads(kube_api)
+    kube_api.fail("PATCH", "/nodes/gpu-1", 429, "TooManyRequests", times=100)
+    with pytest.raises(TemporaryError) as err:
+        await make_backend().migrate(Target(kind="node", node="gpu-1"), "xid 79")
+    assert err.value.nothing_changed and err.value.left == ""
+    assert not kube_api.nodes["gpu-1"]["spec"].get("unschedulable")
+    assert kube_api.deleted == []
+
+
+async def test_a_migrate_throttled_after_the_cordon_is_an_action(
+    kube_api: FakeKubeAPI, make_backend: Make
+) -> None:
+    _node_with_workloads(kube_api)
+    kube_api.fail("GET", "/api/v1/pods", 429, "TooManyRequests", times=100)
+    with pytest.raises(TemporaryError) as err:
+        await make_backend().migrate(Target(kind="node", node="gpu-1"), "xid 79")
+    assert not err.value.nothing_changed
+    assert err.value.left == UNDO

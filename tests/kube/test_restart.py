@@ -138,3 +138,28 @@ async def test_a_replica_that_may_not_act_writes_nothing(
     with pytest.raises(TemporaryError, match="not the leader"):
         await backend.migrate(Target(kind="node", node="gpu-1"), "xid 79")
     assert [r.method for r in kube_api.requests if r.method != "GET"] == []
+
+
+async def test_a_throttled_delete_changed_nothing_and_says_so(
+    kube_api: FakeKubeAPI, make_backend: Make
+) -> None:
+    _deployment_pod(kube_api)
+    kube_api.fail("DELETE", "/pods/llm-7d9f-abcde", 429, "TooManyRequests", times=100)
+    with pytest.raises(TemporaryError) as err:
+        await make_backend().restart(Target(kind="pod", namespace="ml", pod="llm-7d9f-abcde"), "xid 13")
+    assert err.value.nothing_changed
+    assert kube_api.deleted == []
+
+
+async def test_a_throttled_second_delete_after_a_first_one_is_no_refusal(
+    kube_api: FakeKubeAPI, make_backend: Make
+) -> None:
+    ann = {"gpupulse.io/gpu-uuids": "GPU-a"}
+    kube_api.add_node("gpu-1")
+    kube_api.add_pod("ml", "first", "gpu-1", owner=("Job", "a"), gpus=1, annotations=ann)
+    kube_api.add_pod("ml", "second", "gpu-1", owner=("Job", "b"), gpus=1, annotations=ann)
+    kube_api.fail("DELETE", "/pods/second", 429, "TooManyRequests", times=100)
+    with pytest.raises(TemporaryError) as err:
+        await make_backend().restart(Target(kind="gpu", node="gpu-1", uuid="GPU-a"), "xid 48")
+    assert [d[0] for d in kube_api.deleted] == ["ml/first"]
+    assert not err.value.nothing_changed  # one pod was replaced: that restart happened

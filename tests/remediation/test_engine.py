@@ -284,3 +284,16 @@ def test_invalid_settings_and_signatures_refuse_to_build(tmp_path: Path) -> None
     (sigs / "x.yaml").write_text("signatures:\n  - name: x\n    fault_class: nope\n")
     with pytest.raises(SignatureError, match="unknown fault_class 'nope'"):
         build_engine(EngineSettings(signature_dirs=(sigs,)), tmp_path / "db", RemediationMetrics())
+
+
+async def test_a_failed_migrate_pages_what_it_left_on_the_cluster(rig: Rig) -> None:
+    from remediation.errors import PermanentError
+
+    failed = PermanentError("migrate node-b: forbidden by the API server (RBAC?)")
+    failed.left = "node node-b left cordoned and tainted k=v:NoSchedule; undo: kubectl uncordon node-b"
+    rig.backend.errors["migrate"] = [failed]
+    await rig.fire(XID_RESET)
+    assert rig.backend.rungs == ["migrate"]
+    (page,) = rig.pager.firing
+    assert "cluster state: node node-b left cordoned and tainted k=v:NoSchedule" in page.summary
+    assert "undo: kubectl uncordon node-b" in page.summary

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from remediation.ladder import loop_identity, target_from_labels, workload_name
-from remediation.ledger import Ledger, connect
+from remediation.ledger import REAL_ACTION_STATUSES, Ledger, connect
 from remediation.loops import LoopDetector
 from remediation.settings import LoopSettings
 from remediation.signatures import load_library, parse_document
@@ -211,3 +211,68 @@ def test_flapping_counts_only_transitions_within_the_window(
         d.ledger.add_transition("k", "resolved", now - 5)
         d.ledger.add_transition("k", "firing", now)
     assert bool(d.flapping("k", now)) is flapping
+
+
+async def _throttled(rig: Rig, pod_name: str) -> None:
+    """One incident whose every restart the API server refused (a 429 from API Priority and Fairness)."""
+    from remediation.errors import TemporaryError
+
+    attempts = rig.settings.max_temporary_retries + 1
+    rig.backend.errors["restart"] = [
+        TemporaryError("restart: 429 TooManyRequests", 10.0, nothing_changed=True) for _ in range(attempts)
+    ]
+    await rig.fire(pod(LEAK, pod_name))
+    for _ in range(attempts - 1):
+        await rig.advance(11)
+
+
+async def test_throttled_restarts_are_not_a_restart_loop_and_page_could_not_act(rig: Rig) -> None:
+    names = ("vllm-7d9f8b6c5d-x2x4z", "vllm-7d9f8b6c5d-m9k2p", "vllm-7d9f8b6c5d-q7w8r")
+    for name in names:
+        await _throttled(rig, name)
+    assert rig.backend.rungs == ["restart"] * 4 * len(names)  # retried, never escalated to migrate
+    assert {i["state"] for i in rig.incidents()} == {"paged"}
+    assert len(rig.pager.firing) == len(names)
+    assert all("could not act" in p.summary for p in rig.pager.firing), [p.summary for p in rig.pager.firing]
+    ledger = Ledger(connect(rig.db_path))
+    assert ledger.count_actions(("restart", "migrate"), 0.0, statuses=REAL_ACTION_STATUSES) == 0
+    assert not LoopDetector(ledger, rig.settings.loops).restart_loop("pod:llm/vllm", rig.clock.time())
+    # the server is back: the next incident restarts (no loop), and that confirmed restart counts
+    await rig.fire(pod(LEAK, "vllm-7d9f8b6c5d-z5x6c"))
+    assert rig.backend.rungs[-1] == "restart"
+    assert rig.metric("gpupulse_remediation_loops_detected_total") == 0
+    assert ledger.count_loop_actions("pod:llm/vllm", "restart", 0.0) == 1
+    ledger.conn.close()
+
+
+async def test_temporary_failures_that_may_have_acted_still_count_towards_a_loop(rig: Rig) -> None:
+    from remediation.errors import TemporaryError
+
+    for name in ("vllm-7d9f8b6c5d-x2x4z", "vllm-7d9f8b6c5d-m9k2p", "vllm-7d9f8b6c5d-q7w8r"):
+        # a timeout after the delete was sent: the server may have acted
+        rig.backend.errors["restart"] = [TemporaryError("timed out", 10.0)]
+        await rig.fire(pod(LEAK, name))
+        await rig.advance(11)
+    ledger = Ledger(connect(rig.db_path))
+    assert LoopDetector(ledger, rig.settings.loops).restart_loop("pod:llm/vllm", rig.clock.time())
+    ledger.conn.close()
+
+
+async def test_a_throttled_migrate_is_not_migrated_recently(rig: Rig) -> None:
+    from remediation.errors import TemporaryError
+
+    crash = {**LEAK, "alertname": "InferenceEngineCrashLooping", "fault_class": "crash_loop"}
+    attempts = rig.settings.max_temporary_retries + 1
+    rig.backend.errors["migrate"] = [
+        TemporaryError("migrate: 429 TooManyRequests", 10.0, nothing_changed=True) for _ in range(attempts)
+    ]
+    ev = await rig.fire(crash)
+    for _ in range(attempts - 1):
+        await rig.advance(11)
+    assert rig.backend.rungs == ["migrate"] * attempts
+    assert "could not act" in rig.only_incident()["reason"]
+    await rig.resolve(ev)
+    await rig.fire(crash)  # the same workload again: nothing was ever migrated, so migrate now
+    assert rig.backend.rungs == ["migrate"] * (attempts + 1)
+    newest = rig.engine.get_incident(int(rig.incidents()[0]["id"]))
+    assert newest is not None and "migrated" not in newest["reason"]
