@@ -305,6 +305,10 @@ def render_status(url: str, stats: Mapping[str, Any]) -> str:
         else:
             closed = f", closed by {breaker['closed_by']}" if breaker.get("closed_by") else ""
             rows.append(("breaker", f"closed{closed}"))
+    if stats.get("pager") == "none":
+        rows.append(("pager", "NONE: pages (the breaker's too) reach only the controller's log (--pager)"))
+    elif stats.get("pager"):
+        rows.append(("pager", str(stats["pager"])))
     if "dry_run" in stats:
         rows.append(("dry run", "YES: decides and records, never acts" if stats["dry_run"] else "no"))
     actions = stats.get("actions")

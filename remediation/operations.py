@@ -95,6 +95,7 @@ class Operations:
             "paused": self._ro.get_state(PAUSE) or {"paused": False},
             "switch_log": self.switch_log()[:10],
             "dry_run": self.settings.dry_run,
+            "pager": self.settings.pager.kind,
             "signatures": len(self.library),
         }
 

@@ -314,6 +314,11 @@ async def start_service(
         settings.inbox_path,
         inbox.pending,
     )
+    if settings.engine.pager.kind == "none":
+        log.warning(
+            "--pager=none: pages (the breaker's too) reach only this log; set --pager to webhook, "
+            "pagerduty or slack so that they reach someone"
+        )
     return RunningService(ctl, runner, host, port)
 
 

@@ -27,3 +27,18 @@ def test_the_chart_and_the_binary_default_to_the_same_budgets() -> None:
     safety = yaml.safe_load((CHART / "values.yaml").read_text())["controller"]["safety"]
     args = build_parser().parse_args(["serve", "--insecure-no-auth", *_flags_the_chart_passes(safety)])
     assert settings_from_flags(args, {}).engine.budgets == BudgetSettings()
+
+
+def test_notes_warn_when_pages_go_nowhere(tmp_path: Path) -> None:
+    from tests.helm.installs import install_values
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    default = install_values(tmp_path / "a", "gpupulse", {})
+    assert "WARNING: controller.pager.kind is none" in default.result["info"]["notes"]
+    pager = {"kind": "webhook", "url": "https://pager.example/hook"}
+    paging = install_values(tmp_path / "b", "gpupulse", {"controller": {"pager": pager}})
+    assert "controller.pager.kind is none" not in paging.result["info"]["notes"]
+    (deployment,) = paging.of_kind("Deployment")
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--pager=webhook" in args

@@ -70,6 +70,9 @@ def test_pause_status_resume_and_breaker_reset_on_a_running_controller(
     assert status.returncode == 0, status.stderr
     assert "paused      no" in status.stdout and "breaker     closed" in status.stdout
     assert "actions     0 in flight (budget 4), 0 in the last minute (budget 20)" in status.stdout
+    # the default pager sends pages nowhere but the log: status says so
+    assert "pager       NONE: pages (the breaker's too) reach only the controller's log" in status.stdout
+    assert "--pager=none: pages (the breaker's too) reach only this log" in serve.log.read_text()
 
     paused = cli("pause", *flags, "--by", "alice", "--reason", "draining rack 4")
     assert paused.returncode == 0, paused.stderr
