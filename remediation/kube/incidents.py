@@ -33,6 +33,7 @@ from remediation.errors import (
     Fenced,
     KubeConflict,
     KubeError,
+    KubeInvalid,
     KubeNotFound,
     KubeTooManyRequests,
     KubeUnavailable,
@@ -56,6 +57,11 @@ CLOSED_STATES = ("closed", "ignored")
 # etcd refuses a request past 1.5 MiB (its default --max-request-bytes) and kube-apiserver answers 500,
 # the same for every later write: a status is kept below this, leaving room for metadata and spec
 MAX_STATUS_BYTES = 1_048_576
+# an alert's annotations are cut before storage (Alertmanager passes them on unbounded; one alert's
+# 1.7 MB of escaped text was refused by etcd on every write): each value, then the whole alert's
+ANNOTATION_VALUE_MAX_BYTES = 1024
+ANNOTATIONS_MAX_BYTES = 4096
+CUT_KEY = "gpupulse.io/cut"  # set on annotations that were cut: how many bytes were left out
 
 
 def incident_name(incident_id: int, instance: str = "") -> str:
@@ -103,6 +109,7 @@ class StoreCounts:
     retries: int = 0
     deletes: int = 0
     trimmed: int = 0  # status writes that left out old history to stay below max_status_bytes
+    bare: int = 0  # statuses the server refused as too large, written again as row and counts only
 
     @property
     def writes(self) -> int:
@@ -245,6 +252,9 @@ class IncidentStore:
                 "alerts": [dict(a) for a in inc.alerts],
                 "diagnoses": [dict(d) for d in inc.diagnoses],
             }
+            status["row"], cut = cut_annotations(status["row"])
+            if cut:
+                status["omitted"] = {"annotationBytes": cut}
             status, dropped = bounded_status(status, self._s.max_status_bytes)
             if dropped:
                 self.counts.trimmed += 1
@@ -293,6 +303,15 @@ class IncidentStore:
                 self._rv.pop((plural, name), None)
             except (KubeUnavailable, KubeTooManyRequests) as exc:
                 log.warning("writing %s/%s: %s; retrying", plural, name, exc)
+            except KubeInvalid as exc:
+                if not _too_large(exc) or "row" not in status or status.get("omitted", {}).get("bare"):
+                    raise ReplicationLost(f"cannot write {plural}/{name}: {exc}") from exc
+                # refused for its size whatever the retry: store the row and counts, never step
+                # down (the inbox would replay the same alert into the same refusal: a crash loop)
+                status = bare_status(status)
+                self.counts.bare += 1
+                log.error("writing %s/%s: %s; wrote the row and counts only (no history)", plural, name, exc)
+                continue
             except KubeError as exc:
                 raise ReplicationLost(f"cannot write {plural}/{name}: {exc}") from exc
             self.counts.retries += 1
@@ -364,6 +383,59 @@ class IncidentStore:
             self._rv.pop((INCIDENTS, name), None)
             deleted += 1
         return deleted
+
+
+def _cut(text: str, max_bytes: int) -> str:
+    raw = text.encode()
+    return text if len(raw) <= max_bytes else raw[:max_bytes].decode(errors="ignore")
+
+
+def cut_annotations(row: Mapping[str, Any]) -> tuple[dict[str, Any], int]:
+    """`row` with its annotations (a JSON object, as the ledger keeps it in text) cut: each value to
+    ANNOTATION_VALUE_MAX_BYTES, then whole values left out (last keys first) until the alert's fit in
+    ANNOTATIONS_MAX_BYTES; cut ones carry CUT_KEY. Returns the row and how many bytes were left out."""
+    out = dict(row)
+    raw = out.get("annotations")
+    if raw is None:
+        return out, 0
+    text = raw if isinstance(raw, str) else json.dumps(raw, separators=(",", ":"))
+    if len(text.encode()) <= ANNOTATIONS_MAX_BYTES:
+        return out, 0
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        parsed = None
+    values = parsed if isinstance(parsed, dict) else {"text": text}
+    kept: dict[str, str] = {}
+    total = 0
+    for key, value in values.items():
+        value = _cut(value if isinstance(value, str) else json.dumps(value), ANNOTATION_VALUE_MAX_BYTES)
+        size = _json_bytes({str(key): value})
+        if total + size > ANNOTATIONS_MAX_BYTES - 64:  # room for CUT_KEY
+            continue
+        kept[str(key)] = value
+        total += size
+    cut = len(text.encode()) - _json_bytes(kept)
+    kept[CUT_KEY] = f"{cut} bytes"
+    out["annotations"] = kept if isinstance(raw, dict) else json.dumps(kept, separators=(",", ":"))
+    return out, cut
+
+
+def _too_large(exc: KubeInvalid) -> bool:
+    """The server refused the body for its size (413, etcd's 500, a 422 'Too long'), not its content."""
+    message = exc.message.lower()
+    return exc.status == 413 or "too large" in message or "too long" in message
+
+
+def bare_status(status: JSON) -> JSON:
+    """The status without history: state, row and how many of each list were left out (the write of
+    last resort when the server refuses the status for its size)."""
+    omitted = dict(status.get("omitted") or {})
+    for name in ("entries", "handled", "alerts", "diagnoses"):
+        omitted[name] = omitted.get(name, 0) + len(status.get(name) or [])
+    omitted["bare"] = True
+    keep = ("state", "rung", "resolution", "row")
+    return {**{k: status[k] for k in keep if k in status}, "omitted": omitted}
 
 
 def _json_bytes(value: Any) -> int:

@@ -1,0 +1,86 @@
+"""An incident too large for etcd never takes the controller down (issue 36, finding 2): annotations
+are cut before storage, and a status the server still refuses for its size is written bare (row and
+counts), so the inbox's replay of the same alert cannot crash-loop the controller."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from remediation.kube.client import KubeClient
+from remediation.kube.incidents import (
+    ANNOTATIONS_MAX_BYTES,
+    CUT_KEY,
+    GROUP,
+    INCIDENTS,
+    VERSION,
+    IncidentStore,
+    IncidentStoreSettings,
+    cut_annotations,
+)
+from remediation.replication import IncidentSnapshot, Snapshot
+from tests.fakes.clock import FakeClock
+from tests.fakes.kube_api import FakeKubeAPI
+
+NS = "gpupulse"
+
+
+def _row(annotations: dict[str, str]) -> dict[str, Any]:
+    return {
+        "id": 1,
+        "key": "XidCritical:node-a/GPU-1",
+        "signature": "xid",
+        "alertname": "XidCritical",
+        "target_kind": "gpu",
+        "target_node": "node-a",
+        "target_uuid": "GPU-1",
+        "state": "acting",
+        "annotations": json.dumps(annotations),
+    }
+
+
+def _store(client: KubeClient) -> IncidentStore:
+    return IncidentStore(client, IncidentStoreSettings(NS, "replica-a"), lambda: True, FakeClock())
+
+
+async def _status(client: KubeClient) -> dict[str, Any]:
+    obj = await client.get_custom_object(GROUP, VERSION, NS, INCIDENTS, "incident-1")
+    return dict(obj["status"])
+
+
+async def test_an_alert_with_megabytes_of_annotations_is_stored_cut(
+    kube_api: FakeKubeAPI, kube_client: KubeClient
+) -> None:
+    # what the crash loop began with: one description that escapes to ~1.7 MB
+    huge = {"description": '"<x>"' * 350_000, "summary": "GPU fell off the bus", "runbook_url": "r"}
+    store = _store(kube_client)
+    await store.write(Snapshot((IncidentSnapshot(1, _row(huge), [], [], [], []),), None))
+    status = await _status(kube_client)
+    stored = json.loads(status["row"]["annotations"])
+    assert len(status["row"]["annotations"].encode()) <= ANNOTATIONS_MAX_BYTES
+    assert stored["summary"] == "GPU fell off the bus" and stored["runbook_url"] == "r"
+    assert stored["description"].startswith('"<x>"') and CUT_KEY in stored
+    assert status["omitted"]["annotationBytes"] > 1_600_000
+    assert store.lost is None
+
+
+def test_small_annotations_are_left_as_they_are() -> None:
+    row = _row({"summary": "s", "description": "d" * 1000})
+    assert cut_annotations(row) == (row, 0)
+
+
+async def test_a_status_the_server_refuses_for_its_size_is_written_bare_not_lost(
+    kube_api: FakeKubeAPI, kube_client: KubeClient
+) -> None:
+    too_large = "etcdserver: request is too large"
+    kube_api.fail("PUT", r"/gpuincidents/incident-1/status$", 500, "", message=too_large)
+    alerts = [{"fingerprint": f"fp{i}", "starts": 0.0, "status": "firing", "at": float(i)} for i in range(3)]
+    entries = [{"id": i, "kind": "event", "text": "e"} for i in range(5)]
+    store = _store(kube_client)
+    inc = IncidentSnapshot(1, _row({"summary": "s"}), entries, [{"key": "k"}], alerts, [])
+    await store.write(Snapshot((inc,), None))
+    status = await _status(kube_client)
+    assert status["row"]["id"] == 1 and status["state"] == "acting"
+    assert "entries" not in status and "alerts" not in status
+    assert status["omitted"] == {"entries": 5, "handled": 1, "alerts": 3, "diagnoses": 0, "bare": True}
+    assert store.counts.bare == 1 and store.lost is None
