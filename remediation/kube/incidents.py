@@ -62,6 +62,9 @@ MAX_STATUS_BYTES = 1_048_576
 ANNOTATION_VALUE_MAX_BYTES = 1024
 ANNOTATIONS_MAX_BYTES = 4096
 CUT_KEY = "gpupulse.io/cut"  # set on annotations that were cut: how many bytes were left out
+# alert states and firing fingerprints kept per incident, the newest; the rest are counted in
+# status.omitted, so a status's size is bounded whatever the alert count (one storm wrote 1,500)
+MAX_ALERTS_KEPT = 100
 
 
 def incident_name(incident_id: int, instance: str = "") -> str:
@@ -252,9 +255,12 @@ class IncidentStore:
                 "alerts": [dict(a) for a in inc.alerts],
                 "diagnoses": [dict(d) for d in inc.diagnoses],
             }
+            status, omitted = capped_alerts(status)
             status["row"], cut = cut_annotations(status["row"])
             if cut:
-                status["omitted"] = {"annotationBytes": cut}
+                omitted["annotationBytes"] = cut
+            if omitted:
+                status["omitted"] = omitted
             status, dropped = bounded_status(status, self._s.max_status_bytes)
             if dropped:
                 self.counts.trimmed += 1
@@ -419,6 +425,29 @@ def cut_annotations(row: Mapping[str, Any]) -> tuple[dict[str, Any], int]:
     kept[CUT_KEY] = f"{cut} bytes"
     out["annotations"] = kept if isinstance(raw, dict) else json.dumps(kept, separators=(",", ":"))
     return out, cut
+
+
+def capped_alerts(status: JSON, keep: int = MAX_ALERTS_KEPT) -> tuple[JSON, dict[str, int]]:
+    """`status` with its newest `keep` alert states (by `at`) and `keep` firing fingerprints of its
+    row (those of the kept alerts first): a new leader restoring it waits on those only. Returns the
+    status and how many of each were left out."""
+    out = dict(status)
+    omitted: dict[str, int] = {}
+    alerts = sorted(out.get("alerts") or [], key=lambda a: float(a.get("at") or 0.0), reverse=True)
+    if len(alerts) > keep:
+        omitted["alerts"] = len(alerts) - keep
+        out["alerts"] = alerts[:keep]
+    row = dict(out.get("row") or {})
+    raw = row.get("firing_fps")
+    fps = json.loads(raw) if isinstance(raw, str) else list(raw or [])
+    if len(fps) > keep:
+        newest = {str(a.get("fingerprint")): i for i, a in enumerate(alerts)}
+        fps.sort(key=lambda fp: newest.get(fp, len(newest)))
+        omitted["firingFingerprints"] = len(fps) - keep
+        kept = sorted(fps[:keep])
+        row["firing_fps"] = json.dumps(kept) if isinstance(raw, str) else kept
+        out["row"] = row
+    return out, omitted
 
 
 def _too_large(exc: KubeInvalid) -> bool:

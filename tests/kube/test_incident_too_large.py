@@ -13,6 +13,7 @@ from remediation.kube.incidents import (
     CUT_KEY,
     GROUP,
     INCIDENTS,
+    MAX_ALERTS_KEPT,
     VERSION,
     IncidentStore,
     IncidentStoreSettings,
@@ -84,3 +85,30 @@ async def test_a_status_the_server_refuses_for_its_size_is_written_bare_not_lost
     assert "entries" not in status and "alerts" not in status
     assert status["omitted"] == {"entries": 5, "handled": 1, "alerts": 3, "diagnoses": 0, "bare": True}
     assert store.counts.bare == 1 and store.lost is None
+
+
+def _storm(n: int) -> IncidentSnapshot:
+    fps = [f"{i:016x}" for i in range(n)]
+    alerts = [
+        {"fingerprint": fp, "starts": 0.0, "status": "firing", "at": float(i)} for i, fp in enumerate(fps)
+    ]
+    row = {**_row({"summary": "s"}), "firing_fps": json.dumps(fps)}
+    return IncidentSnapshot(1, row, [], [], alerts, [])
+
+
+async def test_a_storm_keeps_the_newest_alerts_and_counts_the_rest_so_the_status_stays_bounded(
+    kube_api: FakeKubeAPI, kube_client: KubeClient
+) -> None:
+    store = _store(kube_client)
+    sizes = []
+    for n in (MAX_ALERTS_KEPT, 1_000, 5_000):
+        await store.write(Snapshot((_storm(n),), None))
+        status = await _status(kube_client)
+        sizes.append(len(json.dumps(status).encode()))
+        assert sorted(a["at"] for a in status["alerts"]) == [float(i) for i in range(n - MAX_ALERTS_KEPT, n)]
+        fps = json.loads(status["row"]["firing_fps"])
+        assert fps == [f"{i:016x}" for i in range(n - MAX_ALERTS_KEPT, n)], "those of the newest alerts"
+        assert status.get("omitted", {}).get("alerts", 0) == n - MAX_ALERTS_KEPT
+        assert status.get("omitted", {}).get("firingFingerprints", 0) == n - MAX_ALERTS_KEPT
+    assert max(sizes) < 1.05 * min(sizes), sizes  # the counts and longer numbers only
+    assert store.counts.trimmed == 0
