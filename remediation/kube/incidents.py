@@ -113,6 +113,7 @@ class StoreCounts:
     deletes: int = 0
     trimmed: int = 0  # status writes that left out old history to stay below max_status_bytes
     bare: int = 0  # statuses the server refused as too large, written again as row and counts only
+    foreign: int = 0  # status writes refused: the object of that name is another incident's (spec)
 
     @property
     def writes(self) -> int:
@@ -134,6 +135,8 @@ class IncidentStore:
         self._may_act = may_act
         self._clock = clock or SystemClock()
         self._rv: dict[tuple[str, str], str] = {}
+        # the spec of each object whose version we hold: a status goes only onto its own incident's
+        self._specs: dict[tuple[str, str], JSON] = {}
         self.counts = StoreCounts()
         # the failure that ended this store's writes (the serving loop steps down on it)
         self.lost: ReplicationLost | None = None
@@ -203,6 +206,7 @@ class IncidentStore:
             name = str(obj["metadata"]["name"])
             if own:
                 self._rv[(INCIDENTS, name)] = str(obj["metadata"]["resourceVersion"])
+                self._specs[(INCIDENTS, name)] = dict(obj.get("spec") or {})
             snap = _snapshot_of(obj)
             if snap is None:  # created, but its first status write never landed: no decision behind it
                 log.info("incident object %s has no status yet; skipped", name)
@@ -289,6 +293,19 @@ class IncidentStore:
                 raise Fenced(f"{self._s.identity}: lease not renewed in time; not writing {name}")
             try:
                 rv = self._rv.get((plural, name)) or await self._create(plural, kind, name, spec)
+                held = self._specs.get((plural, name))
+                if plural == INCIDENTS and held is not None and not same_incident(held, spec):
+                    # not ours (a failed create's leftover whose id our ledger reused, a person's):
+                    # never write onto it; the incident goes unreplicated until the name is freed
+                    self.counts.foreign += 1
+                    log.error(
+                        "%s/%s is another incident's (spec %s, ours %s); not writing its status",
+                        plural,
+                        name,
+                        {k: held.get(k) for k in IDENTITY},
+                        {k: spec.get(k) for k in IDENTITY},
+                    )
+                    return
                 body = {
                     "apiVersion": f"{GROUP}/{VERSION}",
                     "kind": kind,
@@ -307,6 +324,7 @@ class IncidentStore:
                 continue  # a fresh version to write on: no wait
             except KubeNotFound:  # deleted behind our back (a person, a prune): create it again
                 self._rv.pop((plural, name), None)
+                self._specs.pop((plural, name), None)
             except (KubeUnavailable, KubeTooManyRequests) as exc:
                 log.warning("writing %s/%s: %s; retrying", plural, name, exc)
             except KubeInvalid as exc:
@@ -345,6 +363,7 @@ class IncidentStore:
         self.counts.creates += 1
         rv = str(out["metadata"]["resourceVersion"])
         self._rv[(plural, name)] = rv
+        self._specs[(plural, name)] = dict(spec)
         return rv
 
     async def _adopt(self, plural: str, name: str) -> str:
@@ -359,6 +378,7 @@ class IncidentStore:
             )
         rv = str(current["metadata"]["resourceVersion"])
         self._rv[(plural, name)] = rv
+        self._specs[(plural, name)] = dict(current.get("spec") or {})
         return rv
 
     # -- pruning ----------------------------------------------------------------------------------
@@ -387,6 +407,7 @@ class IncidentStore:
                 pass
             self.counts.deletes += 1
             self._rv.pop((INCIDENTS, name), None)
+            self._specs.pop((INCIDENTS, name), None)
             deleted += 1
         return deleted
 
@@ -425,6 +446,14 @@ def cut_annotations(row: Mapping[str, Any]) -> tuple[dict[str, Any], int]:
     kept[CUT_KEY] = f"{cut} bytes"
     out["annotations"] = kept if isinstance(raw, dict) else json.dumps(kept, separators=(",", ":"))
     return out, cut
+
+
+IDENTITY = ("id", "key", "target")  # the spec fields that name an incident's object as its own
+
+
+def same_incident(spec: Mapping[str, Any], ours: Mapping[str, Any]) -> bool:
+    """Whether an object's spec names the incident `ours` describes."""
+    return all(spec.get(k) == ours.get(k) for k in IDENTITY)
 
 
 def capped_alerts(status: JSON, keep: int = MAX_ALERTS_KEPT) -> tuple[JSON, dict[str, int]]:

@@ -112,3 +112,38 @@ async def test_a_storm_keeps_the_newest_alerts_and_counts_the_rest_so_the_status
         assert status.get("omitted", {}).get("firingFingerprints", 0) == n - MAX_ALERTS_KEPT
     assert max(sizes) < 1.05 * min(sizes), sizes  # the counts and longer numbers only
     assert store.counts.trimmed == 0
+
+
+async def test_a_status_is_never_written_onto_another_incidents_object(
+    kube_api: FakeKubeAPI, kube_client: KubeClient
+) -> None:
+    # a create whose status write failed under an earlier leader: incident-1 names another target
+    spec = {
+        "schemaVersion": 1,
+        "id": 1,
+        "key": "other",
+        "signature": "x",
+        "alertname": "A",
+        "target": "pod:n/a/b",
+    }
+    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "GpuIncident", "metadata": {"name": "incident-1"}}
+    await kube_client.create_custom_object(GROUP, VERSION, NS, INCIDENTS, {**body, "spec": spec})
+    store = _store(kube_client)
+    await store.write(Snapshot((IncidentSnapshot(1, _row({"summary": "s"}), [], [], [], []),), None))
+    obj = await kube_client.get_custom_object(GROUP, VERSION, NS, INCIDENTS, "incident-1")
+    assert not obj.get("status"), "the other incident's object is left as it was"
+    assert obj["spec"] == spec
+    assert store.counts.foreign == 1 and store.counts.status_writes == 0 and store.lost is None
+
+
+async def test_an_object_read_back_with_our_spec_is_written(
+    kube_api: FakeKubeAPI, kube_client: KubeClient
+) -> None:
+    first = _store(kube_client)
+    await first.write(Snapshot((IncidentSnapshot(1, _row({"summary": "s"}), [], [], [], []),), None))
+    second = _store(kube_client)
+    await second.load()
+    await second.write(
+        Snapshot((IncidentSnapshot(1, {**_row({}), "state": "closed"}, [], [], [], []),), None)
+    )
+    assert (await _status(kube_client))["state"] == "closed" and second.counts.foreign == 0
