@@ -21,6 +21,7 @@ errors are retried with backoff until the write deadline (the renew deadline), t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import random
@@ -100,6 +101,8 @@ class IncidentStoreSettings:
     retry_max_seconds: float = 1.0
     max_status_bytes: int = MAX_STATUS_BYTES  # past it the oldest history goes (bounded_status)
     instance: str = ""  # the release this controller belongs to; "" = the unnamed one (module doc)
+    # a decision with no effects is coalesced: at most one status write per incident per interval
+    status_interval_seconds: float = 0.0
 
 
 @dataclass
@@ -114,6 +117,7 @@ class StoreCounts:
     trimmed: int = 0  # status writes that left out old history to stay below max_status_bytes
     bare: int = 0  # statuses the server refused as too large, written again as row and counts only
     foreign: int = 0  # status writes refused: the object of that name is another incident's (spec)
+    deferred: int = 0  # incident snapshots coalesced into a later write (status_interval_seconds)
 
     @property
     def writes(self) -> int:
@@ -142,6 +146,11 @@ class IncidentStore:
         self.lost: ReplicationLost | None = None
         self.lost_event = asyncio.Event()
         self.adopted = 0  # unlabelled incidents copied into this instance by load()
+        # coalescing: the newest unwritten snapshot per incident, when each was last written and in
+        # which (state, rung, resolution): a change of those is a decision and goes out at once
+        self._deferred: dict[int, IncidentSnapshot] = {}
+        self._written_at: dict[int, float] = {}
+        self._written_as: dict[int, tuple[Any, ...]] = {}
 
     def may_act(self) -> bool:
         """The fencing rule: effects and writes only while the lease is renewed within its deadline."""
@@ -227,16 +236,68 @@ class IncidentStore:
 
     # -- writing through --------------------------------------------------------------------------
 
-    async def write(self, snapshot: Snapshot) -> None:
-        """Write each changed incident, then the switches; Fenced / ReplicationLost when it cannot."""
+    async def write(self, snapshot: Snapshot, defer: bool = False) -> None:
+        """Write each changed incident, then the switches; Fenced / ReplicationLost when it cannot.
+
+        `defer` (a decision with no effects): an incident written less than status_interval_seconds
+        ago in the same state, rung and resolution is kept for flush(); a decision with effects
+        writes everything through at once, the deferred snapshots of its incidents included."""
         if self.lost is not None:
             raise self.lost
+        now = self._clock.monotonic()
+        due: list[IncidentSnapshot] = []
+        for inc in snapshot.incidents:
+            last = self._written_at.get(inc.id)
+            if (
+                defer
+                and last is not None
+                and now - last < self._s.status_interval_seconds
+                and self._written_as.get(inc.id) == _decision_of(inc)
+            ):
+                self._deferred[inc.id] = inc
+                self.counts.deferred += 1
+            else:
+                self._deferred.pop(inc.id, None)
+                due.append(inc)
+        if not defer:
+            due.extend(self._deferred.values())
+            self._deferred.clear()
+        if due or snapshot.switches is not None:
+            await self._write_through(Snapshot(tuple(due), snapshot.switches))
+
+    async def flush(self, now: float | None = None) -> None:
+        """Write the deferred snapshots whose interval is over (all of them when `now` is None)."""
+        if self.lost is not None or not self._deferred:
+            return
+        due = [
+            inc
+            for inc in self._deferred.values()
+            if now is None or now - self._written_at.get(inc.id, 0.0) >= self._s.status_interval_seconds
+        ]
+        for inc in due:
+            del self._deferred[inc.id]
+        if due:
+            await self._write_through(Snapshot(tuple(due), None))
+
+    async def run_flusher(self) -> None:
+        """Flush deferred snapshots as their interval ends, until cancelled or the store is lost."""
+        period = max(self._s.status_interval_seconds / 4, 0.05)
+        while self.lost is None:
+            await self._clock.sleep(period)
+            with contextlib.suppress(ReplicationLost):  # recorded in self.lost; the loop steps down
+                await self.flush(self._clock.monotonic())
+
+    async def _write_through(self, snapshot: Snapshot) -> None:
         try:
             await self._write_all(snapshot)
         except ReplicationLost as exc:
             self.lost = exc
             self.lost_event.set()
             raise
+        now = self._clock.monotonic()
+        for inc in snapshot.incidents:
+            self._written_at[inc.id] = now
+            self._written_as[inc.id] = _decision_of(inc)
 
     async def _write_all(self, snapshot: Snapshot) -> None:
         for inc in snapshot.incidents:
@@ -494,6 +555,12 @@ def bare_status(status: JSON) -> JSON:
     omitted["bare"] = True
     keep = ("state", "rung", "resolution", "row")
     return {**{k: status[k] for k in keep if k in status}, "omitted": omitted}
+
+
+def _decision_of(inc: IncidentSnapshot) -> tuple[Any, ...]:
+    """What makes a write a decision rather than an alert-state update (write-through, not coalesced)."""
+    row = inc.row
+    return (row.get("state"), row.get("rung"), row.get("attempt"), row.get("resolution"), row.get("paged"))
 
 
 def _json_bytes(value: Any) -> int:

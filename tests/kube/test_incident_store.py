@@ -230,8 +230,8 @@ async def test_partitioned_leader_stops_acting(rig: ClusterRig) -> None:
 async def test_fenced_between_decision_and_action_does_not_act(rig: ClusterRig) -> None:
     store_write = rig.store.write
 
-    async def write_then_partition(snapshot: Any) -> None:
-        await store_write(snapshot)
+    async def write_then_partition(snapshot: Any, defer: bool = False) -> None:
+        await store_write(snapshot, defer)
         rig.leading = False  # the lease lapses right after the intent landed
 
     rig.store.write = write_then_partition  # type: ignore[method-assign]

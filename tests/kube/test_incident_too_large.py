@@ -147,3 +147,43 @@ async def test_an_object_read_back_with_our_spec_is_written(
         Snapshot((IncidentSnapshot(1, {**_row({}), "state": "closed"}, [], [], [], []),), None)
     )
     assert (await _status(kube_client))["state"] == "closed" and second.counts.foreign == 0
+
+
+def _alert_only(n: int, state: str = "acting") -> IncidentSnapshot:
+    alerts = [{"fingerprint": f"fp{n}", "starts": 0.0, "status": "firing", "at": float(n)}]
+    return IncidentSnapshot(1, {**_row({}), "state": state}, [], [], alerts, [])
+
+
+async def test_a_storm_of_decisions_without_effects_is_one_status_write_per_interval(
+    kube_api: FakeKubeAPI, kube_client: KubeClient
+) -> None:
+    clock = FakeClock()
+    settings = IncidentStoreSettings(NS, "replica-a", status_interval_seconds=2.0)
+    store = IncidentStore(kube_client, settings, lambda: True, clock)
+    await store.write(Snapshot((_alert_only(0),), None), defer=True)  # the first write goes through
+    for n in range(1, 200):
+        clock.advance(0.005)
+        await store.write(Snapshot((_alert_only(n),), None), defer=True)
+    assert store.counts.status_writes == 1 and store.counts.deferred == 199
+    await store.flush(clock.monotonic())
+    assert store.counts.status_writes == 1, "the interval is not over yet"
+    clock.advance(2.0)
+    await store.flush(clock.monotonic())
+    assert store.counts.status_writes == 2
+    assert (await _status(kube_client))["alerts"][0]["fingerprint"] == "fp199", "the newest snapshot"
+
+
+async def test_a_decision_with_effects_or_a_new_state_is_written_through_at_once(
+    kube_api: FakeKubeAPI, kube_client: KubeClient
+) -> None:
+    clock = FakeClock()
+    settings = IncidentStoreSettings(NS, "replica-a", status_interval_seconds=2.0)
+    store = IncidentStore(kube_client, settings, lambda: True, clock)
+    await store.write(Snapshot((_alert_only(0),), None), defer=True)
+    await store.write(Snapshot((_alert_only(1),), None), defer=True)
+    await store.write(Snapshot((_alert_only(2, state="resolved"),), None), defer=True)  # a new state
+    assert store.counts.status_writes == 2 and (await _status(kube_client))["state"] == "resolved"
+    await store.write(Snapshot((_alert_only(3, state="resolved"),), None), defer=True)
+    await store.write(Snapshot((), None))  # effects: everything deferred goes first
+    assert store.counts.status_writes == 3
+    assert (await _status(kube_client))["alerts"][0]["fingerprint"] == "fp3"
