@@ -3,7 +3,10 @@
 One object per incident (`incident-<id>`; `<instance>-incident-<id>` for a named instance), its spec
 fixed at creation (what `kubectl get` prints: target, signature), its status rewritten by each
 decision that touches it (the full ledger row, the newest entries, handled dedup keys, alert states)
-through the status subresource with the resourceVersion last seen. The operator switches live in
+through the status subresource with the resourceVersion last seen; decisions with no effects are
+coalesced (status_interval_seconds). The status is bounded: annotations cut, the newest alert
+states and firing fingerprints kept (the rest counted in status.omitted), and one refused for its
+size is written bare; it goes only onto an object whose spec names the same incident. The operator switches live in
 one GpuRemediationState, `controller` (`<instance>`).
 
 Instances: two releases in one namespace keep apart by `--kube.instance` (the chart sets the release's
