@@ -6,8 +6,8 @@ decision that touches it (the full ledger row, the newest entries, handled dedup
 through the status subresource with the resourceVersion last seen; decisions with no effects are
 coalesced (status_interval_seconds). The status is bounded: annotations cut, the newest alert
 states and firing fingerprints kept (the rest counted in status.omitted), and one refused for its
-size is written bare; it goes only onto an object whose spec names the same incident. The operator switches live in
-one GpuRemediationState, `controller` (`<instance>`).
+size is written bare; it goes only onto an object whose spec names the same incident. The operator
+switches live in one GpuRemediationState, `controller` (`<instance>`).
 
 Instances: two releases in one namespace keep apart by `--kube.instance` (the chart sets the release's
 name). A named instance labels its objects `gpupulse.io/instance=<instance>` and lists only those; the
