@@ -144,6 +144,8 @@ class IncidentStore:
         self._rv: dict[tuple[str, str], str] = {}
         # the spec of each object whose version we hold: a status goes only onto its own incident's
         self._specs: dict[tuple[str, str], JSON] = {}
+        # objects seen without a status: a create whose first status write never landed (no decision)
+        self._statusless: set[tuple[str, str]] = set()
         self.counts = StoreCounts()
         # the failure that ended this store's writes (the serving loop steps down on it)
         self.lost: ReplicationLost | None = None
@@ -220,6 +222,8 @@ class IncidentStore:
                 self._rv[(INCIDENTS, name)] = str(obj["metadata"]["resourceVersion"])
                 self._specs[(INCIDENTS, name)] = dict(obj.get("spec") or {})
             snap = _snapshot_of(obj)
+            if snap is None and own:
+                self._statusless.add((INCIDENTS, name))
             if snap is None:  # created, but its first status write never landed: no decision behind it
                 log.info("incident object %s has no status yet; skipped", name)
                 continue
@@ -359,8 +363,19 @@ class IncidentStore:
                 rv = self._rv.get((plural, name)) or await self._create(plural, kind, name, spec)
                 held = self._specs.get((plural, name))
                 if plural == INCIDENTS and held is not None and not same_incident(held, spec):
-                    # not ours (a failed create's leftover whose id our ledger reused, a person's):
-                    # never write onto it; the incident goes unreplicated until the name is freed
+                    if (plural, name) in self._statusless:
+                        # a failed create's leftover whose id our ledger reused: no decision behind
+                        # it, so it is replaced by this incident's own object
+                        log.warning("%s/%s: replacing a status-less object of spec %s", plural, name, held)
+                        with contextlib.suppress(KubeNotFound):
+                            await self._client.delete_custom_object(
+                                GROUP, VERSION, self._s.namespace, plural, name
+                            )
+                        self.counts.deletes += 1
+                        self._forget(plural, name)
+                        continue
+                    # another incident's decisions (or a person's object): never write onto it; the
+                    # incident goes unreplicated until the name is freed
                     self.counts.foreign += 1
                     log.error(
                         "%s/%s is another incident's (spec %s, ours %s); not writing its status",
@@ -381,6 +396,7 @@ class IncidentStore:
                 )
                 self.counts.status_writes += 1
                 self._rv[(plural, name)] = str(out["metadata"]["resourceVersion"])
+                self._statusless.discard((plural, name))
                 return
             except KubeConflict:
                 self.counts.conflicts += 1
@@ -428,6 +444,7 @@ class IncidentStore:
         rv = str(out["metadata"]["resourceVersion"])
         self._rv[(plural, name)] = rv
         self._specs[(plural, name)] = dict(spec)
+        self._statusless.add((plural, name))
         return rv
 
     async def _adopt(self, plural: str, name: str) -> str:
@@ -443,7 +460,14 @@ class IncidentStore:
         rv = str(current["metadata"]["resourceVersion"])
         self._rv[(plural, name)] = rv
         self._specs[(plural, name)] = dict(current.get("spec") or {})
+        if not current.get("status"):
+            self._statusless.add((plural, name))
         return rv
+
+    def _forget(self, plural: str, name: str) -> None:
+        self._rv.pop((plural, name), None)
+        self._specs.pop((plural, name), None)
+        self._statusless.discard((plural, name))
 
     # -- pruning ----------------------------------------------------------------------------------
 

@@ -114,10 +114,8 @@ async def test_a_storm_keeps_the_newest_alerts_and_counts_the_rest_so_the_status
     assert store.counts.trimmed == 0
 
 
-async def test_a_status_is_never_written_onto_another_incidents_object(
-    kube_api: FakeKubeAPI, kube_client: KubeClient
-) -> None:
-    # a create whose status write failed under an earlier leader: incident-1 names another target
+async def _others(kube_client: KubeClient, status: dict[str, Any] | None) -> dict[str, Any]:
+    """incident-1 naming another target, as an earlier leader left it (with a status, or without)."""
     spec = {
         "schemaVersion": 1,
         "id": 1,
@@ -127,13 +125,36 @@ async def test_a_status_is_never_written_onto_another_incidents_object(
         "target": "pod:n/a/b",
     }
     body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "GpuIncident", "metadata": {"name": "incident-1"}}
-    await kube_client.create_custom_object(GROUP, VERSION, NS, INCIDENTS, {**body, "spec": spec})
+    made = await kube_client.create_custom_object(GROUP, VERSION, NS, INCIDENTS, {**body, "spec": spec})
+    if status is not None:
+        meta = {"name": "incident-1", "resourceVersion": made["metadata"]["resourceVersion"]}
+        await kube_client.replace_custom_object_status(
+            GROUP, VERSION, NS, INCIDENTS, "incident-1", {**body, "metadata": meta, "status": status}
+        )
+    return spec
+
+
+async def test_a_status_is_never_written_onto_another_incidents_object(
+    kube_api: FakeKubeAPI, kube_client: KubeClient
+) -> None:
+    theirs = {"state": "acting", "row": {"id": 1, "key": "other"}, "writer": {"holder": "x", "term": 0}}
+    spec = await _others(kube_client, theirs)
     store = _store(kube_client)
     await store.write(Snapshot((IncidentSnapshot(1, _row({"summary": "s"}), [], [], [], []),), None))
     obj = await kube_client.get_custom_object(GROUP, VERSION, NS, INCIDENTS, "incident-1")
-    assert not obj.get("status"), "the other incident's object is left as it was"
-    assert obj["spec"] == spec
+    assert obj["spec"] == spec and obj["status"]["row"] == theirs["row"], "left as it was"
     assert store.counts.foreign == 1 and store.counts.status_writes == 0 and store.lost is None
+
+
+async def test_a_failed_creates_leftover_whose_id_is_reused_is_replaced_not_written_onto(
+    kube_api: FakeKubeAPI, kube_client: KubeClient
+) -> None:
+    await _others(kube_client, None)  # its first status write never landed: no decision behind it
+    store = _store(kube_client)
+    await store.write(Snapshot((IncidentSnapshot(1, _row({"summary": "s"}), [], [], [], []),), None))
+    obj = await kube_client.get_custom_object(GROUP, VERSION, NS, INCIDENTS, "incident-1")
+    assert obj["spec"]["key"] == "XidCritical:node-a/GPU-1" and obj["status"]["row"]["id"] == 1
+    assert store.counts.foreign == 0 and store.counts.deletes == 1 and store.counts.status_writes == 1
 
 
 async def test_an_object_read_back_with_our_spec_is_written(
