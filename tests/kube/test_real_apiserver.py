@@ -735,3 +735,29 @@ async def test_an_alert_storm_on_one_incident_keeps_its_status_and_etcds_databas
     assert interval == 0 or store.counts.status_writes <= n * 0.01 / interval + 2
     assert status_bytes < 64 * 1024
     assert after - before < 16 * 1024 * 1024
+
+
+@pytest.mark.filterwarnings("ignore:Sending a large body:ResourceWarning")
+async def test_an_alert_with_megabytes_of_annotations_is_stored_cut_by_the_real_server(
+    real_cluster: RealCluster, chart: list[JSON], controller_client: KubeClient
+) -> None:
+    """Issue 36: one alert whose annotations escape to ~1.7 MB made etcd refuse every write of its
+    incident and the controller crash-loop; now they are cut before storage and the write lands."""
+    from remediation.kube.incidents import ANNOTATIONS_MAX_BYTES, IncidentStore, IncidentStoreSettings
+    from remediation.replication import IncidentSnapshot, Snapshot
+
+    instance = real_cluster.unique("huge")
+    store = IncidentStore(
+        controller_client, IncidentStoreSettings(CONTROLLER_NS, "ctl-0", instance=instance), lambda: True
+    )
+    row = {"id": 1, "key": "XidCritical:n/GPU-1", "signature": "xid", "alertname": "XidCritical",
+           "target_kind": "gpu", "target_node": "n", "target_uuid": "GPU-1", "state": "acting",
+           "annotations": json.dumps({"description": "<x>" * 570_000, "summary": "s"})}  # fmt: skip
+    assert len(row["annotations"].encode()) > 1_700_000
+    await store.write(Snapshot((IncidentSnapshot(1, row, [], [], [], []),), None))
+    obj = await controller_client.get_custom_object(
+        "remediation.gpupulse.io", "v1", CONTROLLER_NS, "gpuincidents", f"{instance}-incident-1"
+    )
+    assert len(obj["status"]["row"]["annotations"].encode()) <= ANNOTATIONS_MAX_BYTES
+    assert obj["status"]["omitted"]["annotationBytes"] > 1_600_000, "the schema keeps status.omitted"
+    assert store.lost is None and store.counts.bare == 0
