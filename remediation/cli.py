@@ -428,6 +428,12 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         format_duration(_K.incident_retention_seconds),
         "Closed GpuIncident objects older than this are deleted.",
     ),
+    Flag(
+        "kube.incident-status-interval",
+        parse_flag_duration,
+        format_duration(_K.incident_status_interval_seconds),
+        "At most one GpuIncident status write per incident per interval for decisions with no effects.",
+    ),
     Flag("log.format", str, _S.log_format, "Log format.", choices=FORMATS),
     Flag("log.level", str.lower, _S.log_level, "Log level.", choices=LEVELS),
 )
@@ -641,6 +647,7 @@ def kube_settings_from_values(v: Mapping[str, Any], environ: Mapping[str, str]) 
         ledger=v["kube_ledger"],
         incident_keep=v["kube_incident_keep"],
         incident_retention_seconds=v["kube_incident_retention"],
+        incident_status_interval_seconds=v["kube_incident_status_interval"],
         instance=v["kube_instance"],
     )
 

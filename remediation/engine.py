@@ -223,7 +223,7 @@ class RemediationEngine:
         effects, snapshot = await loop.run_in_executor(self._executor, transact)
         if snapshot:
             try:
-                await mirror.write(snapshot)
+                await mirror.write(snapshot, defer=not effects)
             except Exception as exc:
                 self._broken = exc
                 raise

@@ -52,8 +52,10 @@ class Snapshot:
 class LedgerMirror(Protocol):
     """A shared store the engine writes through to (remediation/kube/incidents.py over the API server)."""
 
-    async def write(self, snapshot: Snapshot) -> None:
-        """Store the snapshot; raise ReplicationLost (Fenced) when that cannot be done."""
+    async def write(self, snapshot: Snapshot, defer: bool = False) -> None:
+        """Store the snapshot; raise ReplicationLost (Fenced) when that cannot be done. `defer`: the
+        decision has no effects, so the store may coalesce it with later ones (written within its
+        interval, and before any later decision with effects)."""
 
     def may_act(self) -> bool:
         """Whether this replica may still carry out effects (the fencing rule)."""

@@ -303,6 +303,9 @@ class KubeSettings:
     incident_keep: int = 1000
     incident_retention_seconds: float = 30 * 86400.0
     incident_prune_interval_seconds: float = 600.0
+    # at most one status write per incident per interval for decisions with no effect (alert states
+    # of a storm); a decision with effects is written through at once (docs/design/ha.md)
+    incident_status_interval_seconds: float = 2.0
     # the release this controller belongs to: its GpuIncident and GpuRemediationState objects are
     # labelled and named by it, so two releases in one namespace share none ("" = the unlabelled names
     # of earlier versions; remediation/kube/incidents.py). The chart sets the release's name.

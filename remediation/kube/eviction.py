@@ -119,7 +119,7 @@ async def evict_pods(
 async def _wait_gone(
     client: KubeClient, pod: PodRef, deadline: float, poll_seconds: float, clock: Clock
 ) -> str:
-    """"" once the evicted pod is gone (deleted, or replaced under its name), else why it is not."""
+    """ "" once the evicted pod is gone (deleted, or replaced under its name), else why it is not."""
     while True:
         try:
             current = await client.get_pod(pod.namespace, pod.name)

@@ -175,6 +175,7 @@ async def open_cluster_ledger(
             term=elector.term if elector is not None else 0,
             write_deadline_seconds=kube.renew_deadline_seconds,
             instance=kube.instance,
+            status_interval_seconds=kube.incident_status_interval_seconds,
         ),
         may_act=(lambda: elector.is_leader) if elector is not None else (lambda: True),
     )
@@ -319,12 +320,19 @@ async def _serve_with_election(
             await rescan
             return
         # a write-through that failed for good ends leadership (the next leader rebuilds from the cluster)
-        tasks = [asyncio.ensure_future(rescan), asyncio.ensure_future(_prune_incidents(settings, mirror))]
+        tasks = [
+            asyncio.ensure_future(rescan),
+            asyncio.ensure_future(_prune_incidents(settings, mirror)),
+            asyncio.ensure_future(mirror.run_flusher()),
+        ]
         try:
             await mirror.lost_event.wait()
             assert mirror.lost is not None
             raise mirror.lost
         finally:
+            # what was coalesced goes out before leadership is given up (a no-op once lost or fenced)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(mirror.flush(), settings.kube.renew_deadline_seconds)
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)

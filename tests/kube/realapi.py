@@ -291,6 +291,7 @@ class ControlPlane:
         pki = self.workdir / "pki"
         client_port, peer_port, api_port = free_port(), free_port(), free_port()
         etcd_url = f"http://127.0.0.1:{client_port}"
+        self.etcd_url = etcd_url  # its /metrics: the database size a storm test watches
         peer = f"http://127.0.0.1:{peer_port}"
         etcd = self._spawn(
             "etcd",

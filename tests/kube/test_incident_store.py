@@ -49,6 +49,7 @@ class ClusterRig:
     pager: RecordingPager = field(default_factory=RecordingPager)
     leading: bool = True
     term: int = 0
+    status_interval_seconds: float = 0.0  # coalescing of decisions with no effects (off unless set)
     engine: RemediationEngine = field(init=False)
     store: IncidentStore = field(init=False)
 
@@ -60,8 +61,15 @@ class ClusterRig:
         """Become leader: rebuild the local ledger from the cluster, then build the engine on it."""
         self.store = IncidentStore(
             self.client,
-            IncidentStoreSettings(NS, f"replica-{self.term}", term=self.term, write_deadline_seconds=2.0),
+            IncidentStoreSettings(
+                NS,
+                f"replica-{self.term}",
+                term=self.term,
+                write_deadline_seconds=2.0,
+                status_interval_seconds=self.status_interval_seconds,
+            ),
             may_act=lambda: self.leading,
+            clock=self.clock,
         )
         snapshot = await self.store.load()
         db = self.local / "ledger.db"
@@ -230,8 +238,8 @@ async def test_partitioned_leader_stops_acting(rig: ClusterRig) -> None:
 async def test_fenced_between_decision_and_action_does_not_act(rig: ClusterRig) -> None:
     store_write = rig.store.write
 
-    async def write_then_partition(snapshot: Any) -> None:
-        await store_write(snapshot)
+    async def write_then_partition(snapshot: Any, defer: bool = False) -> None:
+        await store_write(snapshot, defer)
         rig.leading = False  # the lease lapses right after the intent landed
 
     rig.store.write = write_then_partition  # type: ignore[method-assign]
@@ -341,3 +349,35 @@ async def test_a_load_retried_past_the_lease_is_fenced(rig: ClusterRig) -> None:
     with pytest.raises(Fenced):
         await rig.store.load()
     assert len(rig.api.calls("GET", path)) == asked + 1  # refused once, then not asked again
+
+
+async def test_with_coalescing_on_the_intent_is_still_written_through_before_the_action(
+    tmp_path: Path, kube_client: KubeClient, kube_api: FakeKubeAPI
+) -> None:
+    rig = ClusterRig(tmp_path, kube_client, kube_api, status_interval_seconds=60.0)
+    await rig.lead()
+    flags: list[bool] = []
+    store_write = rig.store.write
+
+    async def recording(snapshot: Any, defer: bool = False) -> None:
+        flags.append(defer)
+        await store_write(snapshot, defer)
+
+    rig.store.write = recording  # type: ignore[method-assign]
+    seen: list[list[tuple[str, str]]] = []
+    act = rig.backend._act
+
+    async def checking(rung: str, target: Any) -> Any:
+        obj = rig.objects()[incident_name(1)]
+        seen.append([(e["rung"], e["status"]) for e in obj["status"]["entries"] if e["kind"] == "action"])
+        return await act(rung, target)
+
+    rig.backend._act = checking  # type: ignore[method-assign]
+    try:
+        await rig.engine.handle(rig.event(LEAK))
+        await rig.engine.wait_idle()
+    finally:
+        await rig.engine.aclose(grace_seconds=0)
+    assert seen == [[("restart", "started")]], "the intent was in the cluster when the action ran"
+    assert flags and flags[0] is False, "the decision with an effect is not coalesced"
+    assert rig.objects()[incident_name(1)]["status"]["state"] == "verifying"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -605,9 +606,12 @@ def test_the_restart_is_recorded_as_an_event_on_the_pod(
             wait_for(lambda: recorded() or "could not record" in serve.log_path.read_text(), 30, "the Event")
             assert recorded(), "\n".join(refused_actions_and_events(serve.log_path))
             # what the README tells an on-call to run: the core/v1 view, by the reporting component
-            core = kube.get(
-                f"/api/v1/namespaces/{ns}/events?fieldSelector=reportingComponent%3Dgpupulse.io%2Fremediation"
-            ).get("items") or []
+            core = (
+                kube.get(
+                    f"/api/v1/namespaces/{ns}/events?fieldSelector=reportingComponent%3Dgpupulse.io%2Fremediation"
+                ).get("items")
+                or []
+            )
             assert {e["reason"] for e in core} >= {"RemediationStarted", "RemediationSucceeded"}
             assert all(e["involvedObject"]["name"] == name for e in core)
         finally:
@@ -674,3 +678,86 @@ def test_the_scope_namespaces_the_workload_grants(
     assert _can(kube, user, "create", "events", "default", "events.k8s.io")  # a Node's Events
     assert _can(kube, user, "patch", "nodes", "")
     assert not _can(kube, user, "get", "secrets", "team-a")
+
+
+def _etcd_db_bytes(real_cluster: RealCluster) -> int:
+    """etcd's database size (etcd_mvcc_db_total_size_in_bytes on its /metrics)."""
+    with urllib.request.urlopen(real_cluster.plane.etcd_url + "/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("etcd_mvcc_db_total_size_in_bytes ")]
+    return int(float(line.split()[1]))
+
+
+async def test_an_alert_storm_on_one_incident_keeps_its_status_and_etcds_database_bounded(
+    real_cluster: RealCluster, chart: list[JSON], controller_client: KubeClient
+) -> None:
+    """Issue 36: N alerts (GPUPULSE_STORM_ALERTS, default 500) join one incident 10 ms apart, each a
+    decision with no effects, each alert's annotations 20 KB: the store writes at most one status per
+    2 s interval, each capped (newest 100 alerts, annotations cut), and etcd's database stays flat."""
+    from remediation.kube.incidents import MAX_ALERTS_KEPT, IncidentStore, IncidentStoreSettings
+    from remediation.replication import IncidentSnapshot, Snapshot
+    from tests.fakes.clock import FakeClock
+
+    n = int(os.environ.get("GPUPULSE_STORM_ALERTS", "500"))
+    clock = FakeClock()
+    instance = real_cluster.unique("storm")
+    interval = float(os.environ.get("GPUPULSE_STORM_INTERVAL_SECONDS", "2.0"))  # 0: every alert a write
+    settings = IncidentStoreSettings(
+        CONTROLLER_NS, "ctl-0", instance=instance, status_interval_seconds=interval
+    )
+    store = IncidentStore(controller_client, settings, lambda: True, clock)
+    row = {"id": 1, "key": "XidCritical:n/GPU-1", "signature": "xid", "alertname": "XidCritical",
+           "target_kind": "gpu", "target_node": "n", "target_uuid": "GPU-1", "state": "acting",
+           "annotations": json.dumps({"description": "\\u003c" * 20_000})}  # fmt: skip
+    before = _etcd_db_bytes(real_cluster)
+    started = time.monotonic()
+    fps: list[str] = []
+    alerts: list[JSON] = []
+    for i in range(n):
+        fps.append(f"{i:016x}")
+        alerts.append({"fingerprint": fps[-1], "starts": 0.0, "status": "firing", "at": float(i)})
+        inc = IncidentSnapshot(1, {**row, "firing_fps": json.dumps(fps)}, [], [], alerts, [])
+        await store.write(Snapshot((inc,), None), defer=True)
+        clock.advance(0.01)
+    await store.flush()
+    took = time.monotonic() - started
+    obj = await controller_client.get_custom_object(
+        "remediation.gpupulse.io", "v1", CONTROLLER_NS, "gpuincidents", f"{instance}-incident-1"
+    )
+    status_bytes = len(json.dumps(obj["status"]).encode())
+    after = _etcd_db_bytes(real_cluster)
+    print(
+        f"storm: {n} alerts in {took:.1f} s; {store.counts.status_writes} status writes, "
+        f"{store.counts.deferred} coalesced; status {status_bytes} bytes "
+        f"(~{status_bytes * store.counts.status_writes} written); etcd db {before} -> {after} bytes"
+    )
+    assert len(obj["status"]["alerts"]) == min(n, MAX_ALERTS_KEPT)
+    assert interval == 0 or store.counts.status_writes <= n * 0.01 / interval + 2
+    assert status_bytes < 64 * 1024
+    assert after - before < 16 * 1024 * 1024
+
+
+@pytest.mark.filterwarnings("ignore:Sending a large body:ResourceWarning")
+async def test_an_alert_with_megabytes_of_annotations_is_stored_cut_by_the_real_server(
+    real_cluster: RealCluster, chart: list[JSON], controller_client: KubeClient
+) -> None:
+    """Issue 36: one alert whose annotations escape to ~1.7 MB made etcd refuse every write of its
+    incident and the controller crash-loop; now they are cut before storage and the write lands."""
+    from remediation.kube.incidents import ANNOTATIONS_MAX_BYTES, IncidentStore, IncidentStoreSettings
+    from remediation.replication import IncidentSnapshot, Snapshot
+
+    instance = real_cluster.unique("huge")
+    store = IncidentStore(
+        controller_client, IncidentStoreSettings(CONTROLLER_NS, "ctl-0", instance=instance), lambda: True
+    )
+    row = {"id": 1, "key": "XidCritical:n/GPU-1", "signature": "xid", "alertname": "XidCritical",
+           "target_kind": "gpu", "target_node": "n", "target_uuid": "GPU-1", "state": "acting",
+           "annotations": json.dumps({"description": "<x>" * 570_000, "summary": "s"})}  # fmt: skip
+    assert len(row["annotations"].encode()) > 1_700_000
+    await store.write(Snapshot((IncidentSnapshot(1, row, [], [], [], []),), None))
+    obj = await controller_client.get_custom_object(
+        "remediation.gpupulse.io", "v1", CONTROLLER_NS, "gpuincidents", f"{instance}-incident-1"
+    )
+    assert len(obj["status"]["row"]["annotations"].encode()) <= ANNOTATIONS_MAX_BYTES
+    assert obj["status"]["omitted"]["annotationBytes"] > 1_600_000, "the schema keeps status.omitted"
+    assert store.lost is None and store.counts.bare == 0

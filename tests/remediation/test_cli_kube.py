@@ -243,3 +243,10 @@ async def test_a_leader_that_cannot_renew_stops_and_exits_to_restart_as_a_follow
         with contextlib.suppress(asyncio.CancelledError, LeadershipLost):
             await task
         await api.stop()
+
+
+def test_the_incident_status_interval_is_a_duration_flag_defaulting_to_two_seconds() -> None:
+    env = {"POD_NAMESPACE": "gpupulse", "POD_NAME": "ctl-0"}
+    assert _settings(NO_AUTH, env).kube.incident_status_interval_seconds == 2.0
+    flag = "--kube.incident-status-interval=500ms"
+    assert _settings([*NO_AUTH, flag], env).kube.incident_status_interval_seconds == 0.5
