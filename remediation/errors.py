@@ -113,12 +113,31 @@ class VerifyError(RemediationError):
 class KubeError(RemediationError):
     """An API call failed; `status` is the HTTP code (0 when no response came back)."""
 
-    def __init__(self, status: int, reason: str, message: str, body: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        reason: str,
+        message: str,
+        body: Mapping[str, Any] | None = None,
+        retry_after_header_seconds: float = 0.0,
+    ) -> None:
         super().__init__(f"{status} {reason}: {message}")
         self.status = status
         self.reason = reason
         self.message = message
         self.body: Mapping[str, Any] = body or {}
+        # what the response's Retry-After header asked for (API Priority and Fairness sends only that)
+        self.retry_after_header_seconds = retry_after_header_seconds
+
+    @property
+    def retry_after_seconds(self) -> float:
+        """How long the server asked us to wait: details.retryAfterSeconds of a Status body, else the
+        Retry-After header (a 429 of API Priority and Fairness has a text body and only the header),
+        else 0."""
+        value = (self.body.get("details") or {}).get("retryAfterSeconds")
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return float(value)
+        return self.retry_after_header_seconds
 
 
 class KubeNotFound(KubeError):
@@ -130,13 +149,7 @@ class KubeConflict(KubeError):
 
 
 class KubeTooManyRequests(KubeError):
-    """429: an eviction blocked by a PodDisruptionBudget, or API rate limiting."""
-
-    @property
-    def retry_after_seconds(self) -> float:
-        """details.retryAfterSeconds of the 429 Status (what the Retry-After header also says), else 0."""
-        value = (self.body.get("details") or {}).get("retryAfterSeconds")
-        return float(value) if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0.0
+    """429: an eviction blocked by a PodDisruptionBudget, or API rate limiting (retry_after_seconds)."""
 
 
 class KubeForbidden(KubeError):

@@ -27,6 +27,7 @@ from remediation.errors import (
     KubeTooManyRequests,
     KubeUnavailable,
 )
+from remediation.kube.retry import parse_retry_after
 
 T = TypeVar("T")
 JSON = dict[str, Any]
@@ -73,7 +74,8 @@ def _error_from(exc: ApiException) -> KubeError:
         kind = KubeInvalid
     else:
         kind = KubeUnavailable
-    return kind(status, reason, message, body)
+    headers = exc.headers if isinstance(exc.headers, Mapping) else {}
+    return kind(status, reason, message, body, parse_retry_after(headers.get("Retry-After")))
 
 
 class KubeClient:

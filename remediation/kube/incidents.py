@@ -405,8 +405,12 @@ class IncidentStore:
             except KubeNotFound:  # deleted behind our back (a person, a prune): create it again
                 self._rv.pop((plural, name), None)
                 self._specs.pop((plural, name), None)
+                wait = delay
             except (KubeUnavailable, KubeTooManyRequests) as exc:
-                log.warning("writing %s/%s: %s; retrying", plural, name, exc)
+                # the server's Retry-After is a floor (APF's 429 says it only in the header): re-sending
+                # sooner only spends the seats it is rationing
+                wait = max(exc.retry_after_seconds, delay * random.uniform(0.5, 1.0))
+                log.warning("writing %s/%s: %s; retrying in %.2f s", plural, name, exc, wait)
             except KubeInvalid as exc:
                 if not _too_large(exc) or "row" not in status or status.get("omitted", {}).get("bare"):
                     raise ReplicationLost(f"cannot write {plural}/{name}: {exc}") from exc
@@ -419,11 +423,11 @@ class IncidentStore:
             except KubeError as exc:
                 raise ReplicationLost(f"cannot write {plural}/{name}: {exc}") from exc
             self.counts.retries += 1
-            if self._clock.monotonic() + delay > deadline:
+            if self._clock.monotonic() + wait > deadline:
                 raise ReplicationLost(
                     f"cannot write {plural}/{name} within {self._s.write_deadline_seconds} s"
                 )
-            await self._clock.sleep(delay)
+            await self._clock.sleep(wait)
             delay = min(delay * 2, self._s.retry_max_seconds)
 
     async def _create(self, plural: str, kind: str, name: str, spec: JSON) -> str:

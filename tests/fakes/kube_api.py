@@ -187,6 +187,8 @@ class Fault:
     reason: str
     message: str = "injected fault"
     times: int = 1
+    # API Priority and Fairness' rejection: text/plain, the wait only in the Retry-After header
+    retry_after: str = ""
 
 
 @dataclass(frozen=True)
@@ -657,6 +659,11 @@ class FakeKubeAPI:
         """Inject `times` failures for requests whose path matches the regex `path`."""
         self.faults.append(Fault(method, path, code, reason, message or f"injected {reason}", times))
 
+    def throttle(self, method: str, path: str, retry_after: str, times: int = 1) -> None:
+        """Refuse `times` matching requests as API Priority and Fairness does: 429, a plain-text body,
+        `Retry-After: <retry_after>` (kube-apiserver's filters/priority-and-fairness.go)."""
+        self.faults.append(Fault(method, path, 429, "TooManyRequests", "", times, retry_after))
+
     def calls(self, method: str, path_regex: str) -> list[Recorded]:
         return [r for r in self.requests if r.method == method and re.search(path_regex, r.path)]
 
@@ -682,6 +689,12 @@ class FakeKubeAPI:
         for fault in self.faults:
             if fault.times > 0 and fault.method == request.method and re.search(fault.path, request.path):
                 fault.times -= 1
+                if fault.retry_after:
+                    return web.Response(
+                        status=fault.code,
+                        text="Too many requests, please try again later.\n",
+                        headers={"Retry-After": fault.retry_after},
+                    )
                 return web.json_response(
                     status_body(fault.code, fault.reason, fault.message), status=fault.code
                 )

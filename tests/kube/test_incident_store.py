@@ -190,6 +190,17 @@ async def test_api_errors_and_a_lost_answer_are_retried(rig: ClusterRig) -> None
     assert rig.objects()[incident_name(1)]["status"]["state"] == "verifying"
 
 
+async def test_a_throttled_status_write_waits_the_retry_after_of_the_header(rig: ClusterRig) -> None:
+    # API Priority and Fairness: 429, text/plain, "Retry-After: 1"; before, re-sent after 0.05 s
+    rig.api.throttle("PUT", r"/gpuincidents/.*/status$", retry_after="1", times=2)
+    await rig.engine.handle(rig.event(LEAK))
+    await rig.engine.wait_idle()
+    assert rig.backend.rungs == ["restart"]
+    assert rig.store.counts.retries == 2
+    assert [s for s in rig.clock.sleeps if s >= 1.0][:2] == [1.0, 1.0]
+    assert rig.objects()[incident_name(1)]["status"]["state"] == "verifying"
+
+
 async def test_conflict_with_an_older_term_is_retried_on_the_new_version(rig: ClusterRig) -> None:
     ev = rig.event(LEAK)
     await rig.engine.handle(ev)
