@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import uuid
@@ -10,8 +11,9 @@ from contextlib import asynccontextmanager
 from dataclasses import replace
 
 from gpupulse.clock import Clock
-from remediation.errors import KubeConflict, KubeError, KubeNotFound
+from remediation.errors import KubeConflict, KubeError, KubeNotFound, KubeTooManyRequests, KubeUnavailable
 from remediation.kube.lease import LeaseRecord, LeaseStore
+from remediation.kube.retry import retry_throttled
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +47,7 @@ class NodeLock:
         self._identity = identity
         self._clock = clock
         self._duration = duration_seconds
+        self._retrying: set[asyncio.Task[None]] = set()  # releases the server refused, being retried
 
     @asynccontextmanager
     async def hold(self, node: str) -> AsyncIterator[str]:
@@ -85,6 +88,34 @@ class NodeLock:
             raise NodeBusy(node, "", float(self._duration)) from exc
 
     async def _release(self, name: str, holder: str) -> None:
+        """Give the Lease up. A throttled or unavailable server is retried (Retry-After honoured) until
+        the Lease would have expired anyway, in the background after the first try so the action's
+        outcome is not held up: a release refused once used to leave the node locked for the whole
+        duration, and every later action on it escalated as "locked"."""
+        expires = self._clock.monotonic() + self._duration
+        try:
+            await self._release_once(name, holder)
+        except (KubeTooManyRequests, KubeUnavailable) as exc:
+            log.warning("node lease %s: release refused (%s); retrying until it would expire", name, exc)
+            task = asyncio.create_task(self._release_until(name, holder, expires))
+            self._retrying.add(task)
+            task.add_done_callback(self._retrying.discard)
+        except KubeError as exc:
+            # not fatal: the Lease expires by itself after its duration
+            log.warning("could not release node lease %s: %s", name, exc)
+
+    async def _release_until(self, name: str, holder: str, expires: float) -> None:
+        try:
+            await retry_throttled(
+                lambda: self._release_once(name, holder),
+                clock=self._clock,
+                deadline=expires,
+                what=f"releasing node lease {name}",
+            )
+        except KubeError as exc:
+            log.warning("could not release node lease %s before it expires: %s", name, exc)
+
+    async def _release_once(self, name: str, holder: str) -> None:
         try:
             current = await self._store.get(name)
             if current is None or current.holder_identity != holder:
@@ -92,7 +123,9 @@ class NodeLock:
             released = replace(current, holder_identity="", renew_time=self._clock.utcnow())
             await self._store.swap(name, released)
         except (KubeConflict, KubeNotFound):
-            return
-        except KubeError as exc:
-            # not fatal: the Lease expires by itself after its duration
-            log.warning("could not release node lease %s: %s", name, exc)
+            return  # someone else's now, or gone: nothing of ours to release
+
+    async def drain(self) -> None:
+        """Wait for releases still being retried (tests, shutdown)."""
+        while self._retrying:
+            await asyncio.gather(*self._retrying, return_exceptions=True)

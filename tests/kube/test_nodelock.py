@@ -92,3 +92,39 @@ def test_lease_names_stay_valid_object_names() -> None:
     long = node_lease_name("n" * 260)
     assert len(long) <= 253
     assert long != node_lease_name("n" * 259)
+
+
+async def test_a_release_the_server_throttles_is_retried_until_it_lands(
+    kube_api: FakeKubeAPI, kube_client: KubeClient
+) -> None:
+    from remediation.kube.lease import LeaseStore
+    from remediation.kube.nodelock import NodeLock
+
+    clock = StepClock()
+    lock = NodeLock(LeaseStore(kube_client, "gpupulse"), "replica-a", clock, duration_seconds=900)
+    name = node_lease_name("gpu-1")
+    async with lock.hold("gpu-1"):
+        # API Priority and Fairness refuses the release three times (text body, Retry-After: 2)
+        kube_api.throttle("PUT", rf"/leases/{name}$", retry_after="2", times=3)
+    await lock.drain()
+    # before: tried once, and the node stayed locked for the lease's 900 s
+    assert "holderIdentity" not in kube_api.leases[("gpupulse", name)]["spec"]
+    assert len(kube_api.calls("PUT", rf"/leases/{name}$")) == 4
+    assert [s for s in clock.sleeps if s >= 2.0] == [2.0, 2.0]  # the first try was inline
+
+
+async def test_a_release_still_refused_when_the_lease_would_expire_gives_up(
+    kube_api: FakeKubeAPI, kube_client: KubeClient
+) -> None:
+    from remediation.kube.lease import LeaseStore
+    from remediation.kube.nodelock import NodeLock
+
+    clock = StepClock()
+    lock = NodeLock(LeaseStore(kube_client, "gpupulse"), "replica-a", clock, duration_seconds=10)
+    name = node_lease_name("gpu-2")
+    async with lock.hold("gpu-2"):
+        kube_api.throttle("PUT", rf"/leases/{name}$", retry_after="3", times=100)
+    await lock.drain()
+    puts = len(kube_api.calls("PUT", rf"/leases/{name}$"))
+    assert puts == 5  # one inline, then 3 s apart within the 10 s the Lease still had: no storm
+    assert sum(clock.sleeps) <= 10
