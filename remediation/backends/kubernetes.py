@@ -455,9 +455,14 @@ class KubernetesBackend:
         except KubeNotFound as exc:
             raise PermanentError(f"{action} {target.key}: object gone: {exc}") from exc
         except (KubeConflict, KubeTooManyRequests) as exc:
-            raise TemporaryError(f"{action} {target.key}: {exc}", delay) from exc
+            # never sooner than the server asked (API Priority and Fairness: the Retry-After header)
+            raise TemporaryError(
+                f"{action} {target.key}: {exc}", max(delay, exc.retry_after_seconds)
+            ) from exc
         except KubeError as exc:
-            raise TemporaryError(f"{action} {target.key}: API unavailable: {exc}", delay) from exc
+            raise TemporaryError(
+                f"{action} {target.key}: API unavailable: {exc}", max(delay, exc.retry_after_seconds)
+            ) from exc
 
 
 def settings_from_mapping(raw: Mapping[str, Any]) -> KubernetesBackendSettings:

@@ -151,6 +151,16 @@ async def test_a_throttled_delete_changed_nothing_and_says_so(
     assert kube_api.deleted == []
 
 
+async def test_a_throttled_restart_is_retried_no_sooner_than_the_servers_retry_after(
+    kube_api: FakeKubeAPI, make_backend: Make
+) -> None:
+    _deployment_pod(kube_api)
+    kube_api.throttle("DELETE", "/pods/llm-7d9f-abcde", retry_after="45", times=1)  # APF: header only
+    with pytest.raises(TemporaryError) as err:
+        await make_backend().restart(Target(kind="pod", namespace="ml", pod="llm-7d9f-abcde"), "xid 13")
+    assert err.value.nothing_changed and err.value.delay_seconds == 45.0  # not the usual 10 s
+
+
 async def test_a_throttled_second_delete_after_a_first_one_is_no_refusal(
     kube_api: FakeKubeAPI, make_backend: Make
 ) -> None:
