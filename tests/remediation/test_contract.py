@@ -133,3 +133,14 @@ def test_fault_classes_and_target_kinds_have_one_home() -> None:
     assert len(set(FAULT_CLASSES)) == len(FAULT_CLASSES)
     kinds = {r["labels"]["target_kind"] for r in _alert_rules().values()}
     assert kinds <= set(TARGET_KINDS)
+
+
+def test_a_controller_alert_names_its_namespace_and_never_a_node() -> None:
+    from remediation.ladder import incident_identity, target_from_labels, target_problem
+
+    labels = {"target_kind": "controller", "namespace": "gpupulse", "job": "ctl", "instance": "10.0.0.7:9836"}
+    target, known = target_from_labels(labels)
+    assert known and target.kind == "controller"
+    assert (target.namespace, target.node, target.pod) == ("gpupulse", "", "")  # instance is an exporter's
+    assert target_problem(target, known) == ""
+    assert incident_identity(target) == "controller:gpupulse"
