@@ -2,10 +2,11 @@
 
 restart deletes the pod (with a UID precondition) so its controller replaces it, or rolls its
 Deployment; migrate cordons and taints the node and evicts the affected pods through the Eviction
-API. A job target (a distributed training job) is restarted as a gang through its controller
-(remediation/kube/jobs.py), and its migrate cordons the suspect node, then restarts the job so that it
-is scheduled away from it. Every action holds the node's Lease, and every write first checks that
-this replica may act.
+API, except for a GPU target whose GPU DRA allocates: that one device is tainted with a
+DeviceTaintRule and the node keeps serving (remediation/kube/quarantine.py). A job target (a
+distributed training job) is restarted as a gang through its controller (remediation/kube/jobs.py),
+and its migrate cordons the suspect node, then restarts the job so that it is scheduled away from it.
+Every action holds the node's Lease, and every write first checks that this replica may act.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from remediation.errors import (
     TemporaryError,
 )
 from remediation.kube.client import KubeClient
+from remediation.kube.devices import Device, find_gpu_devices
+from remediation.kube.devicetaints import EFFECTS, DeviceTaintEffect
 from remediation.kube.eviction import DeadlinePolicy, EvictionSettings, evict_pods
 from remediation.kube.jobs import restart_job
 from remediation.kube.lease import LeaseStore
@@ -44,6 +47,7 @@ from remediation.kube.pods import (
     requests_gpu,
     skip_reason,
 )
+from remediation.kube.quarantine import DeviceQuarantineSettings, quarantine_device
 from remediation.kube.timing import micro_time
 from remediation.model import ActionResult, Target
 
@@ -78,12 +82,21 @@ class KubernetesBackendSettings:
     node_lease_duration_seconds: int = 900
     node_patch_attempts: int = 5
     api_retry_delay_seconds: float = 10.0
+    # a GPU target's migrate where DRA allocates its GPU: taint that device (DeviceTaintRule), not
+    # the node (remediation/kube/quarantine.py); "off" keeps the node path everywhere
+    device_quarantine: Literal["auto", "off"] = "auto"
+    device_taint_effect: DeviceTaintEffect = "NoSchedule"
+    dra_drivers: tuple[str, ...] = ("gpu.nvidia.com",)
 
     def __post_init__(self) -> None:
         if self.node_lease_duration_seconds <= self.eviction_deadline_seconds:
             raise ValueError("node_lease_duration_seconds must outlast eviction_deadline_seconds")
         if self.on_eviction_deadline not in ("fail", "delete"):
             raise ValueError("on_eviction_deadline must be 'fail' or 'delete'")
+        if self.device_quarantine not in ("auto", "off"):
+            raise ValueError("device_quarantine must be 'auto' or 'off'")
+        if self.device_taint_effect not in EFFECTS:
+            raise ValueError(f"device_taint_effect must be one of {', '.join(EFFECTS)}")
 
 
 class KubernetesBackend:
@@ -245,6 +258,9 @@ class KubernetesBackend:
         try:
             if target.kind == "job":
                 return await self._migrate_job(target, reason, left)
+            devices = await self._dra_devices(target)
+            if devices:
+                return await self._migrate_device(target, reason, devices, left)
             return await self._migrate_node(target, reason, left)
         except TemporaryError as exc:
             if not left and isinstance(exc.__cause__, KubeTooManyRequests):
@@ -332,6 +348,51 @@ class KubernetesBackend:
             + (f", skipped {len(skipped)}" if skipped else "")
         )
         return ActionResult(done=True, summary=summary, details=details)
+
+    # --- migrate of one DRA device (remediation/kube/quarantine.py)
+
+    async def _dra_devices(self, target: Target) -> list[Device]:
+        """The DRA devices of a GPU target's GPU; none (the node path) for other targets, with
+        device_quarantine off, and where no ResourceSlice publishes the GPU (a device-plugin cluster)."""
+        s = self._settings
+        if target.kind != "gpu" or not (target.node and target.uuid) or s.device_quarantine == "off":
+            return []
+        try:
+            async with self._errors("migrate", target):
+                return await find_gpu_devices(self._client, target.node, target.uuid, s.dra_drivers)
+        except PermanentError as exc:
+            # resource.k8s.io/v1 not served, or not readable by us: the node path, as before DRA
+            log.warning("no DRA device lookup for %s, quarantining the node: %s", target.key, exc)
+            return []
+
+    async def _migrate_device(
+        self, target: Target, reason: str, devices: list[Device], left: list[str]
+    ) -> ActionResult:
+        s = self._settings
+        quarantine = DeviceQuarantineSettings(
+            taint_key=s.taint_key,
+            effect=s.device_taint_effect,
+            eviction=EvictionSettings(
+                deadline_seconds=s.eviction_deadline_seconds,
+                backoff_initial_seconds=s.eviction_backoff_initial_seconds,
+                backoff_max_seconds=s.eviction_backoff_max_seconds,
+                concurrency=s.eviction_concurrency,
+            ),
+            blocked_retry_delay_seconds=s.blocked_retry_delay_seconds,
+        )
+        async with self._errors("migrate", target):
+            async with self._node_lock(target.node):
+                return await quarantine_device(
+                    self._client,
+                    target.node,
+                    target.uuid,
+                    devices,
+                    reason,
+                    quarantine,
+                    self._clock,
+                    self._guard,
+                    left,
+                )
 
     async def _migrate_job(self, target: Target, reason: str, left: list[str]) -> ActionResult:
         """Cordon the suspect rank's node first, then restart the whole job: it reschedules elsewhere.
@@ -472,6 +533,7 @@ def settings_from_mapping(raw: Mapping[str, Any]) -> KubernetesBackendSettings:
     if unknown:
         raise ValueError(f"unknown kubernetes backend settings: {', '.join(sorted(unknown))}")
     values = dict(raw)
-    if "gpu_resource_prefixes" in values:
-        values["gpu_resource_prefixes"] = tuple(values["gpu_resource_prefixes"])
+    for key in ("gpu_resource_prefixes", "dra_drivers"):
+        if key in values:
+            values[key] = tuple(values[key])
     return KubernetesBackendSettings(**values)
