@@ -31,7 +31,7 @@ from remediation.errors import (
 )
 from remediation.kube.client import KubeClient
 from remediation.kube.devices import Device, find_gpu_devices
-from remediation.kube.devicetaints import EFFECTS, DeviceTaintEffect
+from remediation.kube.devicetaints import EFFECTS, DeviceTaintEffect, remove_rule, rule_name
 from remediation.kube.eviction import DeadlinePolicy, EvictionSettings, evict_pods
 from remediation.kube.jobs import restart_job
 from remediation.kube.lease import LeaseStore
@@ -476,6 +476,9 @@ class KubernetesBackend:
         if not s.auto_uncordon:
             raise PermanentError("auto_uncordon is off: uncordoning is a human's decision")
         self._guard()
+        devices = await self._dra_devices(target)
+        if devices:
+            return await self._release_devices(target, devices)
         async with self._errors("uncordon", target):
             node = await self._node_of(target)
             async with self._node_lock(node):
@@ -483,6 +486,24 @@ class KubernetesBackend:
         verb = "uncordoned" if change.changed else "left alone (not cordoned by gpupulse)"
         return ActionResult(
             done=True, summary=f"{verb} {node}", details={"node": node, "changed": change.changed}
+        )
+
+    async def _release_devices(self, target: Target, devices: list[Device]) -> ActionResult:
+        """Delete our DeviceTaintRules of the target's GPU: the devices serve again."""
+        async with self._errors("uncordon", target):
+            async with self._node_lock(target.node):
+                names = [rule_name(target.node, d) for d in devices]
+                removed = [n for n in names if await remove_rule(self._client, n, self._guard)]
+        summary = f"removed DeviceTaintRule {' '.join(removed)}" if removed else "no DeviceTaintRule of ours"
+        return ActionResult(
+            done=True,
+            summary=f"{summary} for GPU {target.uuid} on {target.node}",
+            details={
+                "node": target.node,
+                "quarantine": "device",
+                "removed": removed,
+                "changed": bool(removed),
+            },
         )
 
     # --- shared

@@ -194,3 +194,19 @@ async def test_rule_names_are_stable_valid_and_distinct_per_device() -> None:
     assert a != rule_name("gpu-1", Device("other.driver", "gpu-1", "gpu-3", "GPU-3"))
     long = rule_name("n" * 253, Device(DRIVER, "p", "Gpu_0", "u"))
     assert len(long) <= 253 and long == long.lower() and "_" not in long
+
+
+async def test_uncordon_of_a_gpu_target_deletes_only_its_rule(
+    kube_api: FakeKubeAPI, make_backend: Make
+) -> None:
+    _dra_node(kube_api, gpus=2)
+    await make_backend().migrate(_target("GPU-0"), "xid 48")
+    await make_backend().migrate(_target("GPU-1"), "xid 48")
+    with pytest.raises(PermanentError, match="auto_uncordon is off"):
+        await make_backend().uncordon(_target("GPU-0"), "verified")
+    result = await make_backend(auto_uncordon=True).uncordon(_target("GPU-0"), "verified")
+    left = [r["spec"]["deviceSelector"]["device"] for r in kube_api.dra.rules.values()]
+    assert left == ["gpu-1"]
+    assert result.details["removed"] == [rule_name("gpu-1", Device(DRIVER, "gpu-1", "gpu-0", "GPU-0"))]
+    again = await make_backend(auto_uncordon=True).uncordon(_target("GPU-0"), "verified")
+    assert again.details["changed"] is False
