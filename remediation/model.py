@@ -96,6 +96,13 @@ class ActionNotice:
     summary: str
 
 
+class MigratePreview(Protocol):
+    """A backend that can show what a dry-run migrate would touch without acting (the Kubernetes
+    backend's DeviceTaintRule with effect None, when configured); None when it has nothing to show."""
+
+    async def preview_migrate(self, target: Target, reason: str) -> ActionResult | None: ...
+
+
 class ActionAudit(Protocol):
     """Tells a cluster's users what the controller does (remediation/kube/events.py); best effort."""
 

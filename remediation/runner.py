@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from remediation.decide.pages import with_diagnosis
 from remediation.diagnosis.diagnose import Diagnoser
@@ -20,7 +20,7 @@ from remediation.diagnosis.types import DIAGNOSIS_BUSY, DIAGNOSIS_FAILED, Diagno
 from remediation.effects import Act, Announce, CheckPromQL, Diagnose, Effect, SendGroupPage, SendPage
 from remediation.errors import PermanentError, TemporaryError, VerifyError
 from remediation.metrics import RemediationMetrics
-from remediation.model import ActionAudit, ActionBackend, ActionNotice, ActionPhase, Pager
+from remediation.model import ActionAudit, ActionBackend, ActionNotice, ActionPhase, MigratePreview, Pager
 from remediation.settings import EngineDiagnosisSettings
 from remediation.transitions import Transitions
 from remediation.verify import PromQLVerifier
@@ -99,10 +99,7 @@ class EffectRunner:
             elif isinstance(eff, Diagnose):
                 coro = self._run_diagnose(eff)
             elif isinstance(eff, Announce):
-                notice = ActionNotice(
-                    eff.target, eff.rung, "dry_run", eff.incident_id, eff.signature, eff.summary
-                )
-                coro = self._tell(notice)
+                coro = self._run_announce(eff)
             else:
                 coro = self._run_promql(eff)
             task = asyncio.ensure_future(self._unless_fenced(eff, coro))
@@ -134,6 +131,25 @@ class EffectRunner:
         except Exception as exc:  # the audit trail must never stop or fail an action
             what = f"{notice.rung} {notice.phase} of incident {notice.incident_id}"
             log.warning("could not record the %s: %s", what, exc)
+
+    async def _run_announce(self, eff: Announce) -> None:
+        """Tell the audit trail about a dry-run rung; a dry-run migrate may leave a preview
+        (remediation/kube/quarantine.py), recorded with its incident."""
+        await self._tell(
+            ActionNotice(eff.target, eff.rung, "dry_run", eff.incident_id, eff.signature, eff.summary)
+        )
+        if eff.rung != "migrate" or not hasattr(self.backend, "preview_migrate"):
+            return
+        preview = cast(MigratePreview, self.backend)
+        try:
+            found = await asyncio.wait_for(
+                preview.preview_migrate(eff.target, eff.summary), self.action_timeout_seconds
+            )
+        except Exception as exc:  # a preview is best effort: the dry run is recorded either way
+            log.warning("dry-run preview of incident %s failed: %s", eff.incident_id, exc)
+            return
+        if found is not None:
+            await self._record(lambda t: t.on_preview(eff, found.summary, found.details))
 
     async def _run_action(self, eff: Act) -> None:
         await self._announce(eff, "started", eff.reason)

@@ -47,7 +47,7 @@ from remediation.kube.pods import (
     requests_gpu,
     skip_reason,
 )
-from remediation.kube.quarantine import DeviceQuarantineSettings, quarantine_device
+from remediation.kube.quarantine import DeviceQuarantineSettings, preview_device, quarantine_device
 from remediation.kube.timing import micro_time
 from remediation.model import ActionResult, Target
 
@@ -87,6 +87,10 @@ class KubernetesBackendSettings:
     device_quarantine: Literal["auto", "off"] = "auto"
     device_taint_effect: DeviceTaintEffect = "NoSchedule"
     dra_drivers: tuple[str, ...] = ("gpu.nvidia.com",)
+    # in the engine's dry run, write a GPU's DeviceTaintRule with effect None: no scheduling effect, and
+    # kube-controller-manager reports on it what NoExecute would evict. Off by default: a dry run
+    # otherwise writes nothing to the cluster but Events
+    dry_run_device_preview: bool = False
 
     def __post_init__(self) -> None:
         if self.node_lease_duration_seconds <= self.eviction_deadline_seconds:
@@ -392,6 +396,27 @@ class KubernetesBackend:
                     self._clock,
                     self._guard,
                     left,
+                )
+
+    async def preview_migrate(self, target: Target, reason: str) -> ActionResult | None:
+        """The dry run's migrate of a DRA GPU: its rules with effect None (an existing stronger rule
+        stays as it is); None when not configured or not a DRA GPU."""
+        if not self._settings.dry_run_device_preview:
+            return None
+        devices = await self._dra_devices(target)
+        if not devices:
+            return None
+        self._guard()
+        async with self._errors("migrate", target):
+            async with self._node_lock(target.node):
+                return await preview_device(
+                    self._client,
+                    target.node,
+                    target.uuid,
+                    devices,
+                    reason,
+                    self._settings.taint_key,
+                    self._guard,
                 )
 
     async def _migrate_job(self, target: Target, reason: str, left: list[str]) -> ActionResult:

@@ -116,6 +116,36 @@ async def quarantine_device(
     return ActionResult(done=True, summary=summary, details=details)
 
 
+async def preview_device(
+    client: KubeClient,
+    node: str,
+    uuid: str,
+    devices: Sequence[Device],
+    reason: str,
+    taint_key: str,
+    guard: Callable[[], None],
+) -> ActionResult:
+    """The dry run's quarantine: each device's rule with effect None, which moves nothing and which
+    kube-controller-manager answers with what NoExecute would evict (a stronger rule stays as it is)."""
+    changes = [
+        await ensure_rule(client, rule_body(node, d, uuid, taint_key, reason, "None"), guard) for d in devices
+    ]
+    names = " ".join(c.name for c in changes)
+    details: dict[str, Any] = {
+        "node": node,
+        "quarantine": "device",
+        "device_taint_rules": [
+            {"name": c.name, "device": d.key, "effect": c.effect, "changed": c.changed}
+            for c, d in zip(changes, devices, strict=True)
+        ],
+        "left": left_text(node, uuid, changes, devices),
+    }
+    summary = (
+        f"dry run: DeviceTaintRule {names} has effect {changes[0].effect}; its status says what would move"
+    )
+    return ActionResult(done=True, summary=summary, details=details)
+
+
 async def _evict_holders(
     client: KubeClient,
     node: str,

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from remediation.diagnosis.types import DIAGNOSIS_FAILED, PROMETHEUS_UNAVAILABLE, Diagnosis
-from remediation.effects import Act, CheckPromQL, Effect, SendGroupPage, SendPage
+from remediation.effects import Act, Announce, CheckPromQL, Effect, SendGroupPage, SendPage
 from remediation.ladder import first_step
 from remediation.safety import BREAKER
 from remediation.transitions.timers import TimerTransitions
@@ -46,6 +46,13 @@ class Transitions(TimerTransitions):
             return []
         rung, attempt = first_step(sig.ladder)
         return self._start(incident_id, rung, attempt, now)
+
+    def on_preview(self, eff: Announce, summary: str, details: Mapping[str, Any]) -> list[Effect]:
+        """Record what a dry-run migrate left as a preview (a DeviceTaintRule with effect None)."""
+        inc = self._db.incident(eff.incident_id)
+        if inc is not None:
+            self._entry(inc, "event", "dry_run_preview", summary, rung=eff.rung, details=details)
+        return []
 
     def on_action_done(
         self, eff: Act, outcome: str, summary: str, details: Mapping[str, Any], delay: float
