@@ -48,7 +48,9 @@ from remediation.kube.pods import (
     skip_reason,
 )
 from remediation.kube.quarantine import DeviceQuarantineSettings, preview_device, quarantine_device
+from remediation.kube.returning import return_device, validation_name
 from remediation.kube.timing import micro_time
+from remediation.kube.validation import ValidationSettings
 from remediation.model import ActionResult, Target
 
 log = logging.getLogger(__name__)
@@ -530,6 +532,30 @@ class KubernetesBackend:
                 "changed": bool(removed),
             },
         )
+
+    async def return_to_service(
+        self, target: Target, fault_class: str, incident_id: int, attempt: int, validation: ValidationSettings
+    ) -> ActionResult:
+        """Validate a quarantined DRA GPU and, only on a pass, delete its DeviceTaintRules
+        (remediation/kube/returning.py; the engine's rung for it is issue 39 item 3, not built yet)."""
+        self._guard()
+        devices = await self._dra_devices(target)
+        if not devices:
+            raise PermanentError(f"return to service: {target.key} is no DRA GPU of a ResourceSlice")
+        name = validation_name(incident_id, attempt)
+        async with self._errors("return", target):
+            return await return_device(
+                self._client,
+                target.node,
+                target.uuid,
+                devices,
+                fault_class,
+                name,
+                validation,
+                self._clock,
+                self._guard,
+                self._node_lock,
+            )
 
     # --- shared
 

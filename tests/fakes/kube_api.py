@@ -76,6 +76,8 @@ SERVED: dict[tuple[str, str], str] = {
     ("events.k8s.io/v1", "events"): "Event",
     ("remediation.gpupulse.io/v1", "gpuincidents"): "GpuIncident",
     ("remediation.gpupulse.io/v1", "gpuremediationstates"): "GpuRemediationState",
+    # a validation Job's own claim (remediation/kube/validation.py); allocated claims: tests/fakes/kube_dra.py
+    ("resource.k8s.io/v1", "resourceclaims"): "ResourceClaim",
 }
 # kinds served with the status subresource (helm/gpupulse/crds/remediation.gpupulse.io.yaml)
 WITH_STATUS = {

@@ -240,3 +240,32 @@ async def test_effect_none_previews_and_noexecute_lets_the_controller_manager_ev
         assert _live_pods(kube, ns) == ["rank-0", "rank-2", "rank-3"]
         assert kube.get(f"{R}/devicetaintrules/{name}")["metadata"]["generation"] == 2
         await remove_rule(client, name, lambda: None)
+
+
+def test_the_server_accepts_the_validation_job_and_its_claim(real_cluster: RealCluster) -> None:
+    """The objects remediation/kube/validation.py makes pass the real server's validation: a claim
+    whose CEL selector names the GPU and which tolerates our taint, a Job whose pod holds it."""
+    from remediation.kube.devices import Device
+    from remediation.kube.validation import ValidationSettings, validation_objects
+
+    kube = real_cluster.kube
+    ns = real_cluster.unique("validate")
+    ensure_namespace(kube, ns)
+    try:
+        settings = ValidationSettings(namespace=ns, image="registry.example/dcgm:test", device_class=DRIVER)
+        job, claim = validation_objects(
+            "gpupulse-validate-1-1", "n", Device(DRIVER, "n", "gpu-0", "GPU-0"), 2, settings
+        )
+        assert claim is not None
+        stored = kube.post(f"{R}/namespaces/{ns}/resourceclaims", claim)
+        (request,) = stored["spec"]["devices"]["requests"]
+        assert request["exactly"]["tolerations"] == [{"key": "gpupulse.io/remediation", "operator": "Exists"}]
+        made = kube.post(f"/apis/batch/v1/namespaces/{ns}/jobs", job)
+        assert made["spec"]["template"]["spec"]["resourceClaims"] == [
+            {"name": "gpu", "resourceClaimName": "gpupulse-validate-1-1"}
+        ]
+        node_job, none = validation_objects("gpupulse-validate-2-1", "n", None, 1, settings)
+        assert none is None
+        kube.post(f"/apis/batch/v1/namespaces/{ns}/jobs", node_job)
+    finally:
+        kube.delete(f"/api/v1/namespaces/{ns}")
