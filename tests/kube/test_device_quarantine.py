@@ -9,7 +9,7 @@ import pytest
 
 from remediation.backends.kubernetes import KubernetesBackend
 from remediation.errors import PermanentError, TemporaryError
-from remediation.kube.devices import Device
+from remediation.kube.devices import Device, holders_of, tolerates
 from remediation.kube.devicetaints import rule_name
 from remediation.model import Target
 from tests.fakes.kube_api import FakeKubeAPI
@@ -210,3 +210,37 @@ async def test_uncordon_of_a_gpu_target_deletes_only_its_rule(
     assert result.details["removed"] == [rule_name("gpu-1", Device(DRIVER, "gpu-1", "gpu-0", "GPU-0"))]
     again = await make_backend(auto_uncordon=True).uncordon(_target("GPU-0"), "verified")
     assert again.details["changed"] is False
+
+
+@pytest.mark.parametrize(
+    ("toleration", "tolerated"),
+    [
+        ({"operator": "Exists"}, True),  # an empty key with Exists tolerates every taint
+        ({"key": TAINT, "operator": "Exists"}, True),
+        ({"key": TAINT, "value": "xid_48"}, True),  # Equal is the default operator
+        ({"key": TAINT, "value": "other"}, False),
+        ({"key": TAINT, "operator": "Exists", "effect": "NoExecute"}, False),  # another effect
+        ({"key": "other.io/key", "operator": "Exists"}, False),
+    ],
+)
+def test_claim_tolerations_follow_kubernetes_rules(toleration: dict[str, str], tolerated: bool) -> None:
+    assert tolerates([toleration], TAINT, "xid_48", "NoSchedule") is tolerated
+
+
+def test_holders_are_the_pods_a_claim_on_the_device_is_reserved_for() -> None:
+    device = Device(DRIVER, "gpu-1", "gpu-3", "GPU-3")
+    claim = {
+        "metadata": {"namespace": "ml", "name": "c"},
+        "status": {
+            "allocation": {"devices": {"results": [{"driver": DRIVER, "pool": "gpu-1", "device": "gpu-3"}]}},
+            "reservedFor": [
+                {"resource": "pods", "name": "a", "uid": "1"},
+                {"resource": "jobs", "name": "j", "uid": "2"},  # not a pod: nothing to evict
+            ],
+        },
+    }
+    other = {**claim, "status": {**claim["status"], "allocation": {"devices": {"results": [
+        {"driver": DRIVER, "pool": "gpu-1", "device": "gpu-4"}
+    ]}}}}  # fmt: skip
+    taint = {"key": TAINT, "value": "v", "effect": "NoSchedule"}
+    assert [h.key for h in holders_of([claim, other], [device], taint)] == ["ml/a"]
