@@ -17,10 +17,28 @@ from typing import Any, cast
 from remediation.decide.pages import with_diagnosis
 from remediation.diagnosis.diagnose import Diagnoser
 from remediation.diagnosis.types import DIAGNOSIS_BUSY, DIAGNOSIS_FAILED, Diagnosis, no_diagnosis
-from remediation.effects import Act, Announce, CheckPromQL, Diagnose, Effect, SendGroupPage, SendPage
+from remediation.effects import (
+    Act,
+    Announce,
+    CheckPromQL,
+    Diagnose,
+    Effect,
+    SendGroupPage,
+    SendPage,
+    Validate,
+)
 from remediation.errors import PermanentError, TemporaryError, VerifyError
 from remediation.metrics import RemediationMetrics
-from remediation.model import ActionAudit, ActionBackend, ActionNotice, ActionPhase, MigratePreview, Pager
+from remediation.model import (
+    ActionAudit,
+    ActionBackend,
+    ActionNotice,
+    ActionPhase,
+    MigratePreview,
+    Pager,
+    ReturnToService,
+    ValidationPhase,
+)
 from remediation.settings import EngineDiagnosisSettings
 from remediation.transitions import Transitions
 from remediation.verify import PromQLVerifier
@@ -48,6 +66,7 @@ class EffectRunner:
         diagnosis: EngineDiagnosisSettings | None = None,
         may_act: Callable[[], bool] | None = None,
         audit: ActionAudit | None = None,
+        validation_timeout_seconds: float = 3600.0,
     ) -> None:
         self.backend = backend
         self.audit = audit
@@ -55,6 +74,7 @@ class EffectRunner:
         self.verifier = verifier
         self.metrics = metrics
         self.action_timeout_seconds = action_timeout_seconds
+        self.validation_timeout_seconds = validation_timeout_seconds
         self._record = record
         self.diagnoser = diagnoser
         self.diagnosis = diagnosis or EngineDiagnosisSettings()
@@ -100,6 +120,8 @@ class EffectRunner:
                 coro = self._run_diagnose(eff)
             elif isinstance(eff, Announce):
                 coro = self._run_announce(eff)
+            elif isinstance(eff, Validate):
+                coro = self._run_validate(eff)
             else:
                 coro = self._run_promql(eff)
             task = asyncio.ensure_future(self._unless_fenced(eff, coro))
@@ -150,6 +172,32 @@ class EffectRunner:
             return
         if found is not None:
             await self._record(lambda t: t.on_preview(eff, found.summary, found.details))
+
+    async def _run_validate(self, eff: Validate) -> None:
+        """Test a quarantined GPU through the backend; its verdict goes back to the transitions."""
+        delay = 0.0
+        details: Mapping[str, Any] = {}
+        outcome: ValidationPhase
+        try:
+            if not hasattr(self.backend, "return_to_service"):
+                raise PermanentError(f"backend {getattr(self.backend, 'name', '?')} cannot validate a GPU")
+            backend = cast(ReturnToService, self.backend)
+            call = backend.return_to_service(eff.target, eff.fault_class, eff.incident_id, eff.attempt)
+            result = await asyncio.wait_for(call, self.validation_timeout_seconds)
+            outcome = "passed" if result.done else "failed"
+            summary, details = result.summary, result.details
+        except TemporaryError as exc:
+            outcome, summary, delay = "temporary", str(exc), exc.delay_seconds
+        except PermanentError as exc:
+            outcome, summary = "failed", str(exc)
+            details = {"left": exc.left} if exc.left else {}
+        except TimeoutError:
+            outcome, summary = "temporary", f"no verdict within {self.validation_timeout_seconds:.0f} s"
+            delay = 60.0
+        except Exception as exc:  # a backend bug must not return a GPU: it counts as a fail
+            log.exception("backend %s raised on validation", getattr(self.backend, "name", "?"))
+            outcome, summary = "failed", f"{type(exc).__name__}: {exc}"
+        await self._record(lambda t: t.on_validated(eff, outcome, summary, details, delay))
 
     async def _run_action(self, eff: Act) -> None:
         await self._announce(eff, "started", eff.reason)

@@ -50,7 +50,7 @@ from remediation.kube.pods import (
 from remediation.kube.quarantine import DeviceQuarantineSettings, preview_device, quarantine_device
 from remediation.kube.returning import return_device, validation_name
 from remediation.kube.timing import micro_time
-from remediation.kube.validation import ValidationSettings
+from remediation.kube.validation import ValidationSettings, validation_from_mapping
 from remediation.model import ActionResult, Target
 
 log = logging.getLogger(__name__)
@@ -93,6 +93,9 @@ class KubernetesBackendSettings:
     # kube-controller-manager reports on it what NoExecute would evict. Off by default: a dry run
     # otherwise writes nothing to the cluster but Events
     dry_run_device_preview: bool = False
+    # the validation Job that must pass before a quarantined GPU returns to service
+    # (remediation/kube/validation.py); None: return_to_service refuses, the GPU stays out
+    validation: ValidationSettings | None = None
 
     def __post_init__(self) -> None:
         if self.node_lease_duration_seconds <= self.eviction_deadline_seconds:
@@ -534,10 +537,15 @@ class KubernetesBackend:
         )
 
     async def return_to_service(
-        self, target: Target, fault_class: str, incident_id: int, attempt: int, validation: ValidationSettings
+        self, target: Target, fault_class: str, incident_id: int, attempt: int
     ) -> ActionResult:
         """Validate a quarantined DRA GPU and, only on a pass, delete its DeviceTaintRules
-        (remediation/kube/returning.py; the engine's rung for it is issue 39 item 3, not built yet)."""
+        (remediation/kube/returning.py); the engine asks once the GPU's alert resolved."""
+        validation = self._settings.validation
+        if validation is None:
+            raise PermanentError(
+                "no validation is configured (backend setting validation): the GPU stays out"
+            )
         self._guard()
         devices = await self._dra_devices(target)
         if not devices:
@@ -608,4 +616,6 @@ def settings_from_mapping(raw: Mapping[str, Any]) -> KubernetesBackendSettings:
     for key in ("gpu_resource_prefixes", "dra_drivers"):
         if key in values:
             values[key] = tuple(values[key])
+    if values.get("validation") is not None:
+        values["validation"] = validation_from_mapping(values["validation"], str(values.get("namespace", "")))
     return KubernetesBackendSettings(**values)

@@ -65,6 +65,25 @@ class ValidationOutcome:
     level: int
 
 
+def validation_from_mapping(raw: Mapping[str, Any], namespace: str) -> ValidationSettings:
+    """The `validation` mapping of a backend config file (unknown keys are an error); the Job lives
+    in the controller's namespace unless the mapping names another."""
+    if not isinstance(raw, Mapping):
+        raise ValueError("validation must be a mapping")
+    known = set(ValidationSettings.__dataclass_fields__)
+    unknown = set(raw) - known
+    if unknown:
+        raise ValueError(f"unknown validation settings: {', '.join(sorted(unknown))}")
+    values: dict[str, Any] = {"namespace": namespace, **raw}
+    if "command" in values:
+        values["command"] = tuple(str(part) for part in values["command"])
+    if "levels" in values:
+        values["levels"] = {str(k): int(v) for k, v in dict(values["levels"]).items()}
+    if "timeout_seconds" in values:
+        values["timeout_seconds"] = {int(k): float(v) for k, v in dict(values["timeout_seconds"]).items()}
+    return ValidationSettings(**values)
+
+
 def level_for(fault_class: str, settings: ValidationSettings) -> int:
     """The diagnostic level for a fault: deeper the more the fault says about the hardware."""
     return settings.levels.get(fault_class, settings.default_level)

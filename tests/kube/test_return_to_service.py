@@ -60,7 +60,7 @@ async def test_a_pass_deletes_the_rule_and_the_job_ran_on_that_gpu_only(
     await backend.migrate(TARGET, "xid 48")
     assert len(kube_api.dra.rules) == 1
     _finish_job_after(kube_api, clock, 2, "Complete")
-    result = await backend.return_to_service(TARGET, "xid_reset", 7, 1, _settings())
+    result = await make_backend(validation=_settings()).return_to_service(TARGET, "xid_reset", 7, 1)
 
     assert not kube_api.dra.rules
     assert result.details["passed"] is True and result.details["level"] == 2
@@ -83,7 +83,7 @@ async def test_a_fail_keeps_the_gpu_out_and_says_how_to_undo(
     await backend.migrate(TARGET, "xid 79")
     _finish_job_after(kube_api, clock, 1, "Failed", "BackoffLimitExceeded")
     with pytest.raises(PermanentError, match=r"stays out of service.*BackoffLimitExceeded") as caught:
-        await backend.return_to_service(TARGET, "gpu_lost", 7, 1, _settings())
+        await make_backend(validation=_settings()).return_to_service(TARGET, "gpu_lost", 7, 1)
     assert len(kube_api.dra.rules) == 1
     assert "kubectl delete devicetaintrule" in caught.value.left
     command = kube_api.objects[JOB]["spec"]["template"]["spec"]["containers"][0]["command"]
@@ -95,7 +95,9 @@ async def test_no_verdict_by_the_deadline_is_a_fail(kube_api: FakeKubeAPI, make_
     backend = make_backend()
     await backend.migrate(TARGET, "xid 48")
     with pytest.raises(PermanentError, match="no verdict in time"):
-        await backend.return_to_service(TARGET, "thermal", 7, 1, _settings(timeout_seconds={2: 30.0}))
+        await make_backend(validation=_settings(timeout_seconds={2: 30.0})).return_to_service(
+            TARGET, "thermal", 7, 1
+        )
     assert len(kube_api.dra.rules) == 1
 
 
@@ -106,9 +108,11 @@ async def test_a_retried_call_waits_on_the_job_it_started(
     backend = make_backend()
     await backend.migrate(TARGET, "xid 48")
     with pytest.raises(PermanentError):
-        await backend.return_to_service(TARGET, "xid_reset", 7, 1, _settings(timeout_seconds={2: 10.0}))
+        await make_backend(validation=_settings(timeout_seconds={2: 10.0})).return_to_service(
+            TARGET, "xid_reset", 7, 1
+        )
     _finish_job_after(kube_api, clock, len(clock.sleeps) + 1, "Complete")
-    await backend.return_to_service(TARGET, "xid_reset", 7, 1, _settings())
+    await make_backend(validation=_settings()).return_to_service(TARGET, "xid_reset", 7, 1)
     assert len(kube_api.calls("POST", "/jobs$")) == 2  # the second create met 409 and waited on the first
     assert not kube_api.dra.rules
 
@@ -118,3 +122,32 @@ def test_settings_refuse_a_level_dcgmi_does_not_have_and_a_missing_image() -> No
         _settings(levels={"gpu_lost": 4})
     with pytest.raises(ValueError, match="image"):
         _settings(image="")
+
+
+async def test_without_a_configured_validation_the_gpu_stays_out(
+    kube_api: FakeKubeAPI, make_backend: Make
+) -> None:
+    _quarantined(kube_api)
+    await make_backend().migrate(TARGET, "xid 48")
+    with pytest.raises(PermanentError, match="no validation is configured"):
+        await make_backend().return_to_service(TARGET, "xid_reset", 7, 1)
+    assert len(kube_api.dra.rules) == 1 and not kube_api.calls("POST", "/jobs$")
+
+
+def test_the_backend_config_file_carries_the_validation() -> None:
+    from remediation.backends.kubernetes import settings_from_mapping
+
+    raw = {
+        "namespace": "gpupulse",
+        "identity": "a",
+        "validation": {
+            "image": "dcgm:1",
+            "command": ["sh", "-c", "dcgmi diag -r {level}"],
+            "levels": {"thermal": 1},
+        },
+    }
+    validation = settings_from_mapping(raw).validation
+    assert validation is not None and validation.namespace == "gpupulse"
+    assert validation.command == ("sh", "-c", "dcgmi diag -r {level}") and validation.levels == {"thermal": 1}
+    with pytest.raises(ValueError, match="unknown validation settings: imag"):
+        settings_from_mapping({**raw, "validation": {"imag": "x"}})
