@@ -1,6 +1,8 @@
 """The real kube-scheduler 1.37 honours the controller's DeviceTaintRule: a new claim is allocated a
 healthy GPU of the same node, never the tainted one; with only the tainted GPU left the pod waits
-Unschedulable; the undo the page prints (deleting the rule) lets it have the GPU again.
+Unschedulable; the undo the page prints (deleting the rule) lets it have the GPU again. The
+validation Job's claim, which tolerates the taint, is given the quarantined GPU, and its pass
+returns it.
 
 A control plane of its own (tests/kube/realapi.py's, plus kube-scheduler from the same module), and
 no stand-in kubelet: here the scheduler, not our player, binds pods and allocates claims.
@@ -8,6 +10,7 @@ no stand-in kubelet: here the scheduler, not our player, binds pods and allocate
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -18,6 +21,7 @@ from gpupulse.clock import SystemClock
 from remediation.backends.kubernetes import KubernetesBackend
 from remediation.kube.client import KubeClient, KubeClientSettings
 from remediation.kube.devicetaints import remove_rule
+from remediation.kube.validation import ValidationSettings
 from remediation.model import Target
 from tests.kube.conftest import backend_settings
 from tests.kube.realapi import (
@@ -178,3 +182,54 @@ async def test_the_scheduler_keeps_new_claims_off_the_tainted_gpu_until_the_undo
 
     assert await remove_rule(client, rule["name"], lambda: None) is True
     wait_for(lambda: _allocated(kube, "second") == "gpu-0", 90, "the returned GPU to be allocated")
+
+
+async def test_the_validation_job_lands_on_the_tainted_gpu_and_its_pass_returns_it(
+    plane: ControlPlane, client: KubeClient
+) -> None:
+    """The validation's claim tolerates our taint, so the real scheduler gives it the quarantined GPU
+    (and nothing else gets it); the Job completing (the test plays the kubelet) deletes the rule."""
+    kube = plane.client()
+    node = "dra-2"
+    add_node(kube, node)
+    devices = [{"name": f"gpu-{i}", "attributes": {"uuid": {"string": f"GPU-2-{i}"}}} for i in range(2)]
+    kube.post(
+        f"{R}/resourceslices",
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {"name": f"{node}-{DRIVER}"},
+            "spec": {
+                "driver": DRIVER,
+                "nodeName": node,
+                "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                "devices": devices,
+            },
+        },
+    )
+    validation = ValidationSettings(
+        namespace=NS, image="dcgm:test", device_class=DRIVER, poll_seconds=0.2, timeout_seconds={2: 120.0}
+    )
+    settings = backend_settings(namespace="default", dra_drivers=(DRIVER,), validation=validation)
+    backend = KubernetesBackend(client, settings, SystemClock())
+    target = Target(kind="gpu", node=node, uuid="GPU-2-1")
+    (rule,) = (await backend.migrate(target, "xid 48")).details["device_taint_rules"]
+
+    returning = asyncio.ensure_future(backend.return_to_service(target, "xid_reset", 42, 1))
+    name = "gpupulse-validate-42-1"
+
+    def scheduled_pod() -> JSON:
+        pods = kube.get(f"/api/v1/namespaces/{NS}/pods?labelSelector=job-name%3D{name}").get("items") or []
+        return next((p for p in pods if p["spec"].get("nodeName")), {})
+
+    await asyncio.to_thread(wait_for, lambda: bool(scheduled_pod()), 60, "the validation pod to be scheduled")
+    assert _allocated(kube, name) == "gpu-1"  # the quarantined GPU itself, allowed by the toleration
+    pod = scheduled_pod()
+    assert pod["spec"]["nodeName"] == node
+    assert kube.exists(f"{R}/devicetaintrules/{rule['name']}")  # still out while it validates
+    kube.merge_patch(
+        f"/api/v1/namespaces/{NS}/pods/{pod['metadata']['name']}/status", {"status": {"phase": "Succeeded"}}
+    )
+    result = await asyncio.wait_for(returning, 120)
+    assert result.details["passed"] is True and result.details["removed"] == [rule["name"]]
+    assert not kube.exists(f"{R}/devicetaintrules/{rule['name']}")
