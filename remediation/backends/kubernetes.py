@@ -446,7 +446,9 @@ class KubernetesBackend:
                 yield
         except NodeBusy as exc:
             delay = max(1.0, min(exc.seconds_left, self._settings.api_retry_delay_seconds))
-            raise TemporaryError(str(exc), delay) from exc
+            # the Lease is taken before any write: a locked attempt changed nothing, it is no action
+            # (three of them counted as a restart loop and escalated to a migrate)
+            raise TemporaryError(str(exc), delay, nothing_changed=True) from exc
 
     @asynccontextmanager
     async def _errors(self, action: str, target: Target) -> AsyncIterator[None]:

@@ -9,6 +9,7 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 
 from gpupulse.clock import Clock
 from remediation.errors import KubeConflict, KubeError, KubeNotFound, KubeTooManyRequests, KubeUnavailable
@@ -21,13 +22,31 @@ _MAX_NAME = 253
 
 
 class NodeBusy(Exception):
-    """Another action (of this replica or another) holds the node's Lease."""
+    """Another action (of this replica or another) holds the node's Lease. The message is what a
+    page says: who holds it, when it expires, and how to clear it should that holder be dead."""
 
-    def __init__(self, node: str, holder: str, seconds_left: float) -> None:
-        super().__init__(f"node {node} is locked by {holder or 'another writer'} ({seconds_left:.0f}s left)")
+    def __init__(
+        self,
+        node: str,
+        holder: str,
+        seconds_left: float,
+        lease: str = "",
+        expires_at: datetime | None = None,
+    ) -> None:
         self.node = node
         self.holder = holder
         self.seconds_left = seconds_left
+        self.lease = lease  # namespace/name
+        self.expires_at = expires_at
+        until = f" until {expires_at.astimezone(UTC):%Y-%m-%dT%H:%M:%SZ}" if expires_at is not None else ""
+        text = f"node {node} is locked by {holder or 'another writer'}{until} ({seconds_left:.0f}s left)"
+        if lease:
+            namespace, _, name = lease.partition("/")
+            text += (
+                f"; Lease {lease}, expires by itself; if {holder or 'its holder'} is gone: "
+                f"kubectl -n {namespace} delete lease {name}"
+            )
+        super().__init__(text)
 
 
 def node_lease_name(node: str) -> str:
@@ -74,7 +93,7 @@ class NodeLock:
                 await self._store.create(name, wanted)
                 return
             if not current.expired_at(now):
-                raise NodeBusy(node, current.holder_identity, current.seconds_left(now))
+                raise self._busy(node, name, current, now)
             await self._store.swap(
                 name,
                 replace(
@@ -84,8 +103,23 @@ class NodeLock:
                 ),
             )
         except KubeConflict as exc:
-            # someone wrote the Lease between our read and our write: they won
-            raise NodeBusy(node, "", float(self._duration)) from exc
+            # someone wrote the Lease between our read and our write: they won; say who, if we can
+            try:
+                winner = await self._store.get(name)
+            except KubeError:
+                winner = None
+            if winner is None or winner.expired_at(now):
+                raise NodeBusy(node, "", float(self._duration), self._where(name)) from exc
+            raise self._busy(node, name, winner, now) from exc
+
+    def _where(self, name: str) -> str:
+        return f"{self._store.namespace}/{name}"
+
+    def _busy(self, node: str, name: str, current: LeaseRecord, now: datetime) -> NodeBusy:
+        left = current.seconds_left(now)
+        renewed = current.renew_time
+        expires = renewed + timedelta(seconds=current.lease_duration_seconds) if renewed else None
+        return NodeBusy(node, current.holder_identity, left, self._where(name), expires)
 
     async def _release(self, name: str, holder: str) -> None:
         """Give the Lease up. A throttled or unavailable server is retried (Retry-After honoured) until
