@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import random
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -19,6 +20,7 @@ from remediation.kube.retry import retry_throttled
 log = logging.getLogger(__name__)
 
 _MAX_NAME = 253
+FIRST_RETRY_SECONDS = 0.2  # retry_throttled's first backoff
 
 
 class NodeBusy(Exception):
@@ -131,14 +133,21 @@ class NodeLock:
             await self._release_once(name, holder)
         except (KubeTooManyRequests, KubeUnavailable) as exc:
             log.warning("node lease %s: release refused (%s); retrying until it would expire", name, exc)
-            task = asyncio.create_task(self._release_until(name, holder, expires))
+            task = asyncio.create_task(self._release_until(name, holder, expires, exc.retry_after_seconds))
             self._retrying.add(task)
             task.add_done_callback(self._retrying.discard)
         except KubeError as exc:
             # not fatal: the Lease expires by itself after its duration
             log.warning("could not release node lease %s: %s", name, exc)
 
-    async def _release_until(self, name: str, holder: str, expires: float) -> None:
+    async def _release_until(self, name: str, holder: str, expires: float, wait_seconds: float) -> None:
+        # the inline try was refused too: its Retry-After holds for the first retry as for the rest (the
+        # API server's audit log showed the retry 0.01 s after a 429 that asked for 1 s)
+        wait = max(wait_seconds, FIRST_RETRY_SECONDS * random.uniform(0.5, 1.0))
+        if self._clock.monotonic() + wait > expires:
+            log.warning("could not release node lease %s before it expires", name)
+            return
+        await self._clock.sleep(wait)
         try:
             await retry_throttled(
                 lambda: self._release_once(name, holder),
