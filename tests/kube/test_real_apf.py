@@ -49,7 +49,7 @@ AUDIT_POLICY: JSON = {
     "omitStages": ["RequestReceived"],
     "rules": [{"level": "Metadata", "users": [CONTROLLER_USER]}, {"level": "None"}],
 }
-NODES = ("apf-a", "apf-b", "apf-c")
+NODES = ("apf-a", "apf-b", "apf-c", "apf-d")  # the last one's alert comes in the second storm
 # APF doubles Retry-After (1, 2, 4, ...) each time drops go on for as long as the current value: a burst
 # this short keeps it at 4 s or less, under the leader's renew deadline
 NOISE_SECONDS = 5.0
@@ -78,9 +78,25 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
         started.stop()
 
 
-def squeeze(kube: RealKube) -> None:
-    """One seat (nominalConcurrencyShares 1 of ~246, no borrowing) for the controller and the noise,
-    rejecting what does not fit; matchingPrecedence 50 comes before every suggested FlowSchema but exempt."""
+EVERYTHING: JSON = {
+    "verbs": ["*"],
+    "apiGroups": ["*"],
+    "resources": ["*"],
+    "namespaces": ["*"],
+    "clusterScope": True,
+}
+POD_DELETES: JSON = {"verbs": ["delete"], "apiGroups": [""], "resources": ["pods"], "namespaces": ["*"]}
+
+
+def squeeze(kube: RealKube, rule: JSON) -> None:
+    """One seat (nominalConcurrencyShares 1 of ~246, no borrowing) for the controller's and the noise's
+    requests that `rule` matches, rejecting what does not fit; matchingPrecedence 50 comes before every
+    suggested FlowSchema but exempt."""
+    if kube.exists(f"{FLOWCONTROL}/prioritylevelconfigurations/{SQUEEZE}"):
+        kube.delete(f"{FLOWCONTROL}/flowschemas/{SQUEEZE}")
+        wait_for(lambda: not kube.exists(f"{FLOWCONTROL}/flowschemas/{SQUEEZE}"), 30, "the old FlowSchema")
+        _flowschema(kube, rule)
+        return
     kube.post(
         f"{FLOWCONTROL}/prioritylevelconfigurations",
         {
@@ -98,14 +114,11 @@ def squeeze(kube: RealKube) -> None:
             },
         },
     )
+    _flowschema(kube, rule)
+
+
+def _flowschema(kube: RealKube, rule: JSON) -> None:
     users = [{"kind": "User", "user": {"name": name}} for name in (CONTROLLER_USER, NOISE_USER)]
-    everything = {
-        "verbs": ["*"],
-        "apiGroups": ["*"],
-        "resources": ["*"],
-        "namespaces": ["*"],
-        "clusterScope": True,
-    }
     kube.post(
         f"{FLOWCONTROL}/flowschemas",
         {
@@ -116,7 +129,7 @@ def squeeze(kube: RealKube) -> None:
                 "priorityLevelConfiguration": {"name": SQUEEZE},
                 "matchingPrecedence": 50,
                 "distinguisherMethod": {"type": "ByUser"},
-                "rules": [{"subjects": users, "resourceRules": [everything]}],
+                "rules": [{"subjects": users, "resourceRules": [rule]}],
             },
         },
     )
@@ -141,8 +154,11 @@ class Noise:
     is taken most of the time; it keeps the Retry-After of every 429 it gets (the header is not in the
     audit log, and APF sends the same value to every request it rejects on a level in one second)."""
 
-    def __init__(self, plane: ControlPlane, threads: int = 12) -> None:
+    def __init__(
+        self, plane: ControlPlane, method: str = "GET", path: str = "/api/v1/pods", threads: int = 12
+    ) -> None:
         self._kube = RealKube(plane.url, plane.ca_file, NOISE_TOKEN)
+        self._method, self._path = method, path
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(threads)]
         self.retry_after: list[tuple[float, int]] = []  # (when received, Retry-After seconds)
@@ -161,7 +177,7 @@ class Noise:
     def _run(self) -> None:
         headers = {"Authorization": f"Bearer {NOISE_TOKEN}"}
         while not self._stop.is_set():
-            req = urllib.request.Request(self._kube.url + "/api/v1/pods", headers=headers)
+            req = urllib.request.Request(self._kube.url + self._path, headers=headers, method=self._method)
             try:
                 with self._kube._opener.open(req, timeout=10) as r:
                     r.read()
@@ -174,11 +190,12 @@ class Noise:
             except OSError:
                 self.answers[0] += 1
 
-    def sent_at(self, when: float) -> int:
-        """The least Retry-After the server sent on the level within half a second of `when` (1, the
-        server's least value, when the noise saw no 429 then)."""
-        near = [seconds for t, seconds in self.retry_after if abs(t - when) <= 0.5]
-        return min(near) if near else 1
+
+def sent_at(retry_after: list[tuple[float, int]], when: float) -> int:
+    """The least Retry-After the server sent on the level within half a second of `when` (1, the
+    server's least value, when the noise saw no 429 then)."""
+    near = [seconds for t, seconds in retry_after if abs(t - when) <= 0.5]
+    return min(near) if near else 1
 
 
 def _at(stamp: str) -> float:
@@ -252,12 +269,33 @@ def test_a_throttled_controller_waits_the_retry_after_counts_no_refusal_and_leav
         uids = {n: {p["metadata"]["uid"] for p in running(kube, "llm", f"vllm-{n}")} for n in NODES}
         return all(uids[n] and before[n]["metadata"]["uid"] not in uids[n] for n in NODES)
 
+    def refused_deletes() -> int:
+        return sum(
+            e["verb"] == "delete"
+            and e["responseStatus"]["code"] == 429
+            and e["user"]["username"] == CONTROLLER_USER
+            for e in plane.audit_events()
+        )
+
+    retry_after: list[tuple[float, int]] = []
+    answers: collections.Counter[int] = collections.Counter()
     try:
         serve.start()
-        squeeze(kube)
+        # 1. everything the controller sends is squeezed: reads, Leases (the leader's too), deletes
+        squeeze(kube, EVERYTHING)
         with Noise(plane) as noise:
-            assert post(serve.url, notification(alerts)) == 200
+            assert post(serve.url, notification(alerts[:-1])) == 200
             time.sleep(NOISE_SECONDS)  # the storm itself: its length is the scenario, not a wait
+        retry_after += noise.retry_after
+        answers += noise.answers
+        # 2. only pod deletes are squeezed (the noise deletes a pod that does not exist), until the
+        # server has refused one of the controller's: a restart refused at its one write
+        squeeze(kube, POD_DELETES)
+        with Noise(plane, "DELETE", "/api/v1/namespaces/llm/pods/no-such-pod") as noise:
+            assert post(serve.url, notification(alerts)) == 200
+            wait_for(lambda: refused_deletes() > 0, 40, "a pod delete of the controller refused")
+        retry_after += noise.retry_after
+        answers += noise.answers
         unsqueeze(kube)
         deadline = time.monotonic() + 150
         while not replaced():
@@ -281,12 +319,12 @@ def test_a_throttled_controller_waits_the_retry_after_counts_no_refusal_and_leav
     by_what = collections.Counter(
         f"{e['verb']} {(e.get('objectRef') or {}).get('resource', '')}" for e in throttled
     )
-    sent = collections.Counter(seconds for _, seconds in noise.retry_after)
+    sent = collections.Counter(seconds for _, seconds in retry_after)
     print(
         f"\naudit: {len(events)} controller requests, {len(throttled)} answered 429 {dict(by_what)}; "
-        f"noise {dict(noise.answers)}, Retry-After sent {dict(sent)}; serve exits {exits}"
+        f"noise {dict(answers)}, Retry-After sent {dict(sent)}; serve exits {exits}"
     )
-    assert throttled, f"the server never throttled the controller (noise: {dict(noise.answers)})"
+    assert throttled, f"the server never throttled the controller (noise: {dict(answers)})"
 
     # 1. after each 429, the same object is asked for again no sooner than the server's Retry-After
     gaps = []
@@ -299,7 +337,7 @@ def test_a_throttled_controller_waits_the_retry_after_counts_no_refusal_and_leav
         if not later:
             continue
         gap = _at(later[0]["requestReceivedTimestamp"]) - refused_at
-        wanted = noise.sent_at(refused_at)
+        wanted = sent_at(retry_after, refused_at)
         gaps.append((what, round(gap, 2), wanted))
         assert gap >= wanted - 0.01, f"{what} asked again {gap:.2f} s after a 429 with Retry-After {wanted}"
     print(f"gaps after a 429 (object, seconds, Retry-After): {gaps}")
