@@ -252,7 +252,7 @@ def test_a_throttled_controller_waits_the_retry_after_counts_no_refusal_and_leav
     )
     ensure_namespace(kube, "gpupulse")
     ensure_namespace(kube, "llm")
-    for node in NODES:  # one single-replica Deployment per node: three restarts, three node locks
+    for node in NODES:  # one single-replica Deployment per node: a restart and a node lock each
         add_node(kube, node, labels={POOL_LABEL: node})
         kube.apply(deployment("llm", f"vllm-{node}", 1, pool=node))
     wait_for(lambda: all(running(kube, "llm", f"vllm-{n}") for n in NODES), 60, "a pod on every node")
@@ -264,6 +264,12 @@ def test_a_throttled_controller_waits_the_retry_after_counts_no_refusal_and_leav
         for i, (node, pod) in enumerate(before.items())
     ]
     exits = 0
+
+    def keep_up() -> None:
+        nonlocal exits
+        if serve.proc is not None and serve.proc.poll() is not None:
+            exits += 1  # leadership lost under throttling: restarted as a kubelet would
+            serve.start()
 
     def replaced() -> bool:
         uids = {n: {p["metadata"]["uid"] for p in running(kube, "llm", f"vllm-{n}")} for n in NODES}
@@ -291,6 +297,7 @@ def test_a_throttled_controller_waits_the_retry_after_counts_no_refusal_and_leav
         # 2. only pod deletes are squeezed (the noise deletes a pod that does not exist), until the
         # server has refused one of the controller's: a restart refused at its one write
         squeeze(kube, POD_DELETES)
+        keep_up()
         with Noise(plane, "DELETE", "/api/v1/namespaces/llm/pods/no-such-pod") as noise:
             assert post(serve.url, notification(alerts)) == 200
             wait_for(lambda: refused_deletes() > 0, 40, "a pod delete of the controller refused")
@@ -300,9 +307,7 @@ def test_a_throttled_controller_waits_the_retry_after_counts_no_refusal_and_leav
         deadline = time.monotonic() + 150
         while not replaced():
             assert time.monotonic() < deadline, f"pods not all restarted: {serve.log_tail()}"
-            if serve.proc is not None and serve.proc.poll() is not None:
-                exits += 1  # leadership lost under throttling: restarted as a kubelet would
-                serve.start()
+            keep_up()
             time.sleep(0.2)
         ledgers = {int(i["id"]): _ledger(serve, int(i["id"])) for i in _incidents(serve)}
         assert serve.stop() == 0
