@@ -1,6 +1,6 @@
 """Leader election under API Priority and Fairness: a throttled renewal waits the server's Retry-After
 (header only, as APF sends it) before calling again, and steps down at the renew deadline when the
-wait would end past it."""
+wait would end past it; a follower's throttled read waits it out as well."""
 
 from __future__ import annotations
 
@@ -121,3 +121,42 @@ def _calls_after_refusal(witness: Witness, seen_before: int) -> int:
     if not any(method == "PUT" for method, _ in witness.calls[seen_before:]):
         return 0
     return len(_after_refusal(witness, seen_before)[1])
+
+
+async def test_a_follower_whose_read_is_throttled_waits_the_retry_after_too(
+    kube_api: FakeKubeAPI, kube_client: KubeClient, clock: StepClock
+) -> None:
+    witness = Witness(clock)
+    kube_api.before.append(witness.hook)
+    kube_api.leases[("gpupulse", "gpupulse-remediation-leader")] = {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": "gpupulse-remediation-leader", "namespace": "gpupulse", "resourceVersion": "3"},
+        "spec": {
+            "holderIdentity": "replica-b",
+            "leaseDurationSeconds": 3600,
+            "renewTime": "2026-01-01T00:00:00.000000Z",
+        },
+    }
+    elector = LeaderElector(
+        kube_client, LeaderElectionSettings(namespace="gpupulse", identity="replica-a"), clock
+    )
+
+    async def lead() -> None:
+        raise AssertionError("the Lease is held by replica-b: replica-a must not lead")
+
+    async def stopped() -> None:
+        return None
+
+    task = asyncio.create_task(elector.run(lead, stopped))
+    try:
+        await witness.until(lambda: len(witness.calls) >= 2)  # following: a read every retry period
+        kube_api.throttle("GET", LEASE_PATH, retry_after="7")
+        seen = len(witness.calls)
+        await witness.until(lambda: len(witness.calls) >= seen + 2)
+        (refused_at, next_at) = (t for _, t in witness.calls[seen : seen + 2])
+        assert next_at - refused_at >= 7.0  # not the 2 s retry period
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
