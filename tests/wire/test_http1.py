@@ -1,4 +1,4 @@
-"""The engine scrape client (exporter/engines/http.py) against real aiohttp servers and hostile raw ones."""
+"""The engine scrape client (exporter/wire/http1.py) against real aiohttp servers and hostile raw ones."""
 
 from __future__ import annotations
 
@@ -14,12 +14,11 @@ from aiohttp import web
 
 from exporter.engines.detect import PREFIXES, WANTED
 from exporter.engines.exposition import ExpositionParser
-from exporter.engines.http import HttpClient
 from exporter.engines.scrape import fetch_page
 from exporter.errors import HttpError, ScrapeError
+from exporter.wire.http1 import HttpClient
+from tests.engines.conftest import free_port, load_fixture
 from tests.fakes.helm_api import make_certificate
-
-from .conftest import free_port, load_fixture
 
 PAGE = load_fixture("vllm-0.33.0").encode()
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
