@@ -29,7 +29,6 @@ from exporter.engines.derived import DerivedHistogram
 from exporter.engines.detect import NORMALIZERS, PREFIXES, WANTED, detect_kind
 from exporter.engines.exposition import LABEL_CACHE_MAX, Exposition, ExpositionParser
 from exporter.engines.gpumap import NodeIndex, NodeIndexMemo, engine_gpus
-from exporter.engines.http import HttpClient
 from exporter.engines.reading import MIXED, ModelReading
 from exporter.engines.render import Budget, EndpointView, Families
 from exporter.engines.scrape import fetch_page
@@ -40,6 +39,7 @@ from exporter.host import procfs
 from exporter.host.exits import ExitWatch
 from exporter.host.kept import KeptFiles
 from exporter.kube.client import in_cluster_api_url
+from exporter.wire.http1 import HttpClient
 from gpupulse.clock import Clock, SystemClock
 from gpupulse.durations import duration_flag
 

@@ -26,7 +26,6 @@ from exporter.collectors.blocking import ItemReader
 from exporter.collectors.flags import collector_enabled
 from exporter.collectors.series import family
 from exporter.engines.exposition import ExpositionParser
-from exporter.engines.http import HttpClient
 from exporter.engines.scrape import fetch_page
 from exporter.errors import ConfigError, ExpositionError, ScrapeError
 from exporter.kube.client import ApiSettings, in_cluster_api_url
@@ -40,6 +39,7 @@ from exporter.progress.steps import (
     compile_patterns,
     observe,
 )
+from exporter.wire.http1 import HttpClient
 from gpupulse.clock import Clock, SystemClock
 from gpupulse.durations import duration_flag
 from gpupulse.metrics import progress as specs

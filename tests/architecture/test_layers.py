@@ -55,6 +55,8 @@ PLANTED = [
     ("exporter-layers", "exporter/engines/_planted.py", "from exporter.attribution import resolve"),
     ("exporter-layers", "exporter/collectors/_planted.py", "import exporter.sampler"),
     ("exporter-layers", "exporter/sim/_planted.py", "import exporter.nvml"),
+    # the transports know nothing of the plug-ins that use them
+    ("exporter-layers", "exporter/wire/_planted.py", "import exporter.engines.scrape"),
 ]
 
 
