@@ -1,4 +1,5 @@
-"""Which of this node's pods give a progress signal, and where: from the pod watch.
+"""Which of this node's pods give a progress signal, and where: the progress plug-in's view of the
+node's pod store (exporter/kube/pods.py; it has no watch of its own).
 
 A running pod that is a rank of a training job (its controller or JobSet/LWS label, as
 exporter/attribution/training.py decides) has its containers' logs read for step lines. A pod may
@@ -21,7 +22,7 @@ from typing import Any
 
 from exporter.attribution.podmeta import pod_meta
 from exporter.attribution.training import rank_identity
-from exporter.kube.reflector import PodReflector
+from exporter.kube.pods import Pods
 
 log = logging.getLogger(__name__)
 
@@ -113,21 +114,9 @@ def progress_pod(pod: Mapping[str, Any]) -> ProgressPod | None:
     )
 
 
-class ProgressPodSource(PodReflector):
-    """This node's rank pods and their progress sources; `pods` never waits on the API server."""
-
-    log = log
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._pods: list[ProgressPod] = []
-
-    def pods(self) -> list[ProgressPod]:
-        """The rank pods of the last state the watch delivered (empty before its first LIST)."""
-        return self._pods
-
-    def _publish(self) -> None:
-        self._pods = sorted(
-            (p for obj in self._objects.values() if (p := progress_pod(obj)) is not None),
-            key=lambda p: (p.namespace, p.name),
-        )
+def progress_pods(pods: Pods) -> list[ProgressPod]:
+    """The rank pods among this node's pods, in (namespace, name) order (the view the collector reads)."""
+    return sorted(
+        (p for obj in pods.values() if (p := progress_pod(obj)) is not None),
+        key=lambda p: (p.namespace, p.name),
+    )
