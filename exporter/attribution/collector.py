@@ -29,7 +29,7 @@ from exporter.attribution.kubelet import (
     TrackerSettings,
 )
 from exporter.attribution.poddir import DEFAULT_PODS_DIR, PodDirectory
-from exporter.attribution.podmeta import PodMeta, PodMetas, pod_metas
+from exporter.attribution.podmeta import PodMetas, pod_metas
 from exporter.attribution.podresources_proto import PodResources
 from exporter.attribution.ranks import (
     DEFAULT_MAX_RANKS,
@@ -46,6 +46,7 @@ from exporter.collectors.blocking import ItemReader
 from exporter.collectors.flags import add_procfs_argument, collector_enabled, csv_list
 from exporter.collectors.plugin import PluginContext
 from exporter.collectors.series import Series, SeriesFamily, family, table
+from exporter.collectors.training import PodMeta
 from exporter.errors import PartialCollectorError
 from exporter.host.procfs import DEFAULT_PROCFS, STATE_NAMES, ProcessInfo, Procfs
 from exporter.kube import flags as kube_flags

@@ -1,48 +1,21 @@
 """This node's pods' labels and controller ownerReference, the attribution plug-in's view of the
 node's pod store (the kubelet's pod-resources API has neither): what training.py needs to name a GPU
-process's job.
+process's job (PodMeta and pod_meta live with the job rules, exporter/collectors/training.py).
 
 Only the two small parts are kept per pod in the view (the store holds the objects once for every
 plug-in). Off without API access: then a process's job comes from its environment alone
-(exporter/attribution/training.py).
+(exporter/collectors/training.py).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
 
+from exporter.collectors.training import PodMeta, pod_meta
 from exporter.kube.pods import Pods
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class PodMeta:
-    """The parts of a pod's metadata that say which job it belongs to."""
-
-    labels: Mapping[str, str]
-    owner_refs: tuple[Mapping[str, Any], ...]  # the controller ownerReference only (at most one)
-
-
-def pod_meta(pod: Mapping[str, Any]) -> PodMeta:
-    """The labels (string values only) and the controller ownerReference of a pod object."""
-    meta = pod.get("metadata") or {}
-    raw = meta.get("labels")
-    labels = (
-        {k: v for k, v in raw.items() if isinstance(k, str) and isinstance(v, str)}
-        if isinstance(raw, Mapping)
-        else {}
-    )
-    refs = meta.get("ownerReferences")
-    owners = tuple(
-        {k: r.get(k) for k in ("apiVersion", "kind", "name", "uid", "controller")}
-        for r in (refs if isinstance(refs, list) else ())
-        if isinstance(r, Mapping) and r.get("controller") is True
-    )[:1]
-    return PodMeta(labels, owners)
 
 
 PodMetas = Mapping[tuple[str, str], PodMeta]  # (namespace, name) -> its metadata

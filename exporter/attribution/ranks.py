@@ -15,11 +15,10 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from exporter.attribution.podmeta import PodMeta
-from exporter.attribution.training import RankIdentity, rank_identity, read_environ
 from exporter.collectors.base import GpuProcess, PodRef
 from exporter.collectors.blocking import ItemReader
 from exporter.collectors.series import SeriesFamily, family
+from exporter.collectors.training import PodMeta, RankIdentity, rank_identity, read_environ
 from gpupulse.metrics import attribution as specs
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 node's pod store (exporter/kube/pods.py; it has no watch of its own).
 
 A running pod that is a rank of a training job (its controller or JobSet/LWS label, as
-exporter/attribution/training.py decides) has its containers' logs read for step lines. A pod may
+exporter/collectors/training.py decides) has its containers' logs read for step lines. A pod may
 instead name a counter it already serves:
 
   gpupulse.io/progress-metric  the metric's name (a counter or gauge the job or its framework serves)
@@ -20,8 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from exporter.attribution.podmeta import pod_meta
-from exporter.attribution.training import rank_identity
+from exporter.collectors.training import pod_meta, rank_identity
 from exporter.kube.pods import Pods
 
 log = logging.getLogger(__name__)

@@ -18,8 +18,9 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.attribution.collector import AttributionCollector, AttributionSettings
-from exporter.attribution.podmeta import pod_meta, pod_metas
+from exporter.attribution.podmeta import pod_metas
 from exporter.attribution.ranks import EnvironCache, RankRow, rank_info_family
+from exporter.collectors.training import pod_meta
 from exporter.host.procfs import Procfs
 from exporter.kube.client import ApiSettings
 from exporter.kube.pods import PodStore

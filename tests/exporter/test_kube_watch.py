@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from exporter.attribution.podmeta import PodMeta, pod_metas
+from exporter.attribution.podmeta import pod_metas
+from exporter.collectors.training import PodMeta
 from exporter.kube.client import ApiSettings, in_cluster_api_url
 from exporter.kube.pods import PodStore
 
