@@ -34,7 +34,7 @@ from exporter.config import (
 )
 from exporter.errors import NvmlInitError, ScenarioError, WebConfigError
 from exporter.kube import flags as kube_flags
-from exporter.kube.pods import KubeContext
+from exporter.kube.context import KubeContext
 from exporter.nvml import Nvml, XidWatcher
 from exporter.sampler import Sampler, SnapshotHook
 from exporter.server import make_app, make_site
@@ -287,7 +287,8 @@ async def start_exporter(
     watcher.start()
     ctx = registry.BuiltinContext(fleet=fleet, xids=xids, settings=settings)
     # one pod store for every plug-in that reads this node's pods (main checked the flags already)
-    shared = PluginContext(KubeContext(kube_flags.api_settings(args)))
+    kube = kube_flags.api_settings(args) if registry.reads_kube(plugins) else None
+    shared = PluginContext(KubeContext(kube))
     collectors: list[Collector] = registry.build_builtins(args, ctx) + registry.build_plugins(
         args, dict(plugins), shared
     )
@@ -482,7 +483,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     setup_logging(settings.log_format, settings.log_level)
     try:
         # deprecated --<plug-in>.* Kubernetes flags warn here, once; disagreeing ones are refused
-        kube_flags.api_settings(args, warn=True)
+        if registry.reads_kube(plugins):
+            kube_flags.api_settings(args, warn=True)
     except ValueError as exc:
         parser.error(str(exc))
     try:

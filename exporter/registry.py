@@ -85,18 +85,25 @@ def _progress() -> PluginModule:
 
 @dataclass(frozen=True)
 class Plugin:
-    """A plug-in collector: its --collector.<name> and how to import it."""
+    """A plug-in collector: its --collector.<name>, how to import it, and whether it reads the
+    Kubernetes API (the shared pod store and --kube.* settings are made only when one that does is on)."""
 
     name: str
     load: Callable[[], PluginModule]
+    kube: bool = False
 
 
 PLUGINS: tuple[Plugin, ...] = (
-    Plugin("attribution", _attribution),
-    Plugin("engines", _engines),
+    Plugin("attribution", _attribution, kube=True),
+    Plugin("engines", _engines, kube=True),
     Plugin("pagecache", _pagecache),
-    Plugin("progress", _progress),
+    Plugin("progress", _progress, kube=True),
 )
+
+
+def reads_kube(names: Collection[str]) -> bool:
+    """Whether any of these plug-ins (those loaded) reads the Kubernetes API."""
+    return any(plugin.kube and plugin.name in names for plugin in PLUGINS)
 
 
 class Pusher(Protocol):

@@ -1,6 +1,6 @@
 """What the exporter hands every plug-in's `from_args`: the parts they share, built once.
 
-Today that is the Kubernetes API access of this node (exporter/kube/pods.py: one pod store, however
+Today that is the Kubernetes API access of this node (exporter/kube/context.py: one pod store, however
 many plug-ins read pods). It sits below the plug-ins so that each can name it without knowing the
 registry above them.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from exporter.kube.pods import KubeContext
+from exporter.kube.context import KubeContext
 
 
 @dataclass(frozen=True)

@@ -18,12 +18,12 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from exporter.kube.client import ApiSettings, in_cluster_api_url
+if TYPE_CHECKING:  # the API client is imported when settings are made, not by --help
+    from exporter.kube.client import ApiSettings
 
 log = logging.getLogger(__name__)
-
-_D = ApiSettings(node_name="")
 
 
 @dataclass(frozen=True)
@@ -77,13 +77,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         TOKEN_FILE,
         dest=_dest(TOKEN_FILE),
         default=None,
-        help=f"bearer token file, re-read before every request (default: {_D.token_path})",
+        help="bearer token file, re-read before every request (default: the service account's, "
+        "/var/run/secrets/kubernetes.io/serviceaccount/token)",
     )
     g.add_argument(
         CA_FILE,
         dest=_dest(CA_FILE),
         default=None,
-        help=f"CA bundle for an https API server; empty trusts the system's store (default: {_D.ca_path})",
+        help="CA bundle for an https API server; empty trusts the system's store (default: the "
+        "service account's, /var/run/secrets/kubernetes.io/serviceaccount/ca.crt)",
     )
     g.add_argument(
         NODE_NAME,
@@ -143,9 +145,11 @@ def api_settings(
     node = env.get("NODE_NAME", "") if node is None else node
     if not node:
         return None
-    return ApiSettings(
-        node_name=node,
-        api_url=url or in_cluster_api_url(env),
-        token_path=Path(token) if token else _D.token_path,
-        ca_path=_D.ca_path if ca is None else (Path(ca) if ca else None),
-    )
+    from exporter.kube.client import ApiSettings, in_cluster_api_url
+
+    given: dict[str, Any] = {}  # what is not given keeps ApiSettings' default (the service account's)
+    if token:
+        given["token_path"] = Path(token)
+    if ca is not None:
+        given["ca_path"] = Path(ca) if ca else None
+    return ApiSettings(node_name=node, api_url=url or in_cluster_api_url(env), **given)

@@ -107,28 +107,3 @@ class PodStore(PodReflector):
         pods = MappingProxyType(self._objects)
         for v in self._views:
             v._update(pods)
-
-
-class KubeContext:
-    """The Kubernetes API access the plug-ins of one exporter share: where the API server is, and one
-    pod store of this node, made when a plug-in first asks for it (none when no plug-in does)."""
-
-    def __init__(
-        self,
-        settings: ApiSettings | None,
-        store_factory: Callable[[ApiSettings], PodStore] = PodStore,
-    ) -> None:
-        self.settings = settings  # None: no node name, nothing of this node is watched
-        self._store_factory = store_factory
-        self._store: PodStore | None = None
-
-    def pods(self) -> PodStore | None:
-        """The node's pod store (the same one for every caller); None without a node name."""
-        if self._store is None and self.settings is not None:
-            self._store = self._store_factory(self.settings)
-        return self._store
-
-    async def close(self) -> None:
-        """Stop the pod watch (after the plug-ins that read it have closed)."""
-        if self._store is not None:
-            await self._store.close()

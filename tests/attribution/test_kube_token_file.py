@@ -14,7 +14,7 @@ from exporter.attribution import collector as attribution
 from exporter.collectors.plugin import PluginContext
 from exporter.kube import flags as kube_flags
 from exporter.kube.client import ApiSettings
-from exporter.kube.pods import KubeContext
+from exporter.kube.context import KubeContext
 
 SOCKET = "--attribution.kubelet-socket=/run/k.sock"
 

@@ -13,7 +13,7 @@ from exporter.collectors.base import GpuProcess, NodeState
 from exporter.collectors.plugin import PluginContext
 from exporter.host.procfs import Procfs
 from exporter.kube import flags as kube_flags
-from exporter.kube.pods import KubeContext
+from exporter.kube.context import KubeContext
 from exporter.pagecache import collector as pagecache
 from gpupulse.metrics.attribution import ATTRIBUTION_METRICS
 from gpupulse.metrics.pagecache import PAGECACHE_METRICS

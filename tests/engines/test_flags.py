@@ -11,7 +11,7 @@ from exporter.collectors.plugin import PluginContext
 from exporter.engines import collector
 from exporter.engines.collector import EnginesCollector
 from exporter.kube import flags as kube_flags
-from exporter.kube.pods import KubeContext
+from exporter.kube.context import KubeContext
 
 
 def parse(*argv: str) -> argparse.Namespace:

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import os
 import re
+import subprocess
 import sys
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
@@ -22,7 +23,8 @@ from exporter.collectors.plugin import PluginContext
 from exporter.errors import CollectorError
 from exporter.kube import flags as kube_flags
 from exporter.kube.client import ApiSettings
-from exporter.kube.pods import KubeContext, PodStore
+from exporter.kube.context import KubeContext
+from exporter.kube.pods import PodStore
 from tests.fakes.kube_api import FakeKubeAPI, parse_bool
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -200,3 +202,28 @@ async def test_old_flags_warn_once_at_start_and_still_watch_one_store(
     for flag in old[::2]:
         assert len(re.findall(rf"{re.escape(flag)} is deprecated .* use --kube\.", text)) == 1, (flag, text)
     assert pod_requests(api) == (1, 1), text
+
+
+def test_an_exporter_without_kubernetes_plugins_never_imports_the_api_client() -> None:
+    """--kube.* are core flags, yet the client and the reflector (+1.8 MiB with orjson) load only with
+    a plug-in that reads the API."""
+    code = """
+import sys
+from exporter import cli, registry
+off = {"attribution", "engines", "progress"}
+parser = cli.build_parser(registry.available_plugins(skip=off), also_collectors=sorted(off))
+args = parser.parse_args(["--kube.node-name", "n", "--no-collector.attribution"])
+assert not registry.reads_kube(registry.available_plugins(skip=off))
+api = ("exporter.kube.client", "exporter.kube.reflector", "exporter.kube.pods")
+print(sorted(m for m in sys.modules if m in api))
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={"PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

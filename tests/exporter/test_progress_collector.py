@@ -19,7 +19,8 @@ from exporter.collectors.base import NodeState
 from exporter.collectors.plugin import PluginContext
 from exporter.kube import flags as kube_flags
 from exporter.kube.client import ApiSettings
-from exporter.kube.pods import KubeContext, PodStore
+from exporter.kube.context import KubeContext
+from exporter.kube.pods import PodStore
 from exporter.progress.collector import ProgressCollector, ProgressSettings
 from exporter.progress.pods import progress_pod
 from tests.fakes.clock import FakeClock
