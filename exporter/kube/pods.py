@@ -5,7 +5,8 @@ kube-state-metrics feeds every pod family from one store; so do we: one LIST and
 node (field selector spec.nodeName=<node>, exporter/kube/reflector.py), however many plug-ins read
 them. A projection runs after the first LIST and after every change, on the loop; it gets the store's
 pods as a read-only map and must not keep it (the store changes it in place). One that raises keeps
-its last value and is logged: one plug-in's bug never stops another's view.
+its last value and is logged (once until it works again): one plug-in's bug never stops another's
+view, nor the watch.
 """
 
 from __future__ import annotations
@@ -34,13 +35,18 @@ class PodView(Generic[T]):
         self.store = store
         self.name = name
         self._project = project
+        self._failing = False  # logged once until it works again: the store changes on every event
         self.value: T = project(MappingProxyType({}))
 
     def _update(self, pods: Pods) -> None:
         try:
             self.value = self._project(pods)
         except Exception:
-            log.exception("pod view %s failed; keeping its last value", self.name)
+            if not self._failing:
+                log.exception("pod view %s failed; keeping its last value", self.name)
+            self._failing = True
+        else:
+            self._failing = False
 
     # the store's state, so a plug-in holds its view alone
 

@@ -110,7 +110,7 @@ async def test_one_node_is_one_pod_list_and_one_watch_with_every_plugin_on(
 
 
 async def test_a_view_that_raises_keeps_its_last_value_and_spares_the_others(
-    api: FakeKubeAPI, tmp_path: Path
+    api: FakeKubeAPI, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     store = PodStore(ApiSettings(NODE, api.url, token_path=tmp_path / "token", ca_path=None))
 
@@ -127,9 +127,13 @@ async def test_a_view_that_raises_keeps_its_last_value_and_spares_the_others(
         await store.wait_until(lambda: names.value == ["a"], 5)
         api.add_pod("ns", "b", NODE)
         await store.wait_until(lambda: names.value == ["a", "b"], 5)
+        api.add_pod("ns", "c", NODE)
+        await store.wait_until(lambda: names.value == ["a", "b", "c"], 5)
         assert counted.value == 1 and store.error == "" and store.stats.failures == 0
+        failed = [r for r in caplog.records if r.getMessage().startswith("pod view broken failed")]
+        assert len(failed) == 1  # once, not on every event
         late = store.view("late", len)  # a view registered after the LIST starts from what is held
-        assert late.value == 2
+        assert late.value == 3
     finally:
         await store.close()
 
