@@ -254,8 +254,8 @@ IMPORT_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # the API watches (pods, ResourceSlices) use exporter/kube's own client on aiohttp: no
     # kubernetes_asyncio (+37.4 MiB here before it went); the attribution plug-in imports most of this
     (
-        "API watches: exporter/kube client and reflectors, pod discovery, progress pods",
-        ("exporter.kube.reflector", "exporter.engines.kube_pods", "exporter.progress.pods"),
+        "API watches: exporter/kube client, reflector and pod store, pod discovery, progress pods",
+        ("exporter.kube.pods", "exporter.engines.kube_pods", "exporter.progress.pods"),
     ),
     ("grpc.aio (fake kubelets only; the exporter's client was grpc.aio before h2)", ("grpc.aio",)),
 )

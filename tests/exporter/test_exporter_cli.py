@@ -120,7 +120,7 @@ def test_plugin_modules_get_collector_flags_and_their_own() -> None:
             parser.add_argument("--fakeplug.url", dest="fakeplug_url", default="x")
 
         @staticmethod
-        def from_args(args: argparse.Namespace) -> None:
+        def from_args(args: argparse.Namespace, ctx: object) -> None:
             return None
 
     parser = cli.build_parser({"fakeplug": Plugin}, None)  # type: ignore[dict-item]
