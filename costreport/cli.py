@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from costreport.prom import PrometheusClient, PrometheusUnavailable, ScrapeInterval
 from costreport.render import FORMATS, render
 from costreport.usage import DEFAULT_IDLE_SM_ACTIVITY_RATIO, NoData, build_report
+from gpupulse.cliargs import Parser
 from gpupulse.durations import format_duration, parse_flag_duration
 from gpupulse.version import package_version
 
@@ -101,7 +102,7 @@ def period(args: argparse.Namespace, now: float) -> tuple[float, float]:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="gpupulse report",
         description="GPU-hours, idle GPU-hours, energy and cost per namespace and per model over a period, "
         "from gpupulse's recording rules in Prometheus. Default period: the previous calendar month (UTC).",

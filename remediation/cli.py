@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
+from gpupulse.cliargs import Parser
 from gpupulse.clock import SystemClock
 from gpupulse.durations import format_duration, parse_flag_duration
 from gpupulse.logs import FORMATS, LEVELS, setup_logging
@@ -669,7 +670,7 @@ async def build_default_engine(settings: Settings, metrics: RemediationMetrics) 
 
 def build_parser() -> argparse.ArgumentParser:
     """The full parser: serve, plus `signatures` when the engine ships its sub-commands."""
-    parser = argparse.ArgumentParser(prog=PROG, description="GPU fault remediation controller.")
+    parser = Parser(prog=PROG, description="GPU fault remediation controller.")
     parser.add_argument("--version", action="version", version=f"{PROG} {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="Run the controller (webhook intake, engine, API).")

@@ -163,3 +163,24 @@ async def test_incidents_yaml_is_short_with_rfc3339_times_json_stays_the_api_doc
     assert code == 0, err
     [row] = yaml.safe_load(rows)
     assert row["opened_at"] == "2026-05-28T20:26:40Z"
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["serve", "--dryrun"], "gpupulse-remediation serve: error: unrecognized arguments: --dryrun "
+         "(did you mean --dry-run?)"),
+        (["resume", "--reasn", "x"], "gpupulse-remediation resume: error: unrecognized arguments: --reasn x "
+         "(did you mean --reason?)"),
+        (["breaker", "reset", "--by", "a", "--nope"], "gpupulse-remediation breaker reset: error: "
+         "unrecognized arguments: --nope"),
+    ],
+)  # fmt: skip
+def test_a_misspelt_flag_after_a_command_is_that_commands_error(
+    argv: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as done:
+        remediation_cli.main(argv)
+    assert done.value.code == 2
+    prog = says.split(": error")[0]
+    assert capsys.readouterr().err.splitlines() == [says, f"See '{prog} --help'."]
