@@ -247,8 +247,16 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "scope.namespaces",
         parse_list,
         "",
-        "Namespaces whose pods and jobs the controller may act on (comma-separated). Empty = none: "
-        "only GPU and node targets act. '*' = every namespace.",
+        "Namespaces whose pods and jobs the controller may act on (comma-separated). Empty = none, "
+        "but GPU and node targets still act (see --scope.nodes). '*' = every namespace.",
+    ),
+    Flag(
+        "scope.nodes",
+        parse_bool,
+        _E.scope.nodes,
+        "Act on nodes: migrate cordons and taints a node and evicts every pod on it, whatever its "
+        "namespace. false: GPU and node targets are out of scope and pod and job ladders skip migrate; "
+        "with an empty --scope.namespaces too, nothing is acted on.",
     ),
     Flag(
         "scope.routing-namespaces",
@@ -553,6 +561,7 @@ def settings_from_flags(ns: argparse.Namespace, environ: Mapping[str, str] | Non
         scope=dataclasses.replace(
             base.scope,
             namespaces=v["scope_namespaces"],
+            nodes=v["scope_nodes"],
             routing_namespaces=v["scope_routing_namespaces"],
             opt_in_label=v["scope_opt_in_label"],
             node_selector=v["scope_node_selector"],
