@@ -40,6 +40,7 @@ from exporter.sampler import Sampler, SnapshotHook
 from exporter.server import make_app, make_site
 from exporter.snapshot import Snapshot
 from exporter.webconfig import web_config_from_flag
+from gpupulse.cliargs import Parser
 from gpupulse.clock import SystemClock
 from gpupulse.durations import duration_flag
 from gpupulse.logs import FORMATS, LEVELS, setup_logging
@@ -83,7 +84,7 @@ def build_parser(
 ) -> argparse.ArgumentParser:
     """All flags: core, --collector.<name> for every collector, then the plug-ins' own."""
     d = ExporterSettings()
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="gpupulse-exporter",
         description="GPU metrics for Prometheus from NVML, sampled in the background and served from memory.",
         epilog="Every flag can also be set by environment: GPUPULSE_ + flag upper-cased, . and - as _. "

@@ -420,6 +420,10 @@ def controller_rbac_from_docs(values: JSON) -> tuple[list[JSON], list[JSON], lis
     leases = doc["Role/gpupulse-remediation-leases"]["rules"]
     if not values["controller"]["cluster"]["enabled"]:
         leases = [r for r in leases if r["apiGroups"] != ["remediation.gpupulse.io"]]
+    if not values["controller"]["scope"]["nodes"]:
+        # no migrate: no eviction and no node patch (docs/rbac.md); the node selector still reads Nodes
+        cluster = [r for r in cluster if r["resources"] != ["pods/eviction"]]
+        cluster = [{**r, "verbs": ["get"]} if r["resources"] == ["nodes"] else r for r in cluster]
     if values["controller"]["scope"]["namespaces"] == ["*"]:
         cluster = cluster + workloads
     return cluster, workloads, leases
