@@ -18,6 +18,12 @@ OUT=${1:-gpu-validation-$(hostname)-$(date -u +%Y%m%dT%H%M%SZ).md}
 SOAK=${VALIDATION_SOAK_SECONDS:-120}
 PORT=${VALIDATION_PORT:-19842}
 URL="http://127.0.0.1:${PORT}"
+PAIRS=${VALIDATION_PAIRS:-9}
+# Extra exporter flags, e.g. "--simulate demo" to rehearse this script on a machine without a GPU.
+read -r -a EXTRA_ARGS <<<"${VALIDATION_EXPORTER_ARGS:-}"
+
+# Arithmetic in awk: bc is not on every GPU image.
+calc() { awk "BEGIN { printf \"%.3f\", $1 }"; }
 
 command -v nvidia-smi >/dev/null || { echo "nvidia-smi not found: this script needs a GPU host" >&2; exit 2; }
 command -v curl >/dev/null || { echo "curl is needed" >&2; exit 2; }
@@ -35,7 +41,7 @@ nvidia-smi --query-gpu=index,name,uuid,driver_version,persistence_mode,mig.mode.
 
 log "## Exporter on real NVML"
 start=$(date +%s.%N)
-"$PY" -m exporter.cli --web.listen-address "127.0.0.1:${PORT}" --log.format json >"$OUT.exporter.log" 2>&1 &
+"$PY" -m exporter.cli --web.listen-address "127.0.0.1:${PORT}" --log.format json "${EXTRA_ARGS[@]}" >"$OUT.exporter.log" 2>&1 &
 EXPORTER=$!
 trap 'kill "$EXPORTER" 2>/dev/null || true' EXIT
 for _ in $(seq 1 600); do
@@ -44,7 +50,7 @@ for _ in $(seq 1 600); do
   sleep 0.1
 done
 ready=$(date +%s.%N)
-log "- ready after $(echo "$ready - $start" | bc) s"
+log "- ready after $(calc "$ready - $start") s"
 sleep 3  # GPM needs two samples
 curl -fsS "${URL}/metrics" >"$OUT.metrics"
 log "- families exported: $(grep -c '^# TYPE' "$OUT.metrics")"
@@ -71,7 +77,7 @@ for _ in $(seq 1 "$SOAK"); do curl -s -o /dev/null "${URL}/metrics"; sleep 1; do
 rss=$(awk '/VmRSS/ {print $2/1024}' "/proc/${EXPORTER}/status")
 read -r utime stime < <(awk '{print $14, $15}' "/proc/${EXPORTER}/stat")
 ticks=$(getconf CLK_TCK)
-log "- RSS after soak: ${rss} MiB; CPU since start: $(echo "($utime + $stime) / $ticks" | bc -l | cut -c1-6) s"
+log "- RSS after soak: ${rss} MiB; CPU since start: $(calc "($utime + $stime) / $ticks") s"
 kill -TERM "$EXPORTER"
 wait "$EXPORTER" || true
 trap - EXIT
@@ -79,7 +85,8 @@ log "- exporter log (last lines):"
 tail -n 20 "$OUT.exporter.log" | block
 
 log "## Benchmark on real NVML"
-"$PY" bench/exporter.py --real --cycles 30 --duration 30 2>/dev/null | tee -a "$OUT"
+"$PY" bench/exporter.py --real --cycles 30 --duration 30 --pairs "$PAIRS" 2>"$OUT.bench.log" | tee -a "$OUT" ||
+  { log "- bench/exporter.py failed; its stderr (last lines):"; tail -n 20 "$OUT.bench.log" | block; }
 
 log "## nvidia-smi per scrape (what nvidia_gpu_exporter runs)"
 QUERY=index,uuid,name,utilization.gpu,utilization.memory,memory.used,memory.total,temperature.gpu,power.draw,clocks.sm,clocks.mem,pstate

@@ -94,7 +94,8 @@ class TemporaryError(ActionError):
     """The action failed this time (API timeout, PDB blocks eviction): it may be retried after delay.
 
     nothing_changed: the backend knows the server did not act (every write was refused, e.g. a 429
-    from API Priority and Fairness); the attempt is then no action for loops and budgets."""
+    from API Priority and Fairness, or the node's Lease is held by another action); the attempt is
+    then no action for loops and budgets."""
 
     def __init__(self, message: str, delay_seconds: float = 5.0, *, nothing_changed: bool = False) -> None:
         super().__init__(message)

@@ -106,6 +106,10 @@ class ScopeSettings:
     # what an out-of-scope alert becomes: "ignore" (recorded, never acted on or paged) or "page"
     # (a human is told, nothing is acted on)
     off_scope: Literal["ignore", "page"] = "ignore"
+    # may the engine act on nodes: migrate cordons and taints a node and evicts every pod on it,
+    # whatever its namespace. False: GPU and node targets are out of scope and the migrate rung of
+    # pod and job ladders is skipped; with an empty `namespaces` too, nothing is ever acted on
+    nodes: bool = True
     # when set, an alert must carry this label (or annotation) with value "true";
     # Prometheus label names cannot hold "." or "/", so `gpupulse.io/remediate` arrives as e.g.
     # `label_gpupulse_io_remediate` (kube-state-metrics) or `gpupulse_io_remediate`

@@ -165,17 +165,25 @@ class KubernetesBackend:
 
     async def _restart_job(self, target: Target, reason: str, cordoned: str) -> ActionResult:
         """One gang restart of a training job (one action, however many ranks it has)."""
-        async with self._errors("restart", target):
-            if not (target.namespace and target.training_job and target.training_job_kind):
-                raise PermanentError(f"restart needs the job's namespace, kind and name for {target.key}")
-            done = await restart_job(
-                self._client,
-                target.training_job_kind,
-                target.namespace,
-                target.training_job,
-                reason,
-                self._guard,
-            )
+        written: list[str] = []
+        try:
+            async with self._errors("restart", target):
+                if not (target.namespace and target.training_job and target.training_job_kind):
+                    raise PermanentError(f"restart needs the job's namespace, kind and name for {target.key}")
+                done = await restart_job(
+                    self._client,
+                    target.training_job_kind,
+                    target.namespace,
+                    target.training_job,
+                    reason,
+                    self._guard,
+                    written,
+                )
+        except TemporaryError as exc:
+            if not written and isinstance(exc.__cause__, KubeTooManyRequests):
+                # throttled before the first delete (or Command): no rank was touched, not an action
+                raise TemporaryError(str(exc), exc.delay_seconds, nothing_changed=True) from exc.__cause__
+            raise
         summary = (f"cordoned {cordoned}, then " if cordoned else "") + done.summary()
         details: dict[str, Any] = {**done.details(), "reason": reason, "suspect_node": target.node}
         if cordoned:
@@ -276,6 +284,8 @@ class KubernetesBackend:
                 # throttled before the cordon: the server changed nothing, not an action
                 raise TemporaryError(str(exc), exc.delay_seconds, nothing_changed=True) from exc.__cause__
             exc.left = "; ".join(left)
+            # a job's gang restart refused after our cordon: the cordon was a change all the same
+            exc.nothing_changed = exc.nothing_changed and not left
             raise
         except ActionError as exc:
             exc.left = "; ".join(left)
@@ -577,7 +587,9 @@ class KubernetesBackend:
                 yield
         except NodeBusy as exc:
             delay = max(1.0, min(exc.seconds_left, self._settings.api_retry_delay_seconds))
-            raise TemporaryError(str(exc), delay) from exc
+            # the Lease is taken before any write: a locked attempt changed nothing, it is no action
+            # (three of them counted as a restart loop and escalated to a migrate)
+            raise TemporaryError(str(exc), delay, nothing_changed=True) from exc
 
     @asynccontextmanager
     async def _errors(self, action: str, target: Target) -> AsyncIterator[None]:

@@ -119,9 +119,19 @@ async def read_owner(client: KubeClient, owner: OwnerKind, namespace: str, name:
 
 
 async def restart_job(
-    client: KubeClient, kind: str, namespace: str, name: str, reason: str, guard: Callable[[], None]
+    client: KubeClient,
+    kind: str,
+    namespace: str,
+    name: str,
+    reason: str,
+    guard: Callable[[], None],
+    written: list[str] | None = None,
 ) -> JobRestart:
-    """Restart every rank of the job at once through its controller (guard() before every write)."""
+    """Restart every rank of the job at once through its controller (guard() before every write).
+
+    `written` gets each object the server accepted a write for, as it happens: when a later call
+    fails, the caller can still tell a restart begun from one the server never saw."""
+    written = [] if written is None else written
     owner = owner_kind(kind)
     obj = await read_owner(client, owner, namespace, name)
     if owner.kind == "Job.batch":
@@ -129,7 +139,7 @@ async def restart_job(
         if parent is not None and parent.get("kind") == "JobSet":
             # the gang is the JobSet: restarting one of its Jobs would leave the others waiting
             return await restart_job(
-                client, "JobSet.jobset.x-k8s.io", namespace, str(parent["name"]), reason, guard
+                client, "JobSet.jobset.x-k8s.io", namespace, str(parent["name"]), reason, guard, written
             )
         if (obj.get("spec") or {}).get("completionMode") != "Indexed":
             raise PermanentError(
@@ -141,6 +151,7 @@ async def restart_job(
         raise PermanentError(f"{owner.kind} {namespace}/{name} is being deleted")
     if owner.method == "volcano_command":
         command = await _volcano_restart(client, obj, namespace, name, reason, guard)
+        written.append(f"{namespace}/{command}")
         return JobRestart(owner.kind, name, uid, owner.method, command=command)
     if owner.method == "delete_child_jobs":
         children = [
@@ -149,7 +160,7 @@ async def restart_job(
             if (controller_owner(j) or {}).get("uid") == uid
         ]
         deleted, gone = await _delete_all(
-            children, lambda ns, n, u: client.delete_job(ns, n, u, "Foreground"), guard
+            children, lambda ns, n, u: client.delete_job(ns, n, u, "Foreground"), guard, written
         )
         return JobRestart(owner.kind, name, uid, owner.method, deleted, gone)
     selector = (
@@ -164,7 +175,7 @@ async def restart_job(
     ]
     if owner.kind == "Job.batch":
         check_backoff_budget(obj, pods)
-    deleted, gone = await _delete_all(pods, lambda ns, n, u: client.delete_pod(ns, n, u), guard)
+    deleted, gone = await _delete_all(pods, lambda ns, n, u: client.delete_pod(ns, n, u), guard, written)
     return JobRestart(owner.kind, name, uid, owner.method, deleted, gone)
 
 
@@ -205,7 +216,10 @@ def _int(value: Any) -> int:
 
 
 async def _delete_all(
-    objs: list[JSON], delete: Callable[[str, str, str], Any], guard: Callable[[], None]
+    objs: list[JSON],
+    delete: Callable[[str, str, str], Any],
+    guard: Callable[[], None],
+    written: list[str],
 ) -> tuple[tuple[str, ...], tuple[str, ...]]:
     if not objs:
         raise PermanentError("the job has nothing to restart (no child Jobs or pods it controls)")
@@ -216,6 +230,7 @@ async def _delete_all(
         try:
             await delete(ref.namespace, ref.name, ref.uid)
             deleted.append(ref.key)
+            written.append(ref.key)
         except (KubeNotFound, KubeConflict):
             gone.append(ref.key)  # gone, or the name belongs to a replacement: never delete that one
     return tuple(deleted), tuple(gone)

@@ -3,7 +3,9 @@
 Followers judge expiry by when *they* last saw the record change (not by the holder's renewTime), so
 clock skew between replicas does not matter. The leader steps down as soon as it has not renewed for
 `renew_deadline_seconds`, which is shorter than the lease duration: it stops acting before anyone else
-may start.
+may start. A 429 or 5xx with a Retry-After (API Priority and Fairness sends it as a header) holds
+every Lease call until that wait is over; a wait that ends past the renew deadline ends leadership at
+the deadline, without hammering a server that asked for quiet.
 
 With a legacy Lease name (the one Lease every release shared before the chart named one per release),
 a candidate also holds that Lease, and does not lead while a replica of its own release (by pod-name
@@ -69,6 +71,7 @@ class LeaderElector:
         self._legacy: LeaseRecord | None = None  # the legacy Lease as last read, and when it changed
         self._legacy_at = 0.0
         self._legacy_waiting_on = ""
+        self._not_before = 0.0  # monotonic: the server's Retry-After forbids another call until then
 
     @property
     def identity(self) -> str:
@@ -124,19 +127,25 @@ class LeaderElector:
                 raise error
 
     async def _acquire(self) -> None:
-        while not await self._try_acquire_or_renew():
+        while True:
+            throttled = self._not_before - self._clock.monotonic()
+            if throttled > 0:  # e.g. stepped down on a 429: the first try waits it out too
+                await self._clock.sleep(throttled)
+            if await self._try_acquire_or_renew():
+                break
             await self._clock.sleep(self._next_attempt_in())
         log.info("%s became leader of %s", self.identity, self._settings.lease_name)
 
     async def _renew_until_lost(self) -> None:
         s = self._settings
         while True:
-            await self._clock.sleep(s.retry_period_seconds)
+            await self._clock.sleep(self._renew_in())
             left = s.renew_deadline_seconds - (self._clock.monotonic() - (self._last_renew or 0.0))
-            try:
-                await asyncio.wait_for(self._try_acquire_or_renew(), max(left, 0.001))
-            except TimeoutError:
-                pass
+            if left > 0 and self._clock.monotonic() >= self._not_before:
+                try:
+                    await asyncio.wait_for(self._try_acquire_or_renew(), left)
+                except TimeoutError:
+                    pass
             if self.observed_holder not in ("", s.identity):
                 self._last_renew = None  # someone else holds it: never act beside them
             if not self.is_leader:
@@ -176,6 +185,8 @@ class LeaderElector:
         except KubeConflict:
             return False
         except KubeError as exc:
+            if exc.retry_after_seconds > 0:
+                self._not_before = self._clock.monotonic() + exc.retry_after_seconds
             log.warning("%s: lease %s call failed: %s", s.identity, s.lease_name, exc)
             return False
 
@@ -229,12 +240,24 @@ class LeaderElector:
 
     def _next_attempt_in(self) -> float:
         """Seconds to the next try: the retry period, or sooner when the observed Lease expires
-        sooner, so a follower takes over right at expiry instead of up to one period later."""
+        sooner, so a follower takes over right at expiry instead of up to one period later; never
+        sooner than the server's Retry-After."""
         period = self._settings.retry_period_seconds
+        throttled = self._not_before - self._clock.monotonic()
         if self._observed is None:
-            return period
+            return max(period, throttled)
         left = self._observed.lease_duration_seconds - (self._clock.monotonic() - self._observed_at)
-        return min(period, max(left, 0.0) + 0.05)
+        return max(min(period, max(left, 0.0) + 0.05), throttled)
+
+    def _renew_in(self) -> float:
+        """Seconds to the next renewal: the retry period, or the server's Retry-After when longer,
+        but never past the renew deadline (a wait that would end past it ends there: we step down,
+        as client-go's leader does when its renew context times out)."""
+        s = self._settings
+        now = self._clock.monotonic()
+        wait = max(s.retry_period_seconds, self._not_before - now)
+        left = s.renew_deadline_seconds - (now - (self._last_renew or 0.0))
+        return min(wait, max(left, 0.0))
 
     def _note(self, record: LeaseRecord, mono: float) -> None:
         self._observed, self._observed_at = record, mono

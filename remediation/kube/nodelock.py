@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import random
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 
 from gpupulse.clock import Clock
 from remediation.errors import KubeConflict, KubeError, KubeNotFound, KubeTooManyRequests, KubeUnavailable
@@ -18,16 +20,35 @@ from remediation.kube.retry import retry_throttled
 log = logging.getLogger(__name__)
 
 _MAX_NAME = 253
+FIRST_RETRY_SECONDS = 0.2  # retry_throttled's first backoff
 
 
 class NodeBusy(Exception):
-    """Another action (of this replica or another) holds the node's Lease."""
+    """Another action (of this replica or another) holds the node's Lease. The message is what a
+    page says: who holds it, when it expires, and how to clear it should that holder be dead."""
 
-    def __init__(self, node: str, holder: str, seconds_left: float) -> None:
-        super().__init__(f"node {node} is locked by {holder or 'another writer'} ({seconds_left:.0f}s left)")
+    def __init__(
+        self,
+        node: str,
+        holder: str,
+        seconds_left: float,
+        lease: str = "",
+        expires_at: datetime | None = None,
+    ) -> None:
         self.node = node
         self.holder = holder
         self.seconds_left = seconds_left
+        self.lease = lease  # namespace/name
+        self.expires_at = expires_at
+        until = f" until {expires_at.astimezone(UTC):%Y-%m-%dT%H:%M:%SZ}" if expires_at is not None else ""
+        text = f"node {node} is locked by {holder or 'another writer'}{until} ({seconds_left:.0f}s left)"
+        if lease:
+            namespace, _, name = lease.partition("/")
+            text += (
+                f"; Lease {lease}, expires by itself; if {holder or 'its holder'} is gone: "
+                f"kubectl -n {namespace} delete lease {name}"
+            )
+        super().__init__(text)
 
 
 def node_lease_name(node: str) -> str:
@@ -74,7 +95,7 @@ class NodeLock:
                 await self._store.create(name, wanted)
                 return
             if not current.expired_at(now):
-                raise NodeBusy(node, current.holder_identity, current.seconds_left(now))
+                raise self._busy(node, name, current, now)
             await self._store.swap(
                 name,
                 replace(
@@ -84,8 +105,23 @@ class NodeLock:
                 ),
             )
         except KubeConflict as exc:
-            # someone wrote the Lease between our read and our write: they won
-            raise NodeBusy(node, "", float(self._duration)) from exc
+            # someone wrote the Lease between our read and our write: they won; say who, if we can
+            try:
+                winner = await self._store.get(name)
+            except KubeError:
+                winner = None
+            if winner is None or winner.expired_at(now):
+                raise NodeBusy(node, "", float(self._duration), self._where(name)) from exc
+            raise self._busy(node, name, winner, now) from exc
+
+    def _where(self, name: str) -> str:
+        return f"{self._store.namespace}/{name}"
+
+    def _busy(self, node: str, name: str, current: LeaseRecord, now: datetime) -> NodeBusy:
+        left = current.seconds_left(now)
+        renewed = current.renew_time
+        expires = renewed + timedelta(seconds=current.lease_duration_seconds) if renewed else None
+        return NodeBusy(node, current.holder_identity, left, self._where(name), expires)
 
     async def _release(self, name: str, holder: str) -> None:
         """Give the Lease up. A throttled or unavailable server is retried (Retry-After honoured) until
@@ -97,14 +133,21 @@ class NodeLock:
             await self._release_once(name, holder)
         except (KubeTooManyRequests, KubeUnavailable) as exc:
             log.warning("node lease %s: release refused (%s); retrying until it would expire", name, exc)
-            task = asyncio.create_task(self._release_until(name, holder, expires))
+            task = asyncio.create_task(self._release_until(name, holder, expires, exc.retry_after_seconds))
             self._retrying.add(task)
             task.add_done_callback(self._retrying.discard)
         except KubeError as exc:
             # not fatal: the Lease expires by itself after its duration
             log.warning("could not release node lease %s: %s", name, exc)
 
-    async def _release_until(self, name: str, holder: str, expires: float) -> None:
+    async def _release_until(self, name: str, holder: str, expires: float, wait_seconds: float) -> None:
+        # the inline try was refused too: its Retry-After holds for the first retry as for the rest (the
+        # API server's audit log showed the retry 0.01 s after a 429 that asked for 1 s)
+        wait = max(wait_seconds, FIRST_RETRY_SECONDS * random.uniform(0.5, 1.0))
+        if self._clock.monotonic() + wait > expires:
+            log.warning("could not release node lease %s before it expires", name)
+            return
+        await self._clock.sleep(wait)
         try:
             await retry_throttled(
                 lambda: self._release_once(name, holder),

@@ -10,7 +10,7 @@ from remediation.diagnosis.policy import veto
 from remediation.effects import Act, Announce, CheckPromQL, Effect, Validate
 from remediation.ladder import incident_identity, next_step
 from remediation.model import Rung
-from remediation.safety import PAUSE
+from remediation.safety import NODES_OFF, PAUSE
 from remediation.signatures import Signature
 from remediation.tracing import AttrValue
 from remediation.transitions.paging import PagingTransitions
@@ -48,6 +48,15 @@ class LadderTransitions(PagingTransitions):
                 self._entry(inc, "action", "skipped", vetoed, rung=rung, attempt=attempt, finished_at=now)
                 self._conclude_rung(self._row(incident_id), "skipped", vetoed)
                 return self._page(incident_id, now, vetoed)
+        if rung == "migrate" and not self.settings.scope.nodes:
+            # a pod's or a job's migrate cordons its node: the next rung (a page) instead
+            self._later(lambda: self.metrics.actions.labels(rung=rung, outcome="skipped").inc())
+            self._entry(inc, "action", "skipped", NODES_OFF, rung=rung, attempt=attempt, finished_at=now)
+            self._set(incident_id, reason=NODES_OFF)
+            self._conclude_rung(self._row(incident_id), "skipped", NODES_OFF)
+            off: frozenset[Rung] = frozenset({"migrate"})
+            nxt, nxt_attempt = next_step(sig.ladder, rung, attempt, blocked | off)
+            return self._start(incident_id, nxt, nxt_attempt, now, blocked | off)
         job = target.kind == "job"
         if rung == "restart" or (job and rung == "migrate"):
             loop = self._loops.restart_loop(inc.loop_key, now, job=job)

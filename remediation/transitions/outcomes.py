@@ -109,7 +109,7 @@ class Transitions(TimerTransitions):
             return self._close(eff.incident_id, "self_resolved", now)
         if outcome == "refused":
             # the server never acted: a bigger rung would act on a fault nothing has tried to fix yet
-            why = f"could not act: {rung} refused by the API server {inc.temp_retries + 1} times: {summary}"
+            why = f"could not act: {rung} refused {inc.temp_retries + 1} times, nothing changed: {summary}"
             self._conclude_rung(inc, "failed", why)
             return self._page(eff.incident_id, now, why)
         why = f"{rung} failed: {summary}"

@@ -17,8 +17,10 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from exporter.attribution.podmeta import PodMetadataSource
+from exporter.attribution.podmeta import pod_metas
+from exporter.collectors.training import PodMeta
 from exporter.kube.client import ApiSettings, in_cluster_api_url
+from exporter.kube.pods import PodStore
 
 ROOT = Path(__file__).resolve().parents[2]
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -157,6 +159,20 @@ class RecordedSleep:
     async def __call__(self, seconds: float) -> None:
         self.delays.append(seconds)
         await asyncio.sleep(0)
+
+
+class PodMetadataSource(PodStore):
+    """The node's pod store with the attribution plug-in's view on it, looked up as these tests do."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._metas = self.view("attribution", pod_metas)
+
+    def lookup(self, namespace: str, name: str) -> PodMeta | None:
+        return self._metas.value.get((namespace, name))
+
+    def __len__(self) -> int:
+        return len(self._metas.value)
 
 
 def source(
@@ -439,11 +455,12 @@ import asyncio, sys, tempfile
 from pathlib import Path
 from exporter import cli, registry
 registry.available_plugins()
-from exporter.attribution.podmeta import PodMetadataSource
+from exporter.attribution.podmeta import pod_metas
 from exporter.attribution.slices import ResourceSliceSource, SliceSettings
 from exporter.engines.kube_pods import KubePodSource
-from exporter.progress.pods import ProgressPodSource
+from exporter.progress.pods import progress_pods
 from exporter.kube.client import ApiSettings
+from exporter.kube.pods import PodStore
 from tests.fakes.kube_api import FakeKubeAPI
 
 async def main():
@@ -452,10 +469,12 @@ async def main():
     api.add_pod("ns", "p", "n")
     token = Path(tempfile.mkdtemp()) / "token"
     token.write_text("s")
-    pods = PodMetadataSource(ApiSettings("n", api.url, token_path=token, ca_path=None))
+    pods = PodStore(ApiSettings("n", api.url, token_path=token, ca_path=None))
+    metas = pods.view("attribution", pod_metas)
+    KubePodSource(pods); pods.view("progress", progress_pods)
     slices = ResourceSliceSource(SliceSettings("n", api.url, token_path=token, ca_path=None))
     pods.start(); slices.start()
-    await pods.wait_until(lambda: pods.lookup("ns", "p") is not None and pods.stats.watches == 1, 10)
+    await pods.wait_until(lambda: ("ns", "p") in metas.value and pods.stats.watches == 1, 10)
     await slices.wait_until(lambda: slices.stats.watches == 1, 10)
     await pods.close(); await slices.close(); await api.stop()
 

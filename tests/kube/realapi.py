@@ -231,9 +231,15 @@ class _Process:
 
 @dataclass
 class ControlPlane:
-    """etcd + kube-apiserver + kube-controller-manager under `workdir`."""
+    """etcd + kube-apiserver + kube-controller-manager under `workdir`.
+
+    With `audit_policy` (an audit.k8s.io/v1 Policy) the API server writes its audit log, one JSON
+    event per line, to `audit_log`: the server's own account of every request it was sent. `users`
+    adds static bearer tokens (token -> user name) beside the admin's and the controller manager's."""
 
     workdir: Path
+    audit_policy: JSON | None = None
+    users: Mapping[str, str] = field(default_factory=dict)
     url: str = ""
     processes: list[_Process] = field(default_factory=list)
     startup_seconds: dict[str, float] = field(default_factory=dict)
@@ -241,6 +247,31 @@ class ControlPlane:
     @property
     def ca_file(self) -> Path:
         return self.workdir / "pki" / "apiserver.pem"
+
+    @property
+    def audit_log(self) -> Path:
+        return self.workdir / "audit.log"
+
+    def audit_events(self) -> list[JSON]:
+        """Every audit event written so far (blocking mode: a request's event is written before its
+        answer is sent)."""
+        if not self.audit_log.exists():
+            return []
+        lines = self.audit_log.read_text(errors="replace").splitlines()
+        return [json.loads(line) for line in lines if line.strip()]
+
+    def _audit_flags(self) -> list[str]:
+        if self.audit_policy is None:
+            return []
+        policy = self.workdir / "audit-policy.json"  # YAML, being a superset of JSON, reads it
+        policy.write_text(json.dumps(self.audit_policy))
+        return [
+            f"--audit-policy-file={policy}",
+            f"--audit-log-path={self.audit_log}",
+            "--audit-log-format=json",
+            "--audit-log-mode=blocking",
+            "--audit-log-maxsize=0",  # never rotated: a test reads one file
+        ]
 
     def client(self, token: str = ADMIN_TOKEN) -> RealKube:
         return RealKube(self.url, self.ca_file, token)
@@ -285,6 +316,7 @@ class ControlPlane:
         (pki / "tokens.csv").write_text(
             f'{ADMIN_TOKEN},gpupulse-admin,gpupulse-admin,"system:masters"\n'
             f"{KCM_TOKEN},system:kube-controller-manager,system:kube-controller-manager\n"
+            + "".join(f"{token},{user},{user}\n" for token, user in self.users.items())
         )
 
     def start(self) -> None:
@@ -334,6 +366,7 @@ class ControlPlane:
                 f"--cert-dir={self.workdir / 'apiserver-certs'}",
                 "--profiling=false",
                 "--v=1",
+                *self._audit_flags(),
             ],
         )
         admin = self.client()

@@ -232,3 +232,62 @@ async def test_job_migrate_without_a_suspect_node_is_permanent(
     with pytest.raises(PermanentError, match="suspect rank's node"):
         await make_backend().migrate(_job_target("PyTorchJob.kubeflow.org", "llama"), "x")
     assert not kube_api.deleted
+
+
+async def test_a_gang_restart_throttled_before_any_delete_changed_nothing_and_says_so(
+    kube_api: FakeKubeAPI, make_backend: Make
+) -> None:
+    pytorchjob(kube_api)
+    kube_api.throttle("DELETE", "/pods/llama-worker-", retry_after="45")  # APF: header only
+    with pytest.raises(TemporaryError) as err:
+        await make_backend().restart(_job_target("PyTorchJob.kubeflow.org", "llama"), "hang")
+    assert err.value.nothing_changed  # a refusal, not an action for loops and budgets
+    assert err.value.delay_seconds == 45.0  # tried again no sooner than the server asked
+    assert kube_api.deleted == [] and len(kube_api.pods) == 16
+
+
+async def test_a_jobset_restart_throttled_on_its_first_child_job_changed_nothing(
+    kube_api: FakeKubeAPI, make_backend: Make
+) -> None:
+    jobset(kube_api)
+    kube_api.throttle("DELETE", "/jobs/llama-workers-0$", retry_after="3", times=100)
+    with pytest.raises(TemporaryError) as err:
+        await make_backend().restart(_job_target("JobSet.jobset.x-k8s.io", "llama"), "hang")
+    assert err.value.nothing_changed
+    assert len(kube_api.pods) == 16
+
+
+async def test_a_volcano_restart_whose_command_is_throttled_changed_nothing(
+    kube_api: FakeKubeAPI, make_backend: Make
+) -> None:
+    kube_api.add_object("batch.volcano.sh/v1alpha1", "jobs", "train", "llama")
+    kube_api.throttle("POST", "/commands$", retry_after="2")
+    with pytest.raises(TemporaryError) as err:
+        await make_backend().restart(_job_target("Job.batch.volcano.sh", "llama"), "collective hang")
+    assert err.value.nothing_changed
+    assert kube_api.objects_of("bus.volcano.sh/v1alpha1", "commands") == []
+
+
+async def test_a_gang_restart_throttled_after_its_first_delete_is_an_action(
+    kube_api: FakeKubeAPI, make_backend: Make
+) -> None:
+    pytorchjob(kube_api)
+    kube_api.throttle("DELETE", "/pods/llama-worker-1$", retry_after="2", times=100)
+    with pytest.raises(TemporaryError) as err:
+        await make_backend().restart(_job_target("PyTorchJob.kubeflow.org", "llama"), "hang")
+    assert [d[0] for d in kube_api.deleted] == ["train/llama-worker-0"]
+    assert not err.value.nothing_changed  # rank 0 is gone: the gang restart has begun
+
+
+async def test_a_job_migrate_whose_restart_is_throttled_after_the_cordon_is_an_action(
+    kube_api: FakeKubeAPI, make_backend: Make
+) -> None:
+    pytorchjob(kube_api)
+    for node in NODES:
+        kube_api.add_node(node)
+    kube_api.throttle("DELETE", "/pods/llama-worker-", retry_after="2", times=100)
+    with pytest.raises(TemporaryError) as err:
+        await make_backend().migrate(_job_target("PyTorchJob.kubeflow.org", "llama", node="gpu-a"), "x")
+    assert kube_api.nodes["gpu-a"]["spec"]["unschedulable"] is True
+    assert not err.value.nothing_changed  # the node was cordoned: a change, and the page says so
+    assert "left cordoned" in err.value.left
