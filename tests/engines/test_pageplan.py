@@ -10,9 +10,9 @@ import re
 
 import pytest
 
-from exporter.exposition import parse as exposition
 from exporter.engines.detect import PREFIXES, WANTED
 from exporter.errors import ExpositionError
+from exporter.exposition import parse as exposition
 from exporter.exposition.pageplan import same
 from exporter.exposition.parse import PLAN_KEY, Exposition, ExpositionParser
 
