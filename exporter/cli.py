@@ -32,6 +32,7 @@ from exporter.config import (
     parse_listen_address,
 )
 from exporter.errors import NvmlInitError, ScenarioError, WebConfigError
+from exporter.kube.requests import REQUESTS
 from exporter.nvml import Nvml, XidWatcher
 from exporter.sampler import Sampler, SnapshotHook
 from exporter.server import make_app, make_site
@@ -295,7 +296,7 @@ async def start_exporter(
 
         hooks.append(push)
         closers.append(pusher.close)
-    sampler = Sampler(collectors, settings, clock, gpu_status=fleet, hooks=hooks)
+    sampler = Sampler(collectors, settings, clock, gpu_status=fleet, hooks=hooks, kube_requests=REQUESTS)
     log.info(
         "sampling %d GPU(s) every %.2f s with collectors %s",
         len(nvml.devices),

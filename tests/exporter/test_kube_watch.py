@@ -18,8 +18,10 @@ import pytest
 from aiohttp import web
 
 from exporter.attribution.podmeta import PodMetadataSource
+from exporter.collectors.self import self_families
 from exporter.kube.client import ApiSettings, KubeClient, in_cluster_api_url
 from exporter.kube.requests import RequestCounts
+from exporter.snapshot import render
 from tests.fakes.clock import FakeClock
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -703,3 +705,19 @@ async def test_watches_ask_for_bookmarks_and_resume_from_the_last_one(
         assert pods.lookup("ns", "a") is not None and pods.stats.lists == 1
     finally:
         await pods.close()
+
+
+def test_the_requests_are_exported_per_resource_verb_and_answer() -> None:
+    counts = RequestCounts()
+    assert [f.name for f in self_families({}, None, (), counts)] == [
+        "gpupulse_collector_success",
+        "gpupulse_collector_duration_seconds",
+        "gpupulse_build_info",
+    ]  # no request yet: no family
+    for verb, code in [("LIST", "200"), ("WATCH", "200"), ("WATCH", "200"), ("WATCH", "<error>")]:
+        counts.add("pods", verb, code)
+    text = render(self_families({}, None, (), counts)).decode()
+    assert "# TYPE gpupulse_kube_requests_total counter" in text
+    assert 'gpupulse_kube_requests_total{code="200",resource="pods",verb="WATCH"} 2.0' in text
+    assert 'gpupulse_kube_requests_total{code="<error>",resource="pods",verb="WATCH"} 1.0' in text
+    assert 'gpupulse_kube_requests_total{code="200",resource="pods",verb="LIST"} 1.0' in text
