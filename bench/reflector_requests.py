@@ -130,12 +130,14 @@ def _rows(nodes: list[Node]) -> Iterator[str]:
     )
 
 
-def _stats_line(nodes: list[Node]) -> str:
+def _stats_lines(nodes: list[Node]) -> Iterator[str]:
     fields = ("lists", "watches", "relists_after_expired", "quorum_relists", "expired_continues",
-              "short_watches", "failures", "silent_watches", "backoffs")  # fmt: skip
-    sums = {f: sum(getattr(r.stats, f) for n in nodes for r in n.reflectors) for f in fields}
-    waited = sum(r.stats.backoff_seconds for n in nodes for r in n.reflectors)
-    return ", ".join(f"{k} {v}" for k, v in sums.items()) + f", backed off {waited:.0f} s in all"
+              "short_watches", "failures", "silent_watches", "events", "backoffs")  # fmt: skip
+    for resource in sorted({r.resource for n in nodes for r in n.reflectors}):
+        ours = [r for n in nodes for r in n.reflectors if r.resource == resource]
+        sums = {f: sum(getattr(r.stats, f) for r in ours) for f in fields}
+        waited = sum(r.stats.backoff_seconds for r in ours)
+        yield f"{resource}: " + ", ".join(f"{k} {v}" for k, v in sums.items()) + f", waited {waited:.0f} s"
 
 
 async def run(args: argparse.Namespace) -> None:
@@ -200,7 +202,9 @@ async def run(args: argparse.Namespace) -> None:
     for row in _rows(nodes):
         print(row)
     print()
-    print(f"reflectors, all nodes: {_stats_line(nodes)}")
+    print("reflectors, all nodes:")
+    for line in _stats_lines(nodes):
+        print(f"  {line}")
     if args.per_node:
         print()
         print("| node | " + " | ".join(f"{r} {v}" for r, v in _keys(nodes)) + " |")
