@@ -48,7 +48,9 @@ class ApiSettings:
     # reflector uses 5-10 min), so watches spread over API server replicas after a rollout.
     watch_timeout_seconds: float = 300.0
     # The API server sends a watch that allows bookmarks a BOOKMARK about every minute (its watch
-    # cache's bookmark frequency); no byte for this long and the connection is taken for dead.
+    # cache's bookmark frequency), but only once that cache has seen an event of the resource (after a
+    # restart a quiet resource's watches hear nothing: docs/scale.md); no byte for this long and the
+    # connection is taken for dead.
     watch_idle_timeout_seconds: float = 120.0
     # One watch event (one JSON line). etcd stores at most 1.5 MiB per object; its JSON is a little larger.
     max_event_bytes: int = 4 * 1024 * 1024
