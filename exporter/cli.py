@@ -35,6 +35,7 @@ from exporter.config import (
 from exporter.errors import NvmlInitError, ScenarioError, WebConfigError
 from exporter.kube import flags as kube_flags
 from exporter.kube.context import KubeContext
+from exporter.kube.requests import REQUESTS
 from exporter.nvml import Nvml, XidWatcher
 from exporter.sampler import Sampler, SnapshotHook
 from exporter.server import make_app, make_site
@@ -304,7 +305,7 @@ async def start_exporter(
 
         hooks.append(push)
         closers.append(pusher.close)
-    sampler = Sampler(collectors, settings, clock, gpu_status=fleet, hooks=hooks)
+    sampler = Sampler(collectors, settings, clock, gpu_status=fleet, hooks=hooks, kube_requests=REQUESTS)
     log.info(
         "sampling %d GPU(s) every %.2f s with collectors %s",
         len(nvml.devices),

@@ -11,7 +11,6 @@ view, nor the watch.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from types import MappingProxyType
@@ -19,6 +18,7 @@ from typing import Any, Generic, TypeVar
 
 from exporter.kube.client import ApiSettings, KubeClient
 from exporter.kube.reflector import Key, PodReflector, ReflectorStats
+from gpupulse.clock import Clock
 
 log = logging.getLogger(__name__)
 
@@ -84,9 +84,10 @@ class PodStore(PodReflector):
         self,
         settings: ApiSettings,
         client_factory: Callable[[ApiSettings], KubeClient] = KubeClient,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        sleep: Callable[[float], Awaitable[None]] | None = None,
+        clock: Clock | None = None,
     ) -> None:
-        super().__init__(settings, client_factory=client_factory, sleep=sleep)
+        super().__init__(settings, client_factory=client_factory, sleep=sleep, clock=clock)
         self._views: list[PodView[Any]] = []
         self._listed = False
 

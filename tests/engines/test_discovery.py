@@ -175,7 +175,7 @@ async def test_one_list_then_a_watch_follows_this_nodes_pods(api: FakeKubeAPI, t
         assert _pods(await source.targets()) == ["llama-0"]
         (listing,) = _pod_requests(api, watch=False)
         # served from the API server's watch cache, only this node's pods
-        assert listing == {"fieldSelector": "spec.nodeName=node-a", "resourceVersion": "0"}
+        assert listing == {"fieldSelector": "spec.nodeName=node-a", "resourceVersion": "0", "limit": "500"}
         await source.wait_until(lambda: source.stats.watches == 1, 5)
         # a new engine pod becomes a target once it runs with an IP
         api.add_pod("serving", "qwen-0", "node-a", annotations=ENGINE, phase="Pending")
@@ -226,7 +226,7 @@ async def test_an_expired_resource_version_relists_the_current_state(
 ) -> None:
     _running(api, "serving", "llama-0", "node-a", "10.1.0.1", ENGINE)
     sleep = GatedSleep()
-    source = _source(api, tmp_path, sleep)
+    source = _source(api, tmp_path, sleep, short_watch_seconds=0.0)  # the closed watch is no failure
     try:
         await source.targets()
         await api.wait_open_watches(1)
@@ -243,7 +243,11 @@ async def test_an_expired_resource_version_relists_the_current_state(
         await source.wait_until(lambda: _pods(source._targets) == ["qwen-0"], 5)
         assert source.stats.relists_after_expired == 1
         first, second = _pod_requests(api, watch=False)
-        assert first["resourceVersion"] == "0" and second["resourceVersion"] == ""  # a consistent read
+        (watch, *_) = _pod_requests(api, watch=True)
+        assert first["resourceVersion"] == "0"
+        # from the last version seen, out of the watch cache: no quorum read while that serves
+        assert second["resourceVersion"] == watch["resourceVersion"]
+        assert second["resourceVersionMatch"] == "NotOlderThan"
     finally:
         await source.close()
 
@@ -275,7 +279,15 @@ async def test_bookmarks_keep_the_resource_version_fresh_across_compaction(
 async def test_api_errors_keep_the_last_good_targets_and_back_off(api: FakeKubeAPI, tmp_path: Path) -> None:
     _running(api, "serving", "llama-0", "node-a", "10.1.0.1", ENGINE)
     sleep = GatedSleep()
-    source = _source(api, tmp_path, sleep, retry_seconds=1.0, retry_max_seconds=4.0)
+    source = _source(
+        api,
+        tmp_path,
+        sleep,
+        retry_seconds=1.0,
+        retry_max_seconds=4.0,
+        retry_jitter_ratio=0.0,
+        short_watch_seconds=0.0,
+    )
     try:
         await source.targets()
         await api.wait_open_watches(1)

@@ -389,6 +389,21 @@ class ControlPlane:
         # the ServiceAccount controller creating `default` in `default` says the controllers run
         self._wait(kcm, lambda: admin.exists("/api/v1/namespaces/default/serviceaccounts/default"), 120)
 
+    def restart_apiserver(self, down_seconds: float = 0.0) -> float:
+        """Stop kube-apiserver (SIGTERM, as a rollout does), keep it down `down_seconds`, start it
+        again with the same flags (etcd keeps the state); the seconds until it answered /readyz."""
+        (old,) = [p for p in self.processes if p.name.startswith("kube-apiserver")]
+        assert isinstance(old.proc.args, list)  # as _spawn started it
+        argv = [str(a) for a in old.proc.args]
+        old.stop()
+        self.processes.remove(old)
+        time.sleep(down_seconds)
+        start = time.monotonic()
+        restarts = sum(1 for name in self.startup_seconds if name.startswith("kube-apiserver"))
+        process = self._spawn(f"kube-apiserver-{restarts + 1}", argv)
+        self._wait(process, self.client().healthy, 120)
+        return time.monotonic() - start
+
     def stop(self) -> None:
         for process in reversed(self.processes):
             process.stop()
