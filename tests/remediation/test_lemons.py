@@ -1,0 +1,114 @@
+"""Lemons (remediation/lemons.py): a GPU or node quarantined N times within the window stays out, and
+its fault history survives a restart of the ledger and of the engine."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from remediation.ledger import Ledger, connect
+from remediation.lemons import Lemon, LemonBook, Quarantine
+from remediation.model import Target
+from remediation.settings import LemonSettings
+from tests.remediation.test_engine_support import XID_RESET, Rig, engine_settings
+
+DAY = 86400.0
+NOW = 1_780_000_000.0
+RULE = LemonSettings(quarantines=2, window_seconds=7 * DAY)
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Iterator[Ledger]:
+    conn = connect(tmp_path / "ledger.db")
+    yield Ledger(conn)
+    conn.close()
+
+
+def _quarantine(
+    book: LemonBook, at: float, uuid: str = "GPU-1", node: str = "n1", incident: int = 1
+) -> list[Lemon]:
+    with book.ledger.transaction():
+        return book.record(Quarantine(at, incident, "xid-reset", "xid_reset", node, uuid, "1650"), at)
+
+
+def test_second_quarantine_within_the_window_makes_a_lemon_once(ledger: Ledger) -> None:
+    book = LemonBook(ledger, RULE)
+    assert _quarantine(book, NOW - 6 * DAY) == []
+    lemons = _quarantine(book, NOW, incident=2)
+    assert [(lemon.kind, lemon.ident) for lemon in lemons] == [("gpu", "GPU-1"), ("node", "n1")]
+    why = lemons[0].describe(RULE.window_seconds)
+    assert why.startswith("GPU GPU-1 (serial 1650) on node n1 quarantined 2 times within 1w")
+    assert "incident 1 xid-reset" in why and "incident 2 xid-reset" in why
+    assert book.refusal(Target("gpu", "n1", uuid="GPU-1")).startswith("GPU GPU-1 is a lemon")
+    # a third quarantine is history, not another page
+    assert _quarantine(book, NOW + 60, incident=3) == []
+    assert len(book.history("gpu", "GPU-1")) == 3
+
+
+def test_quarantines_further_apart_than_the_window_make_no_lemon(ledger: Ledger) -> None:
+    book = LemonBook(ledger, RULE)
+    _quarantine(book, NOW - 7 * DAY - 1)
+    assert _quarantine(book, NOW) == []
+    assert book.refusal(Target("gpu", "n1", uuid="GPU-1")) == ""
+    # another GPU of the same node counts for the node, not for the first GPU
+    assert [(lemon.kind, lemon.ident) for lemon in _quarantine(book, NOW + 1, uuid="GPU-2")] == [
+        ("node", "n1")
+    ]
+    assert book.refusal(Target("gpu", "n9", uuid="GPU-1")) == ""
+    assert book.refusal(Target("node", "n1")).startswith("node n1 is a lemon")
+
+
+def test_the_rule_off_makes_no_lemon(ledger: Ledger) -> None:
+    book = LemonBook(ledger, LemonSettings())
+    for i in range(5):
+        assert _quarantine(book, NOW + i) == []
+
+
+def test_history_survives_reopening_the_ledger(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.db"
+    conn = connect(path)
+    _quarantine(LemonBook(Ledger(conn), RULE), NOW - DAY)
+    conn.close()
+    conn = connect(path)
+    try:
+        lemons = _quarantine(LemonBook(Ledger(conn), RULE), NOW)
+        assert [lemon.ident for lemon in lemons] == ["GPU-1", "n1"]
+    finally:
+        conn.close()
+
+
+def test_stale_history_is_forgotten_but_a_lemon_is_kept(ledger: Ledger) -> None:
+    book = LemonBook(ledger, RULE)
+    _quarantine(book, NOW - 20 * DAY, uuid="GPU-old", node="n-old")
+    _quarantine(book, NOW - 2 * DAY, uuid="GPU-bad", node="n-bad")
+    _quarantine(book, NOW - DAY, uuid="GPU-bad", node="n-bad")
+    _quarantine(book, NOW, uuid="GPU-3", node="n3")
+    kept = set(ledger.states("faults:"))
+    assert kept == {"faults:gpu:GPU-bad", "faults:node:n-bad", "faults:gpu:GPU-3", "faults:node:n3"}
+
+
+async def test_engine_pages_a_lemon_for_rma_after_its_second_quarantine_across_a_restart(
+    tmp_path: Path,
+) -> None:
+    rig = Rig(tmp_path, engine_settings(lemons=RULE))
+    rig.build()
+    try:
+        labels = {**XID_RESET, "serial": "1652021001234"}
+        first = await rig.fire(labels)
+        assert rig.backend.rungs == ["migrate"]
+        await rig.resolve(first)
+        await rig.advance(3 * 3600)  # verified, cooled down and closed
+        assert not any("lemon" in p.summary for p in rig.pager.pages)
+        await rig.restart_controller()
+        await rig.fire(labels)
+        assert rig.backend.rungs == ["migrate"]
+        pages = [p for p in rig.pager.pages if "lemon" in p.summary]
+        assert len(pages) == 1
+        summary = pages[0].summary
+        assert "GPU GPU-bbbb (serial 1652021001234) on node node-b quarantined 2 times" in summary
+        assert "needs RMA" in summary
+        assert LemonBook(rig.engine._ro, RULE).refusal(Target("gpu", "node-b", uuid="GPU-bbbb"))
+    finally:
+        await rig.engine.aclose()
