@@ -11,6 +11,7 @@ import pytest
 from remediation.ledger import Ledger, connect
 from remediation.lemons import Lemon, LemonBook, Quarantine
 from remediation.model import Target
+from remediation.replication import TrackedLedger, restore
 from remediation.settings import LemonSettings
 from tests.remediation.test_engine_support import XID_RESET, Rig, engine_settings
 
@@ -112,3 +113,21 @@ async def test_engine_pages_a_lemon_for_rma_after_its_second_quarantine_across_a
         assert LemonBook(rig.engine._ro, RULE).refusal(Target("gpu", "node-b", uuid="GPU-bbbb"))
     finally:
         await rig.engine.aclose()
+
+
+def test_history_travels_to_a_new_leader_with_the_switches(tmp_path: Path) -> None:
+    """Cluster mode: the rows ride the switches snapshot (GpuRemediationState) and a new leader's
+    restored ledger counts the old leader's quarantines."""
+    old = TrackedLedger(connect(tmp_path / "old.db"))
+    try:
+        _quarantine(LemonBook(old, RULE), NOW - DAY)
+        snapshot = old.collect()
+        assert snapshot.switches is not None and "faults:gpu:GPU-1" in snapshot.switches
+    finally:
+        old.conn.close()
+    new = Ledger(connect(tmp_path / "new.db"))
+    try:
+        restore(new, snapshot)
+        assert [lemon.ident for lemon in _quarantine(LemonBook(new, RULE), NOW)] == ["GPU-1", "n1"]
+    finally:
+        new.conn.close()
