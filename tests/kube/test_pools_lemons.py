@@ -151,3 +151,19 @@ async def test_a_lemon_is_labelled_through_the_engine_and_never_auto_uncordoned(
     with pytest.raises(PermanentError, match="gpu-1 is a lemon"):
         await backend.uncordon(Target(kind="gpu", node="gpu-1", uuid="GPU-1111"), "resolved")
     assert kube_api.nodes["gpu-1"]["spec"]["unschedulable"] is True
+
+
+async def test_our_taint_alone_counts_as_out_and_unlabelled_nodes_are_a_pool_of_their_own(
+    kube_api: FakeKubeAPI, make_backend: Make
+) -> None:
+    ours = {"key": "gpupulse.io/remediation", "value": "xid_79", "effect": "NoSchedule"}
+    other = {"key": "ops/maintenance", "value": "disk", "effect": "NoSchedule"}
+    for i in range(10):
+        kube_api.add_node(f"bare-{i}", taints=[ours] if i == 0 else [other])  # no pool label
+    _pool(kube_api, "a100", 10, cordoned=0)
+    backend = make_backend(pool_label=POOL, pool_max_unavailable="10%")
+    with pytest.raises(
+        TemporaryError, match=r"pool 'without cloud.google.com/gke-nodepool' has 10 nodes, 1 out"
+    ):
+        await backend.migrate(Target(kind="node", node="bare-3"), "xid 79")
+    await backend.migrate(Target(kind="node", node="a100-3"), "xid 79")  # another pool: room left
