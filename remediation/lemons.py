@@ -155,6 +155,23 @@ class LemonBook:
             self.ledger.set_state(name, value)
         return found
 
+    def unmarked(self) -> dict[str, tuple[list[str], list[str]]]:
+        """Lemons whose node does not carry the mark yet, by node: (their GPUs' UUIDs, why)."""
+        out: dict[str, tuple[list[str], list[str]]] = {}
+        for state in self.ledger.states(PREFIX).values():
+            if state.get("lemon") and not state.get("marked") and state.get("node"):
+                uuids, whys = out.setdefault(str(state["node"]), ([], []))
+                if state.get("kind") == "gpu":
+                    uuids.append(str(state.get("id")))
+                whys.append(str(state.get("why") or ""))
+        return out
+
+    def marked(self, node: str, now: float) -> None:
+        """The node carries the mark of its lemons now: a restart need not mark it again."""
+        for name, state in self.ledger.states(PREFIX).items():
+            if state.get("lemon") and state.get("node") == node and not state.get("marked"):
+                self.ledger.set_state(name, {**state, "marked": True, "marked_at": now})
+
     def _prune(self, now: float) -> None:
         """Forget histories with nothing inside the window that are no lemon (a lemon's stays)."""
         cutoff = now - self.settings.window_seconds

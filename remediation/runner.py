@@ -210,8 +210,10 @@ class EffectRunner:
             await asyncio.wait_for(
                 self.backend.mark_lemon(eff.node, eff.uuids, eff.detail), self.action_timeout_seconds
             )
-        except Exception as exc:  # the page still goes out; the ledger keeps the lemon
+        except Exception as exc:  # the page still goes out; the next start marks it again
             log.error("could not label lemon node %s (incident %d): %s", eff.node, eff.incident_id, exc)
+            return
+        await self._record(lambda t: t.on_lemon_marked(eff))
 
     async def _run_action(self, eff: Act) -> None:
         await self._announce(eff, "started", eff.reason)

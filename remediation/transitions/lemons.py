@@ -41,6 +41,19 @@ class LemonTransitions(PagingTransitions):
         quarantine = Quarantine(now, inc.id, sig.name, sig.fault_class, target.node, target.uuid, serial)
         return self._lemons.record(quarantine, now)
 
+    def _lemon_marks(self) -> list[Effect]:
+        """Marks decided but never confirmed (the controller stopped, or the label could not be
+        written): sent again on start, by the new leader in cluster mode."""
+        return [
+            MarkLemon(0, node, tuple(sorted(uuids)), " and ".join(whys))
+            for node, (uuids, whys) in sorted(self._lemons.unmarked().items())
+        ]
+
+    def on_lemon_marked(self, eff: MarkLemon) -> list[Effect]:
+        """The backend marked the node: remember it, so a restart does not mark it again."""
+        self._lemons.marked(eff.node, self.clock.time())
+        return []
+
     def _keep_lemon_out(self, incident_id: int, now: float, lemons: list[Lemon]) -> list[Effect]:
         """The quarantine made a lemon: mark it (the node's label), then page once for RMA; the page
         stays open until a human closes it, as the repair is theirs."""

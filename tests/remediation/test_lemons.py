@@ -3,8 +3,9 @@ its fault history survives a restart of the ledger and of the engine."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -13,7 +14,7 @@ from remediation.lemons import Lemon, LemonBook, Quarantine
 from remediation.model import Target
 from remediation.replication import TrackedLedger, restore
 from remediation.settings import LemonSettings
-from tests.remediation.test_engine_support import XID_RESET, Rig, engine_settings
+from tests.remediation.test_engine_support import XID_RESET, Rig, ScriptedBackend, engine_settings
 
 DAY = 86400.0
 NOW = 1_780_000_000.0
@@ -131,3 +132,38 @@ def test_history_travels_to_a_new_leader_with_the_switches(tmp_path: Path) -> No
         assert [lemon.ident for lemon in _quarantine(LemonBook(new, RULE), NOW)] == ["GPU-1", "n1"]
     finally:
         new.conn.close()
+
+
+class MarkingBackend(ScriptedBackend):
+    """A backend that labels lemon nodes (as the Kubernetes backend does); the first `fail` marks fail."""
+
+    def __init__(self, fail: int = 0) -> None:
+        super().__init__()
+        self.marks: list[tuple[str, tuple[str, ...]]] = []
+        self.fail = fail
+
+    async def mark_lemon(self, node: str, uuids: Sequence[str], detail: str) -> None:
+        if self.fail:
+            self.fail -= 1
+            raise ConnectionError("API server unreachable")
+        self.marks.append((node, tuple(uuids)))
+
+
+async def test_a_mark_that_failed_is_sent_again_on_start_and_a_confirmed_one_is_not(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, engine_settings(lemons=RULE), backend=MarkingBackend(fail=1))
+    rig.build()
+    try:
+        for _ in range(2):
+            ev = await rig.fire(XID_RESET)
+            await rig.resolve(ev)
+            await rig.advance(3 * 3600)
+        assert [p for p in rig.pager.pages if "needs RMA" in p.summary]
+        assert cast(MarkingBackend, rig.backend).marks == []  # the one try failed
+        await rig.restart_controller(MarkingBackend())
+        await rig.advance(1)  # effects decided at start go out with the first tick
+        assert cast(MarkingBackend, rig.backend).marks == [("node-b", ("GPU-bbbb",))]
+        await rig.restart_controller(MarkingBackend())
+        await rig.advance(1)
+        assert cast(MarkingBackend, rig.backend).marks == []  # confirmed: not marked again
+    finally:
+        await rig.engine.aclose()
