@@ -4,6 +4,7 @@ refused before any write, and a lemon's node is labelled and never auto-uncordon
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import cast
@@ -167,3 +168,45 @@ async def test_our_taint_alone_counts_as_out_and_unlabelled_nodes_are_a_pool_of_
     ):
         await backend.migrate(Target(kind="node", node="bare-3"), "xid 79")
     await backend.migrate(Target(kind="node", node="a100-3"), "xid 79")  # another pool: room left
+
+
+async def test_through_the_engine_a_refused_cordon_is_retried_then_pages_and_never_writes(
+    kube_api: FakeKubeAPI, kube_client: KubeClient, clock: StepClock, tmp_path: Path
+) -> None:
+    a100 = _pool(kube_api, "a100", 10, cordoned=1)
+    backend = KubernetesBackend(
+        kube_client, backend_settings(pool_label=POOL, pool_max_unavailable="10%"), clock
+    )
+    engine_clock, pager = FakeClock(), RecordingPager()
+    engine = cast(
+        RemediationEngine,
+        build_engine(
+            EngineSettings(max_temporary_retries=2),
+            tmp_path / "ledger.db",
+            RemediationMetrics(),
+            clock=engine_clock,
+            backend=backend,
+            pager=pager,
+        ),
+    )
+    try:
+        event = _xid(engine_clock, "fp-pool")
+        event = replace(event, labels={**event.labels, "node": a100[4]})
+        await engine.handle(event)
+        await engine.wait_idle()
+        for _ in range(3):
+            engine_clock.advance(61)  # blocked_retry_delay_seconds: capacity may have come back
+            await engine.tick()
+            await engine.wait_idle()
+        (incident,) = engine.list_incidents()
+        detail = engine.get_incident(int(incident["id"]))
+    finally:
+        await engine.aclose()
+    assert detail is not None and detail["state"] == "paged"
+    assert [h["status"] for h in detail["history"] if h["kind"] == "action" and h["rung"] == "migrate"] == [
+        "refused"
+    ] * 3
+    (page,) = pager.firing
+    assert "could not act: migrate refused 3 times, nothing changed: migrate of a100-4 " in page.summary
+    assert WOULD_EXCEED in page.summary
+    assert _patches(kube_api, a100[4]) == 0
