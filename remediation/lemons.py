@@ -138,7 +138,8 @@ class LemonBook:
             name = row_name(kind, ident)
             state = self.ledger.get_state(name)
             history = [*self.history(kind, ident), quarantine][-MAX_HISTORY:]
-            serial = quarantine.serial or str(state.get("serial") or "")
+            # a serial names a GPU; a node's row keeps each quarantine's serial in its history only
+            serial = (quarantine.serial or str(state.get("serial") or "")) if kind == "gpu" else ""
             value: dict[str, Any] = {
                 **state,
                 "kind": kind,
