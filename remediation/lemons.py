@@ -156,6 +156,23 @@ class LemonBook:
             self.ledger.set_state(name, value)
         return found
 
+    def lemons(self) -> list[dict[str, Any]]:
+        """Every lemon, oldest first: what, where, since when, how many quarantines, whether marked."""
+        found = [
+            {
+                "kind": str(state.get("kind") or ""),
+                "id": str(state.get("id") or ""),
+                "node": str(state.get("node") or ""),
+                "serial": str(state.get("serial") or ""),
+                "since": float(state.get("lemon_at") or 0.0),
+                "quarantines": len(state.get("history") or []),
+                "marked": bool(state.get("marked")),
+            }
+            for state in self.ledger.states(PREFIX).values()
+            if state.get("lemon")
+        ]
+        return sorted(found, key=lambda lemon: (lemon["since"], lemon["kind"], lemon["id"]))
+
     def unmarked(self) -> dict[str, tuple[list[str], list[str]]]:
         """Lemons whose node does not carry the mark yet, by node: (their GPUs' UUIDs, why)."""
         out: dict[str, tuple[list[str], list[str]]] = {}

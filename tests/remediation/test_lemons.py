@@ -9,6 +9,7 @@ from typing import cast
 
 import pytest
 
+from remediation.control_cli import render_status
 from remediation.ledger import Ledger, connect
 from remediation.lemons import Lemon, LemonBook, Quarantine
 from remediation.model import Target
@@ -112,6 +113,16 @@ async def test_engine_pages_a_lemon_for_rma_after_its_second_quarantine_across_a
         assert "GPU GPU-bbbb (serial 1652021001234) on node node-b quarantined 2 times" in summary
         assert "needs RMA" in summary
         assert LemonBook(rig.engine._ro, RULE).refusal(Target("gpu", "node-b", uuid="GPU-bbbb"))
+        lemons = rig.engine.stats()["lemons"]
+        assert [(lemon["kind"], lemon["id"], lemon["quarantines"]) for lemon in lemons] == [
+            ("gpu", "GPU-bbbb", 2),
+            ("node", "node-b", 2),
+        ]
+        status = render_status("http://controller", rig.engine.stats())
+        assert (
+            "lemons      GPU GPU-bbbb on node-b (serial 1652021001234): 2 quarantines, out for RMA" in status
+        )
+        assert "            node node-b: 2 quarantines" in status
     finally:
         await rig.engine.aclose()
 
