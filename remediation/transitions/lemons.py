@@ -17,8 +17,9 @@ class LemonTransitions(PagingTransitions):
     def _pool_refusal(self, rung: Rung, target: Target, now: float) -> str:
         """Why this migrate would take too much of its pool out ("" when it would not). Only where the
         backend cannot count the cluster's cordons itself (the Kubernetes backend does, before it
-        writes): there the controller's own migrates within the node budgets' window are what is out."""
-        if not self.pools_from_ledger or rung != "migrate" or not target.node:
+        writes), or is not called (a dry run): there the controller's own migrates within the node
+        budgets' window are what is out."""
+        if not (self.pools_from_ledger or self.settings.dry_run) or rung != "migrate" or not target.node:
             return ""
         if target.kind not in ("gpu", "node", "job"):
             return ""

@@ -9,7 +9,7 @@ import pytest
 
 from remediation.capacity import WOULD_EXCEED, pool_refusal
 from remediation.settings import BudgetSettings, EngineSettings, PoolSettings
-from tests.remediation.test_engine_support import XID_RESET, Rig, engine_settings, statuses
+from tests.remediation.test_engine_support import XID_RESET, Rig, ScriptedBackend, engine_settings, statuses
 
 TEN_NODES = [f"n{i}" for i in range(10)]
 
@@ -70,14 +70,19 @@ async def test_engine_refuses_the_second_migrate_of_a_ten_node_pool_and_pages(tm
         await rig.engine.aclose()
 
 
-async def test_dry_run_counts_what_it_would_have_done(tmp_path: Path) -> None:
+class KubernetesNamed(ScriptedBackend):
+    name = "kubernetes"  # the backend that counts the cluster's cordons itself, when it is called
+
+
+@pytest.mark.parametrize("backend", [ScriptedBackend, KubernetesNamed])
+async def test_dry_run_counts_what_it_would_have_done(tmp_path: Path, backend: type[ScriptedBackend]) -> None:
     settings = engine_settings(
         dry_run=True,
         pools=PoolSettings(max_unavailable="1"),
         cluster_node_count=10,
         budgets=BudgetSettings(max_nodes_migrated=100, max_nodes_migrated_fraction=0),
     )
-    rig = Rig(tmp_path, settings)
+    rig = Rig(tmp_path, settings, backend=backend())
     rig.build()
     try:
         await rig.fire({**XID_RESET, "node": "n0", "uuid": "GPU-n0"})
