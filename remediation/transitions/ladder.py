@@ -191,6 +191,10 @@ class LadderTransitions(LemonTransitions):
         """Test the quarantined GPU before it serves again; `again`: the same validation, asked anew
         (its Job is found by name), after no verdict came back in time."""
         inc = self._row(incident_id)
+        kept_out = self._lemons.refusal(inc.target)
+        if kept_out:  # a lemon is never tested back into service: its page (open) asks for an RMA
+            self._entry(inc, "event", "kept_out", f"not validated, stays out: {kept_out}")
+            return self._close(incident_id, "human", now)
         attempt = sum(1 for h in self._db.history(incident_id) if h.get("status") == "validation_started")
         if not again:
             attempt += 1

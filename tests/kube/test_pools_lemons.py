@@ -210,3 +210,27 @@ async def test_through_the_engine_a_refused_cordon_is_retried_then_pages_and_nev
     assert "could not act: migrate refused 3 times, nothing changed: migrate of a100-4 " in page.summary
     assert WOULD_EXCEED in page.summary
     assert _patches(kube_api, a100[4]) == 0
+
+
+async def test_nothing_on_a_lemon_node_returns_by_validation_or_auto_uncordon(
+    kube_api: FakeKubeAPI, make_backend: Make
+) -> None:
+    """A device quarantine (DeviceTaintRule) on a lemon's node: neither the validation nor
+    auto-uncordon deletes the rule, and no validation Job is started."""
+    from remediation.kube.validation import ValidationSettings
+
+    kube_api.add_node("gpu-1")
+    devices = [{"name": f"gpu-{i}", "attributes": {"uuid": {"string": f"GPU-{i}"}}} for i in range(2)]
+    kube_api.add_resourceslice("s", "gpu-1", "gpu.nvidia.com", "gpu-1", devices)
+    target = Target(kind="gpu", node="gpu-1", uuid="GPU-1")
+    validation = ValidationSettings(namespace="gpupulse", image="registry.example/dcgm:test")
+    backend = make_backend(validation=validation, auto_uncordon=True)
+    await backend.migrate(target, "xid 48")
+    assert len(kube_api.dra.rules) == 1
+    await backend.mark_lemon("gpu-1", ["GPU-1"], "GPU GPU-1 quarantined 2 times within 1w")
+    with pytest.raises(PermanentError, match="node gpu-1 is a lemon"):
+        await backend.return_to_service(target, "xid_reset", 7, 1)
+    with pytest.raises(PermanentError, match="node gpu-1 is a lemon"):
+        await backend.uncordon(target, "resolved")
+    assert len(kube_api.dra.rules) == 1
+    assert not kube_api.calls("POST", "/jobs")

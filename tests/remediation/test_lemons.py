@@ -178,3 +178,32 @@ async def test_a_mark_that_failed_is_sent_again_on_start_and_a_confirmed_one_is_
         assert cast(MarkingBackend, rig.backend).marks == []  # confirmed: not marked again
     finally:
         await rig.engine.aclose()
+
+
+async def test_a_lemon_gpu_is_never_validated_back_into_service(tmp_path: Path) -> None:
+    """A device quarantine whose alert resolves is validated (--engine.return-to-service), unless the
+    GPU is a lemon: then no validation runs and the RMA page stays open."""
+    from tests.remediation.test_return_to_service import QuarantiningBackend
+
+    backend = QuarantiningBackend(["pass", "pass"])
+    rig = Rig(tmp_path, engine_settings(lemons=RULE, return_to_service=True))
+    rig.backend = cast(ScriptedBackend, backend)
+    rig.build()
+    try:
+        first = await rig.fire(XID_RESET)
+        await rig.resolve(first)
+        assert len(backend.validations) == 1  # the first time, the GPU is tested and returned
+        await rig.advance(2 * 3600)  # past "migrated recently": the recurrence is migrated again
+        second = await rig.fire(XID_RESET)
+        await rig.resolve(second)
+        assert len(backend.validations) == 1  # the second quarantine made a lemon: not tested
+        lemon = max(rig.incidents(), key=lambda i: int(i["id"]))
+        full = rig.engine.get_incident(int(lemon["id"]))
+        assert full is not None
+        assert (full["state"], full["resolution"]) == ("closed", "human")
+        kept = [h["summary"] for h in full["history"] if h["status"] == "kept_out"]
+        assert kept and "GPU GPU-bbbb is a lemon" in kept[0]
+        rma = [p for p in rig.pager.pages if "needs RMA" in p.summary]
+        assert rma and not any(p.resolved for p in rig.pager.pages if p.dedup_key == rma[0].dedup_key)
+    finally:
+        await rig.engine.aclose()
