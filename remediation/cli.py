@@ -252,6 +252,34 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "Window of the page budget.",
     ),
     Flag(
+        "lemon.quarantines",
+        int,
+        _E.lemons.quarantines,
+        "Quarantines of one GPU (or node) within --lemon.window that make it a lemon: kept out, "
+        "labelled gpupulse.io/lemon, paged once for RMA (0 disables).",
+    ),
+    Flag(
+        "lemon.window",
+        parse_flag_duration,
+        format_duration(_E.lemons.window_seconds),
+        "Window of the lemon rule.",
+    ),
+    Flag("lemon.serial-label", str, _E.lemons.serial_label, "Alert label carrying a GPU's serial number."),
+    Flag(
+        "pools.label",
+        str,
+        _E.pools.label,
+        "Node label whose value names a node's pool (e.g. cloud.google.com/gke-nodepool); empty = every "
+        "GPU node is one pool.",
+    ),
+    Flag(
+        "pools.max-unavailable",
+        str,
+        _E.pools.max_unavailable,
+        "Nodes of one pool automation may hold out at once, as a share (10%%, rounded down) or a count; "
+        "a migrate beyond it is refused and pages. Empty = no pool budget.",
+    ),
+    Flag(
         "web.external-url",
         str,
         _E.external_url,
@@ -571,6 +599,15 @@ def settings_from_flags(ns: argparse.Namespace, environ: Mapping[str, str] | Non
             page_window_seconds=v["safety_page_window"],
         ),
         external_url=v["web_external_url"],
+        lemons=dataclasses.replace(
+            base.lemons,
+            quarantines=v["lemon_quarantines"],
+            window_seconds=v["lemon_window"],
+            serial_label=v["lemon_serial_label"],
+        ),
+        pools=dataclasses.replace(
+            base.pools, label=v["pools_label"], max_unavailable=v["pools_max_unavailable"]
+        ),
         loops=dataclasses.replace(
             base.loops, max_restarts=v["loops_max_restarts"], restart_window_seconds=v["loops_restart_window"]
         ),

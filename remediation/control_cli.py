@@ -345,6 +345,19 @@ def render_status(url: str, stats: Mapping[str, Any]) -> str:
         )
     if "incidents_open" in stats:
         rows.append(("incidents", f"{stats['incidents_open']} open"))
+    lemons = [lemon for lemon in stats.get("lemons") or [] if isinstance(lemon, Mapping)]
+    for i, lemon in enumerate(lemons[:5]):
+        what = f"GPU {lemon.get('id')} on {lemon.get('node')}" if lemon.get("kind") == "gpu" else ""
+        what = what or f"node {lemon.get('id')}"
+        serial = f" (serial {lemon['serial']})" if lemon.get("serial") else ""
+        more = f" (+{len(lemons) - 5} more)" if i == 4 and len(lemons) > 5 else ""
+        rows.append(
+            (
+                "lemons" if i == 0 else "",
+                f"{what}{serial}: {lemon.get('quarantines', '?')} quarantines, out for RMA since "
+                f"{_when(lemon.get('since'))}{more}",
+            )
+        )
     log = stats.get("switch_log")
     if isinstance(log, list):
         for i, entry in enumerate(e for e in log[:5] if isinstance(e, Mapping)):

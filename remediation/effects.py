@@ -87,4 +87,15 @@ class Validate:
     attempt: int
 
 
-Effect = Act | SendPage | SendGroupPage | CheckPromQL | Diagnose | Announce | Validate
+@dataclass(frozen=True)
+class MarkLemon:
+    """Mark a node that holds a lemon (remediation/lemons.py) where its owners look: the Kubernetes
+    backend labels it gpupulse.io/lemon; other backends keep the mark in the ledger only."""
+
+    incident_id: int
+    node: str
+    uuids: tuple[str, ...]  # the lemon GPUs on it (none when the node itself is the lemon)
+    detail: str
+
+
+Effect = Act | SendPage | SendGroupPage | CheckPromQL | Diagnose | Announce | Validate | MarkLemon

@@ -95,6 +95,8 @@ class RemediationEngine:
             verifying=verifier is not None,
             pager_name=pager.name,
             diagnosing=diagnoser is not None,
+            # the Kubernetes backend counts a pool's cordons in the cluster; others cannot see them
+            pools_from_ledger=backend.name != "kubernetes",
         )
         self._runner = EffectRunner(
             backend,

@@ -410,12 +410,12 @@ class Ledger:
         ).fetchone()
         return int(row[0])
 
-    def migrated_nodes(self, since: float) -> set[str]:
-        sm = ", ".join("?" for _ in REAL_ACTION_STATUSES)
+    def migrated_nodes(self, since: float, statuses: Sequence[str] = REAL_ACTION_STATUSES) -> set[str]:
+        sm = ", ".join("?" for _ in statuses)
         rows = self.conn.execute(
             f"SELECT DISTINCT node FROM rem_ledger WHERE kind = 'action' AND rung = 'migrate' "
             f"AND target_kind IN ('gpu', 'node', 'job') AND node != '' AND status IN ({sm}) AND at >= ?",
-            (*REAL_ACTION_STATUSES, since),
+            (*statuses, since),
         )
         return {str(r[0]) for r in rows}
 

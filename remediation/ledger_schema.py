@@ -3,7 +3,8 @@
 rem_incidents holds one row per incident (remediation/records.py reads it into an Incident);
 rem_ledger the intent and outcome of every event and action; rem_handled, rem_alerts and rem_stale
 what was seen of each notification; rem_transitions, rem_loops and rem_nodes what loop detection
-and the budgets count; rem_state the operator and engine switches (breaker, pause, heartbeat);
+and the budgets count; rem_state the operator and engine switches (breaker, pause, heartbeat) and
+the fault history of each quarantined GPU and node (`faults:*`, remediation/lemons.py);
 rem_diagnoses every diagnosis of an incident (remediation/diagnosis), newest last.
 """
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from gpupulse.contract import TargetKind as TargetKind
 
@@ -78,6 +78,14 @@ class ActionBackend(Protocol):
     async def restart(self, target: Target, reason: str) -> ActionResult: ...
 
     async def migrate(self, target: Target, reason: str) -> ActionResult: ...
+
+
+@runtime_checkable
+class LemonMarker(Protocol):
+    """A backend that marks a lemon's node where the cluster's users look (the Kubernetes backend: the
+    gpupulse.io/lemon label), and then refuses to return that node to service."""
+
+    async def mark_lemon(self, node: str, uuids: Sequence[str], detail: str) -> None: ...
 
 
 ActionPhase = Literal["started", "success", "failed", "temporary", "refused", "dry_run"]

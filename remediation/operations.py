@@ -12,6 +12,7 @@ from typing import Any
 
 from gpupulse.clock import Clock
 from remediation.ledger import Ledger
+from remediation.lemons import LemonBook
 from remediation.metrics import RemediationMetrics
 from remediation.safety import BREAKER, PAUSE, SafetyGate
 from remediation.settings import EngineSettings
@@ -94,6 +95,8 @@ class Operations:
             "actions": self._actions(),
             "paused": self._ro.get_state(PAUSE) or {"paused": False},
             "switch_log": self.switch_log()[:10],
+            # GPUs and nodes kept out for RMA (docs/design/lemons.md)
+            "lemons": LemonBook(self._ro, self.settings.lemons).lemons(),
             "dry_run": self.settings.dry_run,
             "pager": self.settings.pager.kind,
             "signatures": len(self.library),

@@ -23,6 +23,7 @@ from remediation.effects import (
     CheckPromQL,
     Diagnose,
     Effect,
+    MarkLemon,
     SendGroupPage,
     SendPage,
     Validate,
@@ -34,6 +35,7 @@ from remediation.model import (
     ActionBackend,
     ActionNotice,
     ActionPhase,
+    LemonMarker,
     MigratePreview,
     Pager,
     ReturnToService,
@@ -122,6 +124,8 @@ class EffectRunner:
                 coro = self._run_announce(eff)
             elif isinstance(eff, Validate):
                 coro = self._run_validate(eff)
+            elif isinstance(eff, MarkLemon):
+                coro = self._mark_lemon(eff)
             else:
                 coro = self._run_promql(eff)
             task = asyncio.ensure_future(self._unless_fenced(eff, coro))
@@ -198,6 +202,18 @@ class EffectRunner:
             log.exception("backend %s raised on validation", getattr(self.backend, "name", "?"))
             outcome, summary = "failed", f"{type(exc).__name__}: {exc}"
         await self._record(lambda t: t.on_validated(eff, outcome, summary, details, delay))
+
+    async def _mark_lemon(self, eff: MarkLemon) -> None:
+        if not isinstance(self.backend, LemonMarker) or not eff.node:
+            return  # the lemon mark in the ledger is the only one this backend has
+        try:
+            await asyncio.wait_for(
+                self.backend.mark_lemon(eff.node, eff.uuids, eff.detail), self.action_timeout_seconds
+            )
+        except Exception as exc:  # the page still goes out; the next start marks it again
+            log.error("could not label lemon node %s (incident %d): %s", eff.node, eff.incident_id, exc)
+            return
+        await self._record(lambda t: t.on_lemon_marked(eff))
 
     async def _run_action(self, eff: Act) -> None:
         await self._announce(eff, "started", eff.reason)

@@ -17,6 +17,7 @@ remediation/backends/kubernetes.py, read from --kube.backend-config.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,6 +68,51 @@ class BudgetSettings:
     max_pages_per_signature: int = 3
     max_pages_per_window: int = 20
     page_window_seconds: float = 600.0
+
+
+@dataclass(frozen=True)
+class LemonSettings:
+    """When a GPU or node that keeps failing stays out of service (docs/design/lemons.md)."""
+
+    # quarantines (migrates that cordoned the node) of one GPU, or of one node, within window_seconds
+    # that make it a lemon: kept out, labelled, paged once for RMA; 0 disables the rule
+    quarantines: int = 0
+    window_seconds: float = 7 * 86400.0
+    # the alert label that carries the GPU's serial number, when the alert has it
+    serial_label: str = "serial"
+
+
+@dataclass(frozen=True)
+class PoolSettings:
+    """minHealthy per pool: how much of a pool automation may hold out of service at once."""
+
+    # the Node label whose value names a node's pool; "" = every GPU node is one pool
+    label: str = ""
+    # nodes of a pool that may be out at once: "10%" (rounded down) or a count; "" disables
+    max_unavailable: str = ""
+
+    def allowed_out(self, total: int) -> int | None:
+        """Nodes of a pool of `total` that may be out at once (None: no limit). Rounded down, as a
+        Deployment's maxUnavailable is: the share is a ceiling, never exceeded to let one more out."""
+        text = self.max_unavailable.strip()
+        if not text:
+            return None
+        if text.endswith("%"):
+            return math.floor(float(text[:-1]) * total / 100.0 + 1e-9)
+        return int(text)
+
+    def validate(self) -> None:
+        text = self.max_unavailable.strip()
+        if not text:
+            return
+        try:
+            value = float(text[:-1]) if text.endswith("%") else int(text)
+        except ValueError:
+            raise ValueError(
+                f"pools.max_unavailable {self.max_unavailable!r}: a percentage (10%) or a node count"
+            ) from None
+        if value < 0 or (text.endswith("%") and value > 100):
+            raise ValueError(f"pools.max_unavailable {self.max_unavailable!r} is out of range")
 
 
 @dataclass(frozen=True)
@@ -194,6 +240,8 @@ class EngineSettings:
     budgets: BudgetSettings = field(default_factory=BudgetSettings)
     loops: LoopSettings = field(default_factory=LoopSettings)
     scope: ScopeSettings = field(default_factory=ScopeSettings)
+    lemons: LemonSettings = field(default_factory=LemonSettings)
+    pools: PoolSettings = field(default_factory=PoolSettings)
     # 0 = unknown: the fraction budget then uses the number of distinct nodes seen in alerts
     cluster_node_count: int = 0
     # Prometheus base URL for PromQL verification (signatures with verify_promql); "" disables
@@ -277,6 +325,9 @@ class EngineSettings:
         if self.pager.kind in ("webhook", "slack") and not self.pager.url:
             raise ValueError(f"pager {self.pager.kind} needs a URL")
         self.scope.validate()
+        self.pools.validate()
+        if self.lemons.quarantines < 0 or self.lemons.window_seconds <= 0:
+            raise ValueError("engine settings lemons.quarantines must be >= 0 and lemons.window positive")
         if self.scope.off_scope not in ("ignore", "page"):
             raise ValueError("engine setting scope.off_scope must be ignore or page")
         parse_selector(self.scope.node_selector)  # SelectorError is a ValueError naming the term

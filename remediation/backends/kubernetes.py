@@ -11,13 +11,15 @@ Every action holds the node's Lease, and every write first checks that this repl
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from gpupulse.clock import Clock, SystemClock
+from remediation.capacity import pool_refusal
 from remediation.errors import (
     ActionError,
     KubeConflict,
@@ -47,11 +49,13 @@ from remediation.kube.pods import (
     requests_gpu,
     skip_reason,
 )
+from remediation.kube.pools import count_pool, lemon_of, mark_lemon
 from remediation.kube.quarantine import DeviceQuarantineSettings, preview_device, quarantine_device
 from remediation.kube.returning import return_device, validation_name
 from remediation.kube.timing import micro_time
 from remediation.kube.validation import ValidationSettings, validation_from_mapping
 from remediation.model import ActionResult, Target
+from remediation.settings import PoolSettings
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +100,10 @@ class KubernetesBackendSettings:
     # the validation Job that must pass before a quarantined GPU returns to service
     # (remediation/kube/validation.py); None: return_to_service refuses, the GPU stays out
     validation: ValidationSettings | None = None
+    # minHealthy per pool (remediation/capacity.py): the Node label naming a node's pool ("" = every
+    # GPU node is one pool) and how many of a pool's nodes may be out at once ("10%", "2"; "" = any)
+    pool_label: str = ""
+    pool_max_unavailable: str = ""
 
     def __post_init__(self) -> None:
         if self.node_lease_duration_seconds <= self.eviction_deadline_seconds:
@@ -106,6 +114,11 @@ class KubernetesBackendSettings:
             raise ValueError("device_quarantine must be 'auto' or 'off'")
         if self.device_taint_effect not in EFFECTS:
             raise ValueError(f"device_taint_effect must be one of {', '.join(EFFECTS)}")
+        self.pools.validate()
+
+    @property
+    def pools(self) -> PoolSettings:
+        return PoolSettings(label=self.pool_label, max_unavailable=self.pool_max_unavailable)
 
 
 class KubernetesBackend:
@@ -131,6 +144,8 @@ class KubernetesBackend:
             self._clock,
             settings.node_lease_duration_seconds,
         )
+        # held from a pool's count to the cordon it allows: two migrates never both take its last place
+        self._pool_gate = asyncio.Lock()
 
     def _guard(self) -> None:
         if not self._may_act():
@@ -304,9 +319,16 @@ class KubernetesBackend:
         async with self._errors("migrate", target):
             node = await self._node_of(target)
             async with self._node_lock(node):
-                change = await cordon_and_taint(
-                    self._client, node, s.taint_key, reason, self._clock, s.node_patch_attempts, self._guard
-                )
+                async with self._pool_budget(node):
+                    change = await cordon_and_taint(
+                        self._client,
+                        node,
+                        s.taint_key,
+                        reason,
+                        self._clock,
+                        s.node_patch_attempts,
+                        self._guard,
+                    )
                 left.append(self._left_cordoned(node, reason))
                 pods, skipped, scope = await self._pods_to_move(target, node)
                 report = await evict_pods(
@@ -443,15 +465,16 @@ class KubernetesBackend:
             raise PermanentError(f"migrating job {target.key} needs the suspect rank's node")
         async with self._errors("migrate", target):
             async with self._node_lock(target.node):
-                await cordon_and_taint(
-                    self._client,
-                    target.node,
-                    s.taint_key,
-                    reason,
-                    self._clock,
-                    s.node_patch_attempts,
-                    self._guard,
-                )
+                async with self._pool_budget(target.node):
+                    await cordon_and_taint(
+                        self._client,
+                        target.node,
+                        s.taint_key,
+                        reason,
+                        self._clock,
+                        s.node_patch_attempts,
+                        self._guard,
+                    )
                 left.append(self._left_cordoned(target.node, reason))
         return await self._restart_job(target, reason, cordoned=target.node)
 
@@ -516,11 +539,13 @@ class KubernetesBackend:
         if not s.auto_uncordon:
             raise PermanentError("auto_uncordon is off: uncordoning is a human's decision")
         self._guard()
+        async with self._errors("uncordon", target):
+            node = await self._node_of(target)
+            await self._refuse_lemon(node)
         devices = await self._dra_devices(target)
         if devices:
             return await self._release_devices(target, devices)
         async with self._errors("uncordon", target):
-            node = await self._node_of(target)
             async with self._node_lock(node):
                 change = await uncordon(self._client, node, s.taint_key, s.node_patch_attempts, self._guard)
         verb = "uncordoned" if change.changed else "left alone (not cordoned by gpupulse)"
@@ -557,6 +582,8 @@ class KubernetesBackend:
                 "no validation is configured (backend setting validation): the GPU stays out"
             )
         self._guard()
+        async with self._errors("return", target):
+            await self._refuse_lemon(target.node)
         devices = await self._dra_devices(target)
         if not devices:
             raise PermanentError(f"return to service: {target.key} is no DRA GPU of a ResourceSlice")
@@ -574,6 +601,38 @@ class KubernetesBackend:
                 self._guard,
                 self._node_lock,
             )
+
+    # --- lemons and pools
+
+    async def mark_lemon(self, node: str, uuids: Sequence[str], detail: str) -> None:
+        """Label a lemon's node (remediation/kube/pools.py); uncordon then refuses it."""
+        await mark_lemon(self._client, node, uuids, detail, self._guard)
+
+    async def _refuse_lemon(self, node: str) -> None:
+        """Nothing on a lemon's node (the gpupulse.io/lemon label) returns to service automatically:
+        neither the node nor a device of it; a human removes the label after the repair."""
+        lemon = lemon_of(await self._client.get_node(node)) if node else ""
+        if lemon:
+            raise PermanentError(
+                f"node {node} is a lemon ({lemon}): nothing on it returns to service until a human "
+                "removes the gpupulse.io/lemon label"
+            )
+
+    @asynccontextmanager
+    async def _pool_budget(self, node: str) -> AsyncIterator[None]:
+        """Refuse, before any write, a cordon that would take more of the node's pool out than its
+        budget allows; the refusal changed nothing (TemporaryError nothing_changed), so it is retried
+        later and then paged, never counted as an action."""
+        s = self._settings
+        if s.pools.allowed_out(1) is None:
+            yield
+            return
+        async with self._pool_gate:
+            count = await count_pool(self._client, node, s.pool_label, s.taint_key, s.gpu_resource_prefixes)
+            why = pool_refusal(s.pools, count.pool, count.total, count.out, node)
+            if why:
+                raise TemporaryError(why, s.blocked_retry_delay_seconds, nothing_changed=True)
+            yield
 
     # --- shared
 

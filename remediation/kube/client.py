@@ -192,6 +192,13 @@ class KubeClient:
         """Read one node."""
         return self._json(await self._call(self._core.read_node(name, _request_timeout=self._timeout)))
 
+    async def list_nodes(self, label_selector: str = "") -> list[JSON]:
+        """The nodes that match a label selector (every node when it is empty)."""
+        nodes = await self._call(
+            self._core.list_node(label_selector=label_selector, _request_timeout=self._timeout)
+        )
+        return [self._json(n) for n in nodes.items or []]
+
     async def patch_node(self, name: str, patch: Mapping[str, Any]) -> JSON:
         """JSON merge patch; put metadata.resourceVersion in `patch` to make it conditional."""
         node = await self._call(

@@ -137,6 +137,10 @@ def _backend_settings(settings: Settings) -> KubernetesBackendSettings:
             raise ConfigError(f"--kube.backend-config {kube.backend_config_file}: not a mapping")
         raw = dict(loaded)
     raw.update(namespace=kube.namespace, identity=kube.identity)
+    # the pool budget is the engine's flag (--pools.*); the backend counts the cluster's cordons for it
+    pools = settings.engine.pools
+    raw.setdefault("pool_label", pools.label)
+    raw.setdefault("pool_max_unavailable", pools.max_unavailable)
     try:
         return settings_from_mapping(raw)
     except (TypeError, ValueError) as e:

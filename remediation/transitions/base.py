@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 from gpupulse.clock import Clock
 from remediation.effects import Effect
 from remediation.ledger import Ledger
+from remediation.lemons import LemonBook
 from remediation.loops import LoopDetector, LoopVerdict
 from remediation.metrics import RemediationMetrics
 from remediation.records import Incident
@@ -39,6 +40,7 @@ class TransitionsBase:
         verifying: bool,
         pager_name: str,
         diagnosing: bool = False,
+        pools_from_ledger: bool = True,
     ) -> None:
         self.settings = settings
         self.library = library
@@ -53,6 +55,9 @@ class TransitionsBase:
         self._db = db
         self._loops = LoopDetector(db, settings.loops)
         self._safety = SafetyGate(db, settings.budgets, settings.cluster_node_count)
+        self._lemons = LemonBook(db, settings.lemons)
+        # whether pool budgets count the controller's own migrates (the backend cannot see cordons)
+        self.pools_from_ledger = pools_from_ledger
         self._post: list[Callable[[], None]] = []
         self._promql_last: dict[int, float] = {}
         # effects decided at start (recovery), sent with the first tick, when there is an event loop

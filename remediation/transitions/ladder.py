@@ -13,13 +13,13 @@ from remediation.model import Rung
 from remediation.safety import NODES_OFF, PAUSE
 from remediation.signatures import Signature
 from remediation.tracing import AttrValue
-from remediation.transitions.paging import PagingTransitions
+from remediation.transitions.lemons import LemonTransitions
 from remediation.verify import render_query
 
 log = logging.getLogger("remediation.engine")
 
 
-class LadderTransitions(PagingTransitions):
+class LadderTransitions(LemonTransitions):
     """The rungs of an incident's ladder, from the first action to its close."""
 
     def _start(
@@ -80,6 +80,12 @@ class LadderTransitions(PagingTransitions):
             "loop_key": inc.loop_key,
             "node": target.node,
         }
+        refused = self._pool_refusal(rung, target, now)
+        if refused:  # before the dry run's "would": a dry run shows this refusal too
+            self._entry(inc, "action", "refused", refused, finished_at=now, **common)
+            self._later(lambda: self.metrics.actions.labels(rung=rung, outcome="blocked").inc())
+            self._conclude_rung(self._row(incident_id), "failed", refused)
+            return self._page(incident_id, now, refused)
         if self.settings.dry_run:
             self._entry(
                 inc, "action", "dry_run", f"dry run: would {rung} {target.key}", finished_at=now, **common
@@ -136,6 +142,9 @@ class LadderTransitions(PagingTransitions):
         inc = self._row(incident_id)
         sig = self._sig(inc)
         ladder = sig.ladder
+        lemons = self._record_quarantine(inc, now) if rung == "migrate" else []
+        if lemons:
+            return self._keep_lemon_out(incident_id, now, lemons)
         if rung == "migrate" and ladder.human_after_migrate:
             self._conclude_rung(inc, "success", "work moved away; a human must finish")
             why = (
@@ -182,6 +191,10 @@ class LadderTransitions(PagingTransitions):
         """Test the quarantined GPU before it serves again; `again`: the same validation, asked anew
         (its Job is found by name), after no verdict came back in time."""
         inc = self._row(incident_id)
+        kept_out = self._lemons.refusal(inc.target)
+        if kept_out:  # a lemon is never tested back into service: its page (open) asks for an RMA
+            self._entry(inc, "event", "kept_out", f"not validated, stays out: {kept_out}")
+            return self._close(incident_id, "human", now)
         attempt = sum(1 for h in self._db.history(incident_id) if h.get("status") == "validation_started")
         if not again:
             attempt += 1

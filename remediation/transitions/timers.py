@@ -50,6 +50,7 @@ class TimerTransitions(EventTransitions):
                 # effects go out with the first tick, when there is an event loop
                 self._deferred += self._after_success(inc.id, e.rung, now)
             self._hold_after_gap(now)
+            self._deferred += self._lemon_marks()
             self._post = []
         self.metrics.incidents_open.set(self._db.count_open())
         self.metrics.breaker_open.set(1 if self._safety.breaker_open() else 0)

@@ -337,6 +337,7 @@ class FakeKubeAPI:
         r.add_get("/api/v1/namespaces/{ns}/pods/{name}", self._get_pod)
         r.add_delete("/api/v1/namespaces/{ns}/pods/{name}", self._delete_pod)
         r.add_post("/api/v1/namespaces/{ns}/pods/{name}/eviction", self._evict)
+        r.add_get("/api/v1/nodes", self._list_nodes)  # labelSelector only (pool budgets)
         r.add_get("/api/v1/nodes/{name}", self._get_node)
         r.add_patch("/api/v1/nodes/{name}", self._patch_node)
         lease_base = "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"
@@ -998,6 +999,11 @@ class FakeKubeAPI:
         if name not in self.nodes:
             raise self._not_found("nodes", name)
         return self.nodes[name]
+
+    async def _list_nodes(self, request: web.Request) -> web.Response:
+        terms = parse_label_selector(request.query.get("labelSelector", ""))
+        items = [n for n in self.nodes.values() if selector_matches(terms, n["metadata"].get("labels") or {})]
+        return self._list("NodeList", copy.deepcopy(items), str(self._rv))
 
     async def _get_node(self, request: web.Request) -> web.Response:
         return web.json_response(self._node(request.match_info["name"]))

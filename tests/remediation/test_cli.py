@@ -161,11 +161,35 @@ def test_list_flags_from_the_environment_are_comma_separated() -> None:
         (["--web.tls-client-ca-file", "/ca.pem"], {}, "tls-cert-file"),
         (["--safety.max-nodes-migrated-fraction", "1.5"], {}, "fraction"),
         (["--scope.namespaces", "*,prod"], {}, "stands alone"),
+        (["--pools.max-unavailable", "ten"], {}, "pools.max_unavailable"),
+        (["--lemon.quarantines", "-1"], {}, "lemons.quarantines"),
     ],
 )
 def test_bad_values_name_the_flag_or_variable(argv: list[str], env: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
         _settings(["--insecure-no-auth", *argv], env)
+
+
+def test_lemon_and_pool_flags_reach_the_engine_settings() -> None:
+    default = _settings(["--insecure-no-auth"]).engine
+    assert default.lemons.quarantines == 0 and default.pools.allowed_out(10) is None
+    e = _settings(
+        [
+            "--insecure-no-auth",
+            "--lemon.quarantines=2",
+            "--lemon.window=7d",
+            "--lemon.serial-label=gpu_serial",
+            "--pools.label=cloud.google.com/gke-nodepool",
+            "--pools.max-unavailable=10%",
+        ]
+    ).engine
+    assert (e.lemons.quarantines, e.lemons.window_seconds, e.lemons.serial_label) == (
+        2,
+        7 * 86400,
+        "gpu_serial",
+    )
+    assert e.pools.label == "cloud.google.com/gke-nodepool"
+    assert e.pools.allowed_out(10) == 1
 
 
 def test_no_scope_flag_is_no_namespace_and_a_star_is_every_namespace() -> None:
