@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from remediation.decide.boundary import boundary_wait
 from remediation.decide.incidents import ladder_end_reason
 from remediation.diagnosis.policy import veto
 from remediation.effects import Act, Announce, CheckPromQL, Effect
@@ -111,7 +112,19 @@ class LadderTransitions(PagingTransitions):
         reason = f"{inc.alertname} ({sig.fault_class}, signature {sig.name}); attempt {attempt}"
         entry_id = self._entry(inc, "action", "started", f"{rung} {target.key}", **common)
         self._set(incident_id, state="acting", next_at=None, resolved_at=None)
-        return [Act(entry_id, incident_id, rung, target, reason, signature=sig.name)]
+        wait = boundary_wait(rung, target, sig.fault_class, self.settings.drain)
+        return [
+            Act(
+                entry_id,
+                incident_id,
+                rung,
+                target,
+                reason,
+                signature=sig.name,
+                boundary_wait_seconds=wait.seconds,
+                decided_at=now,
+            )
+        ]
 
     def _diagnosis_veto(self, incident_id: int, sig: Signature) -> str:
         """Why the incident's latest confident diagnosis rules out acting ("" when it does not)."""

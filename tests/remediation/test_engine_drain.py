@@ -1,0 +1,136 @@
+"""The engine drains a training job at its next step: a degrading fault's migrate waits for the progress
+gauge to move (recorded as "waiting for checkpoint until T" in the incident and the page), a fatal
+one migrates at once, and an unreadable progress source drains at once with the reason recorded."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+from remediation.engine import RemediationEngine, build_engine
+from remediation.model import ActionResult, Target
+from remediation.settings import EngineDrainSettings, ScopeSettings
+from tests.fakes.clock import FakeClock
+from tests.remediation.test_drain_boundary import LandsAt, Unreachable
+from tests.remediation.test_engine_support import Rig, ScriptedBackend, engine_settings, events
+
+MINUTE = 60.0
+JOB = {
+    "alertname": "TrainingRankStraggler",
+    "severity": "warning",
+    "layer": "training",
+    "fault_class": "training_straggler",
+    "target_kind": "job",
+    "namespace": "train",
+    "training_job": "llama",
+    "training_job_kind": "JobSet.jobset.x-k8s.io",
+    "node": "gpu-b",
+    "uuid": "GPU-b3",
+    "pod": "llama-workers-1-3-x",
+    "rank": "11",
+}
+LOST_GPU = {
+    **JOB,
+    "alertname": "TrainingRankGPULost",
+    "severity": "critical",
+    "fault_class": "training_node_fault",
+}
+
+
+class TimedBackend(ScriptedBackend):
+    """Records when (on the fake clock) each rung reached the backend."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__()
+        self.clock = clock
+        self.at: list[float] = []
+
+    async def migrate(self, target: Target, reason: str) -> ActionResult:
+        self.at.append(self.clock.time())
+        return await super().migrate(target, reason)
+
+
+@dataclass
+class DrainRig(Rig):
+    progress: Any = None
+    opened: float = field(init=False, default=0.0)
+
+    def build(self) -> RemediationEngine:
+        self.engine = cast(
+            RemediationEngine,
+            build_engine(
+                self.settings,
+                self.db_path,
+                self.metrics,
+                clock=self.clock,
+                backend=self.backend,
+                pager=self.pager,
+                tracer_provider=None,
+                library=self.library,
+                progress=self.progress,
+            ),
+        )
+        return self.engine
+
+
+def rig(tmp_path: Path, progress_after: float | None, unreachable: bool = False) -> DrainRig:
+    clock = FakeClock()
+    source = (
+        Unreachable()
+        if unreachable
+        else LandsAt(
+            clock, None if progress_after is None else clock.time() + progress_after, clock.time() - 600
+        )
+    )
+    settings = engine_settings(
+        scope=ScopeSettings(namespaces=("train",)),
+        drain=EngineDrainSettings(checkpoint_wait_max_seconds=30 * MINUTE, poll_seconds=30),
+    )
+    r = DrainRig(tmp_path, settings, clock=clock, backend=TimedBackend(clock), progress=source)
+    r.build()
+    r.opened = clock.time()
+    return r
+
+
+async def test_a_straggler_is_drained_right_after_the_step_four_minutes_out(tmp_path: Path) -> None:
+    r = rig(tmp_path, progress_after=4 * MINUTE)
+    await r.fire(JOB)
+    backend = cast(TimedBackend, r.backend)
+    assert backend.rungs == ["migrate"] and backend.at == [r.opened + 4 * MINUTE]  # not at 0
+    inc = r.only_incident()
+    waits = [h for h in inc["history"] if h["status"] == "waiting_for_checkpoint"]
+    assert len(waits) == 1 and "waiting for checkpoint" in waits[0]["summary"]
+    assert waits[0]["details"]["until"] == r.opened + 30 * MINUTE
+    assert events(inc).index("waiting_for_checkpoint") < events(inc).index("drain_boundary")
+    # the straggler's node needs a human after the migrate: the page says how the drain met the step
+    page = r.pager.firing[-1]
+    assert "drain: the job's next step landed at" in page.summary
+    await r.engine.aclose(grace_seconds=0)
+
+
+async def test_a_lost_gpu_is_drained_at_once(tmp_path: Path) -> None:
+    r = rig(tmp_path, progress_after=4 * MINUTE)
+    await r.fire(LOST_GPU)
+    backend = cast(TimedBackend, r.backend)
+    assert backend.at == [r.opened]
+    assert "waiting_for_checkpoint" not in events(r.only_incident())
+    await r.engine.aclose(grace_seconds=0)
+
+
+async def test_no_step_within_the_tunable_drains_at_the_deadline(tmp_path: Path) -> None:
+    r = rig(tmp_path, progress_after=None)
+    await r.fire(JOB)
+    assert cast(TimedBackend, r.backend).at == [r.opened + 30 * MINUTE]
+    assert "drain_deadline" in events(r.only_incident())
+    await r.engine.aclose(grace_seconds=0)
+
+
+async def test_an_unreachable_progress_source_drains_at_once_with_the_reason(tmp_path: Path) -> None:
+    r = rig(tmp_path, progress_after=None, unreachable=True)
+    await r.fire(JOB)
+    assert cast(TimedBackend, r.backend).at == [r.opened]
+    inc = r.only_incident()
+    [done] = [h for h in inc["history"] if h["status"] == "drain_unreachable"]
+    assert "connection refused" in done["summary"] and "at once" in done["summary"]
+    await r.engine.aclose(grace_seconds=0)
