@@ -188,10 +188,8 @@ class EngineDrainSettings:
     """Drain at a boundary (docs/design/remediation-engine.md, "Drain at a boundary"): a training job
     that a degrading fault would restart or migrate waits for its next step to land first."""
 
-    # waiting at all; off = every job is drained as soon as its rung is decided (as before)
-    enabled: bool = True
     # the longest a degrading fault (a slow rank, a throughput drop) waits for the job's next step or
-    # checkpoint; a fatal one (a lost GPU, a hang) never waits
+    # checkpoint; a fatal one (a lost GPU, a hang) never waits; 0 = no job waits (as before)
     checkpoint_wait_max_seconds: float = 1800.0
     # how often the progress metric is read while waiting
     poll_seconds: float = 30.0

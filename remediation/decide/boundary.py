@@ -45,7 +45,7 @@ def boundary_wait(
         return BoundaryWait(0.0, urgency, "not a training job: drained as today")
     if urgency == "fatal":
         return BoundaryWait(0.0, urgency, f"fatal fault ({fault_class}): drained now")
-    if not settings.enabled or settings.checkpoint_wait_max_seconds <= 0:
+    if settings.checkpoint_wait_max_seconds <= 0:
         return BoundaryWait(0.0, urgency, "drain.checkpoint_wait_max is off: drained now")
     return BoundaryWait(
         settings.checkpoint_wait_max_seconds,

@@ -60,7 +60,7 @@ def test_fatal_faults_drain_now_and_degrading_ones_wait_up_to_the_tunable() -> N
     pod = Target(kind="pod", namespace="llm", pod="vllm-0")
     assert boundary_wait("migrate", pod, "training_straggler", settings).seconds == 0
     assert boundary_wait("page", JOB, "training_straggler", settings).seconds == 0
-    off = EngineDrainSettings(enabled=False)
+    off = EngineDrainSettings(checkpoint_wait_max_seconds=0)
     assert boundary_wait("migrate", JOB, "training_straggler", off).seconds == 0
 
 
