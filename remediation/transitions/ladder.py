@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, cast
 
 from remediation.decide.boundary import boundary_wait
 from remediation.decide.incidents import ladder_end_reason
 from remediation.diagnosis.policy import veto
+from remediation.drain import iso
 from remediation.effects import Act, Announce, CheckPromQL, Effect
 from remediation.ladder import incident_identity, next_step
 from remediation.model import Rung
+from remediation.records import Incident, LedgerEntry
 from remediation.safety import NODES_OFF, PAUSE
 from remediation.signatures import Signature
 from remediation.tracing import AttrValue
@@ -123,6 +126,52 @@ class LadderTransitions(PagingTransitions):
                 signature=sig.name,
                 boundary_wait_seconds=wait.seconds,
                 decided_at=now,
+            )
+        ]
+
+    def _resume_drain(
+        self, inc: Incident, entry: LedgerEntry, waiting: Mapping[str, Any], now: float
+    ) -> list[Effect]:
+        """After a restart, a drain that was waiting for the job's next step (and so never began)
+        waits again until its first deadline: a step that landed meanwhile drains it at once."""
+        decided_at = float(waiting.get("decided_at") or now)
+        until = float(waiting.get("until") or now)
+        rung = cast(Rung, entry.rung)
+        self._db.finish_entry(
+            entry.id,
+            "skipped",
+            now,
+            f"controller restarted while the {rung} waited for the job's next step; nothing was "
+            "drained, so the wait goes on",
+            {},
+        )
+        if inc.state != "acting":
+            return []
+        self._entry(inc, "event", "recovered", f"resuming: the {rung} waits until {iso(until)}")
+        sig = self._sig(inc)
+        reason = f"{inc.alertname} ({sig.fault_class}, signature {sig.name}); attempt {entry.attempt}"
+        target = inc.target
+        entry_id = self._entry(
+            inc,
+            "action",
+            "started",
+            f"{rung} {target.key}",
+            rung=rung,
+            attempt=entry.attempt,
+            target_kind=target.kind,
+            loop_key=inc.loop_key,
+            node=target.node,
+        )
+        return [
+            Act(
+                entry_id,
+                inc.id,
+                rung,
+                target,
+                reason,
+                signature=sig.name,
+                boundary_wait_seconds=max(0.0, until - decided_at),
+                decided_at=decided_at,
             )
         ]
 

@@ -4,13 +4,14 @@ one migrates at once, and an unreadable progress source drains at once with the 
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
 from remediation.engine import RemediationEngine, build_engine
 from remediation.model import ActionResult, Target
-from remediation.settings import EngineDrainSettings, ScopeSettings
+from remediation.settings import BudgetSettings, EngineDrainSettings, ScopeSettings
 from tests.fakes.clock import FakeClock
 from tests.remediation.test_drain_boundary import LandsAt, Unreachable
 from tests.remediation.test_engine_support import Rig, ScriptedBackend, engine_settings, events
@@ -133,4 +134,60 @@ async def test_an_unreachable_progress_source_drains_at_once_with_the_reason(tmp
     inc = r.only_incident()
     [done] = [h for h in inc["history"] if h["status"] == "drain_unreachable"]
     assert "connection refused" in done["summary"] and "at once" in done["summary"]
+    await r.engine.aclose(grace_seconds=0)
+
+
+class Blocked:
+    """A progress read that does not answer until released: the drain is caught mid-wait."""
+
+    def __init__(self) -> None:
+        self.reading = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def last_progress_at(self, target: Target) -> float | None:
+        self.reading.set()
+        await self.release.wait()
+        return None
+
+
+async def test_a_restart_mid_wait_drains_once_and_never_claims_the_work_moved(tmp_path: Path) -> None:
+    r = rig(tmp_path, progress_after=None)
+    blocked = Blocked()
+    r.progress = blocked
+    r.build()
+    await r.engine.handle(r.event(JOB))
+    await blocked.reading.wait()
+    r.clock.advance(3 * MINUTE)
+    r.progress = LandsAt(r.clock, r.clock.time() - MINUTE, before=0.0)  # a step landed meanwhile
+    await r.restart_controller(TimedBackend(r.clock))
+    await r.advance(1)
+    backend = cast(TimedBackend, r.backend)
+    assert backend.rungs == ["migrate"] and backend.at == [r.opened + 3 * MINUTE + 1]
+    inc = r.only_incident()
+    actions = [
+        (h["rung"], h["status"]) for h in inc["history"] if h["kind"] == "action" and h["rung"] != "page"
+    ]
+    assert actions == [("migrate", "skipped"), ("migrate", "success")]  # never "interrupted"
+    assert events(inc).count("drain_boundary") == 1
+    await r.engine.aclose(grace_seconds=0)
+
+
+async def test_jobs_waiting_for_their_checkpoints_hold_no_concurrency_slot(tmp_path: Path) -> None:
+    clock = FakeClock()
+    blocked = Blocked()
+    settings = engine_settings(
+        scope=ScopeSettings(namespaces=("train",)),
+        budgets=BudgetSettings(max_concurrent_actions=1, max_nodes_migrated_fraction=0),
+    )
+    r = DrainRig(tmp_path, settings, clock=clock, backend=TimedBackend(clock), progress=blocked)
+    r.build()
+    await r.engine.handle(r.event(JOB))
+    await blocked.reading.wait()
+    other = {**LOST_GPU, "training_job": "mixtral", "node": "gpu-c"}
+    await r.engine.handle(r.event(other))
+    await asyncio.wait_for(r.backend.entered.wait(), 10)
+    assert [t.training_job for _, t in r.backend.calls] == ["mixtral"]
+    assert r.metric("gpupulse_remediation_breaker_open") == 0
+    blocked.release.set()
+    await r.engine.wait_idle()
     await r.engine.aclose(grace_seconds=0)
