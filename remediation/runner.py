@@ -140,15 +140,16 @@ class EffectRunner:
 
     async def _wait_for_boundary(self, eff: Act) -> bool:
         """A training job's drain waits for its next step first (remediation/drain.py); False when
-        this replica was fenced meanwhile (the action then stays `started`, for the next leader)."""
+        this replica was fenced meanwhile (the action then stays waiting, for the next leader)."""
         if eff.boundary_wait_seconds <= 0 or self.boundary is None:
             return True
         await self._record(lambda t: t.on_boundary_wait(eff))
         outcome = await self.boundary.wait(eff.target, eff.decided_at, eff.boundary_wait_seconds)
-        await self._record(lambda t: t.on_boundary_done(eff, outcome))
-        if self.fenced():  # the wait can outlast the lease
-            log.warning("fenced while waiting for a checkpoint: the next leader verifies the %s", eff.rung)
+        if self.fenced():
+            # the wait can outlast the lease: left waiting in the ledger, the next leader resumes it
+            log.warning("fenced while waiting for a checkpoint: the next leader resumes the %s", eff.rung)
             return False
+        await self._record(lambda t: t.on_boundary_done(eff, outcome))
         return True
 
     async def _run_action(self, eff: Act) -> None:

@@ -8,11 +8,17 @@ import asyncio
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
+from unittest.mock import MagicMock
 
+from remediation.drain import BoundaryWaiter
+from remediation.effects import Act
 from remediation.engine import RemediationEngine, build_engine
+from remediation.metrics import RemediationMetrics
 from remediation.model import ActionResult, Target
+from remediation.runner import EffectRunner
 from remediation.settings import BudgetSettings, EngineDrainSettings, ScopeSettings
 from tests.fakes.clock import FakeClock
+from tests.fakes.pager_sink import RecordingPager
 from tests.remediation.test_drain_boundary import LandsAt, Unreachable
 from tests.remediation.test_engine_support import Rig, ScriptedBackend, engine_settings, events
 
@@ -191,3 +197,39 @@ async def test_jobs_waiting_for_their_checkpoints_hold_no_concurrency_slot(tmp_p
     blocked.release.set()
     await r.engine.wait_idle()
     await r.engine.aclose(grace_seconds=0)
+
+
+async def test_a_replica_fenced_mid_wait_neither_drains_nor_ends_the_wait() -> None:
+    clock = FakeClock()
+    leader = [True]
+    recorded: list[str] = []
+
+    class Recorder:
+        def __getattr__(self, name: str) -> Any:
+            recorded.append(name)
+            return MagicMock(return_value=[])
+
+    async def record(fn: Any) -> None:
+        fn(Recorder())
+
+    class LoseLeaseOnRead:
+        async def last_progress_at(self, target: Target) -> float | None:
+            leader[0] = False  # the lease lapses while the drain waits
+            return clock.time() + 1
+
+    backend = TimedBackend(clock)
+    runner = EffectRunner(
+        backend,
+        RecordingPager(),
+        None,
+        RemediationMetrics(),
+        60.0,
+        record,
+        may_act=lambda: leader[0],
+        boundary=BoundaryWaiter(LoseLeaseOnRead(), clock, 30),
+    )
+    target = Target(kind="job", namespace="train", training_job_kind="k", training_job="j")
+    act = Act(1, 1, "migrate", target, "why", boundary_wait_seconds=1800, decided_at=clock.time())
+    runner.dispatch([act])
+    await runner.wait_idle()
+    assert backend.calls == [] and recorded == ["on_boundary_wait"]  # the next leader resumes it
