@@ -37,12 +37,23 @@ def urgency_of(fault_class: str) -> Urgency:
 
 
 def boundary_wait(
-    rung: Rung, target: Target, fault_class: str, settings: EngineDrainSettings
+    rung: Rung,
+    target: Target,
+    fault_class: str,
+    settings: EngineDrainSettings,
+    signature_wait_max_seconds: float | None = None,
 ) -> BoundaryWait:
-    """The wait before this rung drains `target` (only a job's restart or migrate ever waits)."""
+    """The wait before this rung drains `target` (only a job's restart or migrate ever waits); a
+    signature's own `ladder.checkpoint_wait_max_seconds` replaces the urgency rule and the tunable."""
     urgency = urgency_of(fault_class)
     if target.kind != "job" or rung not in ("restart", "migrate"):
         return BoundaryWait(0.0, urgency, "not a training job: drained as today")
+    if signature_wait_max_seconds is not None:
+        return BoundaryWait(
+            signature_wait_max_seconds,
+            urgency,
+            f"the signature waits at most {signature_wait_max_seconds:.0f} s for the job's next step",
+        )
     if urgency == "fatal":
         return BoundaryWait(0.0, urgency, f"fatal fault ({fault_class}): drained now")
     if settings.checkpoint_wait_max_seconds <= 0:

@@ -115,7 +115,9 @@ class LadderTransitions(PagingTransitions):
         reason = f"{inc.alertname} ({sig.fault_class}, signature {sig.name}); attempt {attempt}"
         entry_id = self._entry(inc, "action", "started", f"{rung} {target.key}", **common)
         self._set(incident_id, state="acting", next_at=None, resolved_at=None)
-        wait = boundary_wait(rung, target, sig.fault_class, self.settings.drain)
+        wait = boundary_wait(
+            rung, target, sig.fault_class, self.settings.drain, sig.ladder.checkpoint_wait_max_seconds
+        )
         return [
             Act(
                 entry_id,

@@ -15,8 +15,10 @@ from remediation.drain import (
     PrometheusProgress,
     progress_query,
 )
+from remediation.errors import SignatureError
 from remediation.model import Target
 from remediation.settings import EngineDrainSettings
+from remediation.signatures import parse_document
 from tests.fakes.clock import FakeClock
 
 JOB = Target(
@@ -132,3 +134,24 @@ async def test_prometheus_progress_reads_the_jobs_latest_step_time_and_maps_erro
 def test_a_label_value_cannot_break_out_of_the_query() -> None:
     evil = Target(kind="job", namespace='a"}or vector(1)', training_job_kind="k", training_job="j")
     assert 'namespace="a\\"}or vector(1)"' in progress_query("m", evil)
+
+
+def test_a_signature_sets_its_own_wait_and_a_negative_one_is_refused() -> None:
+    doc = """
+signatures:
+  - name: slow-rank-short-wait
+    fault_class: training_straggler
+    match: {labels: {fault_class: training_straggler}}
+    ladder: {rungs: [migrate, page], checkpoint_wait_max_seconds: 300}
+    restart_fixes: false
+    reason: a slow rank
+"""
+    [sig] = parse_document(doc, "user.yaml", "user")
+    assert sig.ladder.checkpoint_wait_max_seconds == 300
+    assert sig.ladder.to_dict()["checkpoint_wait_max_seconds"] == 300
+    settings = EngineDrainSettings(checkpoint_wait_max_seconds=1800)
+    wait = sig.ladder.checkpoint_wait_max_seconds
+    assert boundary_wait("migrate", JOB, "training_straggler", settings, wait).seconds == 300
+    assert boundary_wait("migrate", JOB, "training_node_fault", settings, 0.0).seconds == 0
+    with pytest.raises(SignatureError, match="checkpoint_wait_max_seconds"):
+        parse_document(doc.replace(": 300", ": -1"), "user.yaml", "user")
