@@ -20,6 +20,7 @@ from remediation.model import Target
 from remediation.settings import EngineDrainSettings
 from remediation.signatures import parse_document
 from tests.fakes.clock import FakeClock
+from tests.fakes.progress import LandsAt, Unreachable
 
 JOB = Target(
     kind="job",
@@ -29,25 +30,6 @@ JOB = Target(
     training_job="llama",
 )
 MINUTE = 60.0
-
-
-class LandsAt:
-    """A job whose last step was long ago and whose next one lands at `at` (None: never)."""
-
-    def __init__(self, clock: FakeClock, at: float | None, before: float) -> None:
-        self.clock, self.at, self.before = clock, at, before
-        self.reads = 0
-
-    async def last_progress_at(self, target: Target) -> float | None:
-        self.reads += 1
-        if self.at is not None and self.clock.time() >= self.at:
-            return self.at
-        return self.before
-
-
-class Unreachable:
-    async def last_progress_at(self, target: Target) -> float | None:
-        raise ProgressUnavailable("connection refused")
 
 
 def test_fatal_faults_drain_now_and_degrading_ones_wait_up_to_the_tunable() -> None:

@@ -19,7 +19,7 @@ from remediation.runner import EffectRunner
 from remediation.settings import BudgetSettings, EngineDrainSettings, ScopeSettings
 from tests.fakes.clock import FakeClock
 from tests.fakes.pager_sink import RecordingPager
-from tests.remediation.test_drain_boundary import LandsAt, Unreachable
+from tests.fakes.progress import LandsAt, Unreachable
 from tests.remediation.test_engine_support import Rig, ScriptedBackend, engine_settings, events
 
 MINUTE = 60.0
