@@ -84,13 +84,17 @@ class LadderTransitions(PagingTransitions):
             "loop_key": inc.loop_key,
             "node": target.node,
         }
+        wait = boundary_wait(
+            rung, target, sig.fault_class, self.settings.drain, sig.ladder.checkpoint_wait_max_seconds
+        )
         if self.settings.dry_run:
-            self._entry(
-                inc, "action", "dry_run", f"dry run: would {rung} {target.key}", finished_at=now, **common
-            )
+            would = f"dry run: would {rung} {target.key}"
+            if wait.seconds > 0:  # a dry run shows the wait it would take, never takes it
+                would += f" after the job's next step (at most {wait.seconds:.0f} s)"
+            self._entry(inc, "action", "dry_run", would, finished_at=now, **common)
             self._later(lambda: self.metrics.actions.labels(rung=rung, outcome="dry_run").inc())
             self._set(incident_id, state="verifying", next_at=now + sig.ladder.verify_window_seconds)
-            return [Announce(incident_id, rung, target, sig.name, f"dry run: would {rung} {target.key}")]
+            return [Announce(incident_id, rung, target, sig.name, would)]
         if self._safety.paused():
             paused_by = self._db.get_state(PAUSE).get("by", "an operator")
             why = f"automation paused by {paused_by}: {rung} not taken"
@@ -115,9 +119,6 @@ class LadderTransitions(PagingTransitions):
         reason = f"{inc.alertname} ({sig.fault_class}, signature {sig.name}); attempt {attempt}"
         entry_id = self._entry(inc, "action", "started", f"{rung} {target.key}", **common)
         self._set(incident_id, state="acting", next_at=None, resolved_at=None)
-        wait = boundary_wait(
-            rung, target, sig.fault_class, self.settings.drain, sig.ladder.checkpoint_wait_max_seconds
-        )
         return [
             Act(
                 entry_id,

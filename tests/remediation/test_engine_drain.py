@@ -233,3 +233,17 @@ async def test_a_replica_fenced_mid_wait_neither_drains_nor_ends_the_wait() -> N
     runner.dispatch([act])
     await runner.wait_idle()
     assert backend.calls == [] and recorded == ["on_boundary_wait"]  # the next leader resumes it
+
+
+async def test_a_dry_run_says_it_would_wait_for_the_step_and_waits_for_nothing(tmp_path: Path) -> None:
+    clock = FakeClock()
+    source = LandsAt(clock, None, before=clock.time() - 600)
+    settings = engine_settings(scope=ScopeSettings(namespaces=("train",)), dry_run=True)
+    r = DrainRig(tmp_path, settings, clock=clock, backend=TimedBackend(clock), progress=source)
+    r.build()
+    opened = clock.time()
+    await r.fire(JOB)
+    [entry] = [h for h in r.only_incident()["history"] if h["status"] == "dry_run"]
+    assert "after the job's next step (at most 1800 s)" in entry["summary"]
+    assert source.reads == 0 and clock.time() == opened  # not one read, not one second
+    await r.engine.aclose(grace_seconds=0)
