@@ -138,7 +138,7 @@ class LadderTransitions(PagingTransitions):
         """After a restart, a drain that was waiting for the job's next step (and so never began)
         waits again until its first deadline: a step that landed meanwhile drains it at once."""
         decided_at = float(waiting.get("decided_at") or now)
-        until = float(waiting.get("until") or now)
+        until = float(waiting.get("deadline_at") or now)
         rung = cast(Rung, entry.rung)
         self._db.finish_entry(
             entry.id,

@@ -62,7 +62,7 @@ class Transitions(TimerTransitions):
             text,
             rung=eff.rung,
             attempt=inc.attempt,
-            details={"until": until, "decided_at": eff.decided_at},
+            details={"deadline_at": until, "decided_at": eff.decided_at},
         )
         self._set(eff.incident_id, reason=text)
         return []

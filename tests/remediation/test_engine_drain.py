@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any, cast
 from unittest.mock import MagicMock
 
-from remediation.drain import BoundaryWaiter
+from remediation.drain import BoundaryWaiter, iso
 from remediation.effects import Act
 from remediation.engine import RemediationEngine, build_engine
+from remediation.incidents_cli import for_reading, rfc3339
 from remediation.metrics import RemediationMetrics
 from remediation.model import ActionResult, Target
 from remediation.runner import EffectRunner
@@ -108,7 +109,12 @@ async def test_a_straggler_is_drained_right_after_the_step_four_minutes_out(tmp_
     inc = r.only_incident()
     waits = [h for h in inc["history"] if h["status"] == "waiting_for_checkpoint"]
     assert len(waits) == 1 and "waiting for checkpoint" in waits[0]["summary"]
-    assert waits[0]["details"]["until"] == r.opened + 30 * MINUTE
+    assert waits[0]["details"]["deadline_at"] == r.opened + 30 * MINUTE
+    # `incidents get` shows when the wait ends, in RFC 3339 like every other time
+    shown = for_reading(inc)
+    [wait_shown] = [h for h in shown["history"] if h["status"] == "waiting_for_checkpoint"]
+    assert wait_shown["details"]["deadline_at"] == rfc3339(r.opened + 30 * MINUTE)
+    assert iso(r.opened + 30 * MINUTE) in wait_shown["summary"]
     assert events(inc).index("waiting_for_checkpoint") < events(inc).index("drain_boundary")
     # the straggler's node needs a human after the migrate: the page says how the drain met the step
     page = r.pager.firing[-1]
