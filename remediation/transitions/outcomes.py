@@ -85,6 +85,8 @@ class Transitions(TimerTransitions):
             details=details,
         )
         self._set(eff.incident_id, reason=outcome.summary)
+        waited, kind = details["waited_seconds"], outcome.kind
+        self._later(lambda: self.metrics.drain_wait.labels(outcome=kind).observe(waited))
         return []
 
     def on_action_done(

@@ -106,6 +106,7 @@ async def test_a_straggler_is_drained_right_after_the_step_four_minutes_out(tmp_
     await r.fire(JOB)
     backend = cast(TimedBackend, r.backend)
     assert backend.rungs == ["migrate"] and backend.at == [r.opened + 4 * MINUTE]  # not at 0
+    assert r.metric("gpupulse_remediation_drain_wait_seconds_sum", outcome="boundary") == 4 * MINUTE
     inc = r.only_incident()
     waits = [h for h in inc["history"] if h["status"] == "waiting_for_checkpoint"]
     assert len(waits) == 1 and "waiting for checkpoint" in waits[0]["summary"]
