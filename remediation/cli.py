@@ -171,6 +171,20 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "Evidence older than this never acts: alerts processed this long after arrival, and open "
         "incidents after the controller did not watch for this long, until a fresh notification.",
     ),
+    Flag(
+        "engine.return-to-service",
+        parse_bool,
+        False,
+        "When the alert of a GPU quarantined by a DeviceTaintRule resolves, run the backend's validation "
+        "and lift the quarantine only on a pass (docs/design/device-quarantine.md).",
+        boolean=True,
+    ),
+    Flag(
+        "engine.return-to-service-timeout",
+        parse_flag_duration,
+        format_duration(_E.return_to_service_timeout_seconds),
+        "Longest one validation may take before it is asked again.",
+    ),
     Flag("dry-run", parse_bool, False, "Decide and record, never act or page.", boolean=True),
     Flag("signatures", parse_list, "", "Extra signature directories (comma-separated; flag repeatable)."),
     Flag("backend", str, _E.backend, "Action backend.", choices=("local", "kubernetes", "none")),
@@ -547,6 +561,8 @@ def settings_from_flags(ns: argparse.Namespace, environ: Mapping[str, str] | Non
         base,
         dry_run=v["dry_run"],
         max_event_age_seconds=v["engine_max_event_age"],
+        return_to_service=v["engine_return_to_service"],
+        return_to_service_timeout_seconds=v["engine_return_to_service_timeout"],
         signature_dirs=tuple(Path(d) for d in v["signatures"]),
         backend=v["backend"],
         local_backend=dataclasses.replace(

@@ -110,6 +110,7 @@ class RemediationEngine:
             may_act=mirror.may_act if mirror is not None else None,
             audit=audit,
             boundary=boundary,
+            validation_timeout_seconds=settings.return_to_service_timeout_seconds,
         )
         self._operations = Operations(settings, self._ro, library, clock, metrics)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpupulse-engine")

@@ -232,6 +232,12 @@ class EngineSettings:
     handled_keys_retention_seconds: float = 30 * 24 * 3600.0
     # paged incidents that never resolve are closed as unresolved after this long
     paged_incident_max_age_seconds: float = 7 * 24 * 3600.0
+    # when the alert of a GPU quarantined by a DeviceTaintRule resolves, validate the GPU (the
+    # backend's validation Job) and lift the quarantine only on a pass (docs/design/device-quarantine.md);
+    # off: the GPU stays out until a human runs the undo its page names
+    return_to_service: bool = False
+    # longest one validation may take; past it, it is asked again (its Job is found by name)
+    return_to_service_timeout_seconds: float = 3600.0
     # where operators reach this controller (links in summary pages); "" = links are paths only
     external_url: str = ""
     # used when a signature has no runbook_url: <base>/<fault_class>

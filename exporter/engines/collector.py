@@ -27,14 +27,14 @@ from exporter.collectors.flags import add_procfs_argument
 from exporter.collectors.plugin import PluginContext
 from exporter.engines.derived import DerivedHistogram
 from exporter.engines.detect import NORMALIZERS, PREFIXES, WANTED, detect_kind
-from exporter.engines.exposition import LABEL_CACHE_MAX, Exposition, ExpositionParser
 from exporter.engines.gpumap import NodeIndex, NodeIndexMemo, engine_gpus
 from exporter.engines.reading import MIXED, ModelReading
 from exporter.engines.render import Budget, EndpointView, Families
-from exporter.engines.scrape import fetch_page
 from exporter.engines.settings import EngineSettings
 from exporter.engines.targets import AUTO, StaticSource, Target
 from exporter.errors import CollectorError, ExpositionError, ScrapeError
+from exporter.exposition.fetch import fetch_page
+from exporter.exposition.parse import LABEL_CACHE_MAX, Exposition, ExpositionParser
 from exporter.host import procfs
 from exporter.host.exits import ExitWatch
 from exporter.host.kept import KeptFiles

@@ -25,9 +25,9 @@ from exporter.collectors.blocking import ItemReader
 from exporter.collectors.flags import collector_enabled
 from exporter.collectors.plugin import PluginContext
 from exporter.collectors.series import family
-from exporter.engines.exposition import ExpositionParser
-from exporter.engines.scrape import fetch_page
 from exporter.errors import ConfigError, ExpositionError, ScrapeError
+from exporter.exposition.fetch import fetch_page
+from exporter.exposition.parse import ExpositionParser
 from exporter.kube import flags as kube_flags
 from exporter.kube.pods import PodStore, PodView
 from exporter.progress.pods import MetricSource, ProgressPod, progress_pods

@@ -10,7 +10,7 @@ from remediation.decide.boundary import boundary_wait
 from remediation.decide.incidents import ladder_end_reason
 from remediation.diagnosis.policy import veto
 from remediation.drain import iso
-from remediation.effects import Act, Announce, CheckPromQL, Effect
+from remediation.effects import Act, Announce, CheckPromQL, Effect, Validate
 from remediation.ladder import incident_identity, next_step
 from remediation.model import Rung
 from remediation.records import Incident, LedgerEntry
@@ -242,6 +242,24 @@ class LadderTransitions(PagingTransitions):
             )
         self._entry(inc, "event", "verified" if by_resolution else "watching", text)
         self._set(incident_id, state="cooldown", next_at=now + cooldown)
+
+    def _validate(self, incident_id: int, now: float, again: bool = False) -> list[Effect]:
+        """Test the quarantined GPU before it serves again; `again`: the same validation, asked anew
+        (its Job is found by name), after no verdict came back in time."""
+        inc = self._row(incident_id)
+        attempt = sum(1 for h in self._db.history(incident_id) if h.get("status") == "validation_started")
+        if not again:
+            attempt += 1
+            self._entry(
+                inc, "event", "validation_started", f"validating {inc.target.key} (attempt {attempt})"
+            )
+        else:
+            self._entry(
+                inc, "event", "validation_asked_again", f"no verdict yet; asking again (attempt {attempt})"
+            )
+        wait = self.settings.return_to_service_timeout_seconds + 60.0
+        self._set(incident_id, state="validating", next_at=now + wait)
+        return [Validate(incident_id, inc.target, inc.fault_class, max(attempt, 1))]
 
     def _close(self, incident_id: int, resolution: str, now: float, state: str = "closed") -> list[Effect]:
         inc = self._row(incident_id)

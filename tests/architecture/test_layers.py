@@ -57,7 +57,10 @@ PLANTED = [
     ("exporter-layers", "exporter/collectors/_planted.py", "import exporter.sampler"),
     ("exporter-layers", "exporter/sim/_planted.py", "import exporter.nvml"),
     # the transports know nothing of the plug-ins that use them
-    ("exporter-layers", "exporter/wire/_planted.py", "import exporter.engines.scrape"),
+    ("exporter-layers", "exporter/wire/_planted.py", "import exporter.engines.collector"),
+    # progress is a plug-in like the others: it shares the text format with engines, not engines' code
+    ("exporter-layers", "exporter/progress/_planted.py", "import exporter.engines.collector"),
+    ("exporter-layers", "exporter/exposition/_planted.py", "import exporter.engines.vllm"),
     # progress back on attribution's pod metadata, or on the engines' pod watch
     ("progress-own-pods", "exporter/progress/_planted.py", "from exporter.attribution import podmeta"),
     ("progress-own-pods", "exporter/progress/_planted.py", "import exporter.engines.kube_pods"),

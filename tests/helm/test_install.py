@@ -429,6 +429,7 @@ def controller_rbac_from_docs(values: JSON) -> tuple[list[JSON], list[JSON], lis
         # no migrate: no eviction and no node patch (docs/rbac.md); the node selector still reads Nodes
         cluster = [r for r in cluster if r["resources"] != ["pods/eviction"]]
         cluster = [{**r, "verbs": ["get"]} if r["resources"] == ["nodes"] else r for r in cluster]
+        cluster = [r for r in cluster if r["apiGroups"] != ["resource.k8s.io"]]  # no device quarantine
     if values["controller"]["scope"]["namespaces"] == ["*"]:
         cluster = cluster + workloads
     return cluster, workloads, leases

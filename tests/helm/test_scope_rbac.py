@@ -186,3 +186,21 @@ def test_the_notes_show_the_kill_switch_with_the_pods_token_and_port(scoped: dic
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     assert "--auth.token-file=/etc/gpupulse/token/token" in container["args"]  # the same file
     assert "status | resume | breaker reset" in notes
+
+
+def test_device_quarantine_is_granted_whatever_the_scope_and_only_its_verbs(
+    scoped: dict[str, Installed],
+) -> None:
+    # a GPU target is quarantined whatever the namespace scope, like a node is cordoned: the same grants,
+    # and gone with them when node actions are off
+    wanted = {
+        ("resource.k8s.io", "resourceslices", "list"),
+        ("resource.k8s.io", "resourceclaims", "list"),
+        *{("resource.k8s.io", "devicetaintrules", v) for v in ("create", "get", "patch", "delete")},
+    }
+    for name, inst in scoped.items():
+        granted = {g for g in _grants(_cluster_role(inst)["rules"]) if g[0] == "resource.k8s.io"}
+        # controller.scope.nodes false: no migrate, so no device quarantine either
+        assert granted == (set() if name == "nowhere" else wanted)
+        for role in _workload_roles(inst).values():
+            assert not [r for r in role["rules"] if "resource.k8s.io" in r["apiGroups"]]

@@ -13,9 +13,9 @@ import pytest
 from aiohttp import web
 
 from exporter.engines.detect import PREFIXES, WANTED
-from exporter.engines.exposition import ExpositionParser
-from exporter.engines.scrape import fetch_page
 from exporter.errors import HttpError, ScrapeError
+from exporter.exposition.fetch import fetch_page
+from exporter.exposition.parse import ExpositionParser
 from exporter.wire.http1 import HttpClient
 from tests.engines.conftest import free_port, load_fixture
 from tests.fakes.helm_api import make_certificate

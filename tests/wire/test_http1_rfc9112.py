@@ -14,9 +14,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 
 from exporter.engines.detect import PREFIXES, WANTED
-from exporter.engines.exposition import ExpositionParser
-from exporter.engines.scrape import fetch_page
 from exporter.errors import HttpError, ScrapeError
+from exporter.exposition.fetch import fetch_page
+from exporter.exposition.parse import ExpositionParser
 from exporter.wire.http1 import HttpClient
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
