@@ -385,6 +385,26 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "Grafana dashboard URL for the page's link over the onset window.",
     ),
     Flag(
+        "drain.checkpoint-wait-max",
+        parse_flag_duration,
+        format_duration(_E.drain.checkpoint_wait_max_seconds),
+        "Longest a training job waits for its next step or checkpoint before a degrading fault's "
+        "drain (a fatal one drains now); 0 = never wait.",
+    ),
+    Flag(
+        "drain.poll",
+        parse_flag_duration,
+        format_duration(_E.drain.poll_seconds),
+        "How often a waiting drain reads the job's progress from Prometheus.",
+    ),
+    Flag(
+        "drain.progress-metric",
+        str,
+        _E.drain.progress_metric,
+        "Gauge of the Unix time of a job's last step or checkpoint, by namespace, training_job_kind "
+        "and training_job.",
+    ),
+    Flag(
         "otlp.traces-endpoint", str, _E.otlp_traces_endpoint, "OTLP/HTTP traces endpoint; empty = no export."
     ),
     Flag(
@@ -632,6 +652,12 @@ def settings_from_flags(ns: argparse.Namespace, environ: Mapping[str, str] | Non
             lookback_seconds=v["diagnosis_lookback"],
             step_seconds=v["diagnosis_step"],
             dashboard_url=v["diagnosis_dashboard_url"],
+        ),
+        drain=dataclasses.replace(
+            base.drain,
+            checkpoint_wait_max_seconds=v["drain_checkpoint_wait_max"],
+            poll_seconds=v["drain_poll"],
+            progress_metric=v["drain_progress_metric"],
         ),
     )
     settings = Settings(

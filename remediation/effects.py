@@ -22,6 +22,9 @@ class Act:
     target: Target
     reason: str
     signature: str = ""  # the signature that chose this rung (told in the target's Events)
+    # a training job's drain first waits this long at most for its next step (remediation/drain.py)
+    boundary_wait_seconds: float = 0.0
+    decided_at: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from gpupulse.clock import Clock, SystemClock
 from remediation.backends import LogPager, NoBackend
 from remediation.diagnosis.diagnose import Diagnoser, DiagnosisSettings
 from remediation.diagnosis.prom import PrometheusRangeClient
+from remediation.drain import BoundaryWaiter, NoProgressSource, ProgressSource, PrometheusProgress
 from remediation.effects import Effect
 from remediation.ladder import target_from_labels
 from remediation.ledger import Ledger, connect
@@ -65,6 +66,7 @@ class RemediationEngine:
         diagnoser: Diagnoser | None = None,
         mirror: LedgerMirror | None = None,
         audit: ActionAudit | None = None,
+        boundary: BoundaryWaiter | None = None,
     ) -> None:
         self.settings = settings
         self.node_labels = node_labels
@@ -109,6 +111,7 @@ class RemediationEngine:
             settings.diagnosis,
             may_act=mirror.may_act if mirror is not None else None,
             audit=audit,
+            boundary=boundary,
             validation_timeout_seconds=settings.return_to_service_timeout_seconds,
         )
         self._operations = Operations(settings, self._ro, library, clock, metrics)
@@ -247,6 +250,7 @@ def build_engine(
     node_labels: NodeLabels | None = None,
     mirror: LedgerMirror | None = None,
     audit: ActionAudit | None = None,
+    progress: ProgressSource | None = None,
 ) -> Engine:
     """Load and validate the signatures, open the ledger tables and resume where the last run stopped.
 
@@ -280,6 +284,7 @@ def build_engine(
         diagnoser=diagnoser_from_settings(settings, clock or SystemClock()),
         mirror=mirror,
         audit=audit,
+        boundary=boundary_waiter(settings, clock or SystemClock(), progress),
     )
 
 
@@ -299,6 +304,22 @@ def diagnoser_from_settings(settings: EngineSettings, clock: Clock) -> Diagnoser
         ),
         clock,
     )
+
+
+def boundary_waiter(
+    settings: EngineSettings, clock: Clock, progress: ProgressSource | None = None
+) -> BoundaryWaiter:
+    """What a training job's drain waits with: `progress` (tests), else the progress gauge from the
+    diagnosis' Prometheus, else (none configured) a source that ends every wait at once, saying why."""
+    d = settings.drain
+    url = settings.diagnosis_prometheus_url
+    if progress is None:
+        progress = (
+            PrometheusProgress(PrometheusRangeClient(url, d.query_timeout_seconds), d.progress_metric, clock)
+            if url
+            else NoProgressSource()
+        )
+    return BoundaryWaiter(progress, clock, d.poll_seconds)
 
 
 def _backend_from_settings(settings: EngineSettings) -> ActionBackend:

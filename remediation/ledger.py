@@ -391,6 +391,34 @@ class Ledger:
         rows = self.conn.execute("SELECT * FROM rem_ledger WHERE kind = 'action' AND status = 'started'")
         return [LedgerEntry.from_row(r) for r in rows]
 
+    # A training job's drain that still waits for its next step (remediation/drain.py): its action is
+    # `started`, a waiting_for_checkpoint event follows it, and no drain_* event (the wait's end) yet.
+    _WAITING_DRAIN = (
+        "EXISTS (SELECT 1 FROM rem_ledger w WHERE w.incident_id = a.incident_id AND w.id > a.id "
+        "AND w.kind = 'event' AND w.status = 'waiting_for_checkpoint') AND NOT EXISTS (SELECT 1 FROM "
+        "rem_ledger d WHERE d.incident_id = a.incident_id AND d.id > a.id AND d.kind = 'event' "
+        "AND d.status LIKE 'drain\\_%' ESCAPE '\\')"
+    )
+
+    def count_waiting_drains(self) -> int:
+        """Started actions that still wait for a job's next step: nothing was done to the cluster yet."""
+        row = self.conn.execute(
+            "SELECT COUNT(*) FROM rem_ledger a WHERE a.kind = 'action' AND a.status = 'started' AND "
+            + self._WAITING_DRAIN
+        ).fetchone()
+        return int(row[0])
+
+    def waiting_drain(self, entry_id: int) -> dict[str, Any] | None:
+        """The waiting_for_checkpoint details of a started action still waiting (None otherwise)."""
+        row = self.conn.execute(
+            "SELECT (SELECT w.details FROM rem_ledger w WHERE w.incident_id = a.incident_id AND "
+            "w.id > a.id AND w.kind = 'event' AND w.status = 'waiting_for_checkpoint' ORDER BY w.id "
+            "DESC LIMIT 1) FROM rem_ledger a WHERE a.id = ? AND a.status = 'started' AND "
+            + self._WAITING_DRAIN,
+            (entry_id,),
+        ).fetchone()
+        return None if row is None else dict(_loads(row[0]) or {})
+
     def count_actions(self, rungs: Sequence[str], since: float, *, statuses: Sequence[str]) -> int:
         rm = ", ".join("?" for _ in rungs)
         sm = ", ".join("?" for _ in statuses)

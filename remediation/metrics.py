@@ -142,6 +142,7 @@ class RemediationMetrics:
         self.incidents = _counter(spec.INCIDENTS, r)
         self.action_duration = _histogram(spec.ACTION_DURATION, r)
         self.diagnoses = _counter(spec.DIAGNOSES, r)
+        self.drain_wait = _histogram(spec.DRAIN_WAIT, r)
         # the on-call board: open incidents, latest actions, budgets left
         self.board = BoardCollector()
         r.register(self.board)

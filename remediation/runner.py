@@ -17,6 +17,7 @@ from typing import Any, cast
 from remediation.decide.pages import with_diagnosis
 from remediation.diagnosis.diagnose import Diagnoser
 from remediation.diagnosis.types import DIAGNOSIS_BUSY, DIAGNOSIS_FAILED, Diagnosis, no_diagnosis
+from remediation.drain import BoundaryWaiter
 from remediation.effects import (
     Act,
     Announce,
@@ -68,9 +69,11 @@ class EffectRunner:
         diagnosis: EngineDiagnosisSettings | None = None,
         may_act: Callable[[], bool] | None = None,
         audit: ActionAudit | None = None,
+        boundary: BoundaryWaiter | None = None,
         validation_timeout_seconds: float = 3600.0,
     ) -> None:
         self.backend = backend
+        self.boundary = boundary
         self.audit = audit
         self.pager = pager
         self.verifier = verifier
@@ -158,6 +161,20 @@ class EffectRunner:
             what = f"{notice.rung} {notice.phase} of incident {notice.incident_id}"
             log.warning("could not record the %s: %s", what, exc)
 
+    async def _wait_for_boundary(self, eff: Act) -> bool:
+        """A training job's drain waits for its next step first (remediation/drain.py); False when
+        this replica was fenced meanwhile (the action then stays waiting, for the next leader)."""
+        if eff.boundary_wait_seconds <= 0 or self.boundary is None:
+            return True
+        await self._record(lambda t: t.on_boundary_wait(eff))
+        outcome = await self.boundary.wait(eff.target, eff.decided_at, eff.boundary_wait_seconds)
+        if self.fenced():
+            # the wait can outlast the lease: left waiting in the ledger, the next leader resumes it
+            log.warning("fenced while waiting for a checkpoint: the next leader resumes the %s", eff.rung)
+            return False
+        await self._record(lambda t: t.on_boundary_done(eff, outcome))
+        return True
+
     async def _run_announce(self, eff: Announce) -> None:
         """Tell the audit trail about a dry-run rung; a dry-run migrate may leave a preview
         (remediation/kube/quarantine.py), recorded with its incident."""
@@ -216,6 +233,8 @@ class EffectRunner:
         await self._record(lambda t: t.on_lemon_marked(eff))
 
     async def _run_action(self, eff: Act) -> None:
+        if not await self._wait_for_boundary(eff):
+            return
         await self._announce(eff, "started", eff.reason)
         started = time.monotonic()
         delay = 0.0

@@ -98,7 +98,10 @@ class SafetyGate:
 
     def actions_in_flight(self) -> int:
         """Restart/migrate actions started and not yet finished (the concurrency budget's count)."""
-        return self.ledger.count_actions(ACTION_RUNGS, 0.0, statuses=("started",))
+        # a job's drain that waits for its next step has touched nothing yet: many jobs waiting for
+        # their checkpoints must not open the breaker for the one action that would act now
+        started = self.ledger.count_actions(ACTION_RUNGS, 0.0, statuses=("started",))
+        return started - self.ledger.count_waiting_drains()
 
     def actions_last_minute(self, now: float) -> int:
         """Restart/migrate actions started in the 60 s before `now` (the per-minute budget's count)."""

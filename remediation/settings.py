@@ -5,6 +5,7 @@
     │   ├── budgets: BudgetSettings      actions, migrated nodes and pages per window (the breaker)
     │   ├── loops: LoopSettings          restart loops, recurrence after a migrate, flapping
     │   ├── scope: ScopeSettings         namespaces, node selector, opt-in label, off-scope handling
+    │   ├── drain: EngineDrainSettings   a training job waits for its next step before a drain
     │   ├── pager: EnginePagerSettings   where the page rung goes
     │   └── local_backend: LocalBackendSettings   the local backend's commands
     └── kube: KubeSettings      how `--backend kubernetes` reaches the cluster; leader election
@@ -229,6 +230,22 @@ class EngineDiagnosisSettings:
 
 
 @dataclass(frozen=True)
+class EngineDrainSettings:
+    """Drain at a boundary (docs/design/remediation-engine.md, "Drain at a boundary"): a training job
+    that a degrading fault would restart or migrate waits for its next step to land first."""
+
+    # the longest a degrading fault (a slow rank, a throughput drop) waits for the job's next step or
+    # checkpoint; a fatal one (a lost GPU, a hang) never waits; 0 = no job waits (as before)
+    checkpoint_wait_max_seconds: float = 1800.0
+    # how often the progress metric is read while waiting
+    poll_seconds: float = 30.0
+    # a gauge of Unix time per (namespace, training_job_kind, training_job): the exporter's last-step
+    # time, or a checkpoint time the job exports under the same labels
+    progress_metric: str = "gpu_training_progress_last_step_timestamp_seconds"
+    query_timeout_seconds: float = 5.0
+
+
+@dataclass(frozen=True)
 class EngineSettings:
     """Everything build_engine needs besides the database, metrics, clock and injected backends."""
 
@@ -280,6 +297,7 @@ class EngineSettings:
     otlp_traces_endpoint: str = ""
     service_name: str = "gpupulse-remediation"
     diagnosis: EngineDiagnosisSettings = field(default_factory=EngineDiagnosisSettings)
+    drain: EngineDrainSettings = field(default_factory=EngineDrainSettings)
 
     @property
     def diagnosis_prometheus_url(self) -> str:
@@ -312,10 +330,18 @@ class EngineSettings:
             "diagnosis.step_seconds": self.diagnosis.step_seconds,
             "diagnosis.max_concurrent": self.diagnosis.max_concurrent,
             "diagnosis.max_queued": self.diagnosis.max_queued,
+            "drain.poll_seconds": self.drain.poll_seconds,
+            "drain.query_timeout_seconds": self.drain.query_timeout_seconds,
         }
         for name, value in positive.items():
             if value <= 0:
                 raise ValueError(f"engine setting {name} must be positive, got {value}")
+        if self.drain.checkpoint_wait_max_seconds < 0:
+            raise ValueError("engine setting drain.checkpoint_wait_max_seconds must not be negative")
+        if not re.fullmatch(r"[a-zA-Z_:][a-zA-Z0-9_:]*", self.drain.progress_metric):
+            raise ValueError(
+                f"engine setting drain.progress_metric {self.drain.progress_metric!r} is no metric name"
+            )
         if not 0.0 <= b.max_nodes_migrated_fraction <= 1.0:
             raise ValueError("engine setting budgets.max_nodes_migrated_fraction must be within [0, 1]")
         if self.max_temporary_retries < 0 or self.cluster_node_count < 0:

@@ -65,6 +65,7 @@ _LADDER_FIELDS = {
     "page_on_open",
     "resolution_verifies",
     "human_after_migrate",
+    "checkpoint_wait_max_seconds",
 }
 
 
@@ -139,6 +140,9 @@ class LadderSpec:
     # what a human must still do once migrate moved the work away (GPU reset, reboot, RMA); when set,
     # a successful migrate pages at once, and that page stays open when the alert resolves
     human_after_migrate: str = ""
+    # how long a training job's drain waits for its next step under this signature, in place of the
+    # fault class's urgency and --drain.checkpoint-wait-max (remediation/decide/boundary.py); None = those
+    checkpoint_wait_max_seconds: float | None = None
 
     def attempts_for(self, rung: Rung) -> int:
         return self.attempts.get(rung, 1)
@@ -160,6 +164,11 @@ class LadderSpec:
             "page_on_open": self.page_on_open,
             "resolution_verifies": [r for r in acting if self.resolution_verifies_rung(r)],
             **({"human_after_migrate": self.human_after_migrate} if self.human_after_migrate else {}),
+            **(
+                {"checkpoint_wait_max_seconds": self.checkpoint_wait_max_seconds}
+                if self.checkpoint_wait_max_seconds is not None
+                else {}
+            ),
         }
 
 
@@ -410,6 +419,11 @@ def _parse_ladder(ctx: _Ctx, raw: Any) -> LadderSpec:
         raise ctx.fail("ladder.human_after_migrate", "must be a string: what a human must still do")
     if human and "migrate" not in rungs_raw:
         raise ctx.fail("ladder.human_after_migrate", "needs migrate in ladder.rungs")
+    wait_max: float | None = None
+    if "checkpoint_wait_max_seconds" in raw:
+        wait_max = _number(ctx, raw, "checkpoint_wait_max_seconds", 0.0)
+        if wait_max < 0:
+            raise ctx.fail("ladder.checkpoint_wait_max_seconds", "must not be negative (0 = drain now)")
     return LadderSpec(
         rungs=tuple(cast(list[Rung], rungs_raw)),
         attempts=attempts,
@@ -419,6 +433,7 @@ def _parse_ladder(ctx: _Ctx, raw: Any) -> LadderSpec:
         page_on_open=page_on_open,
         resolution_verifies=verifies,
         human_after_migrate=human.strip(),
+        checkpoint_wait_max_seconds=wait_max,
     )
 
 

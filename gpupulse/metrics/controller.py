@@ -214,6 +214,20 @@ DIAGNOSIS_FAILURES = _new(
     )
 )
 
+# Drain at a boundary (remediation/drain.py): how long training jobs' drains waited for their next step.
+DRAIN_WAIT = _new(
+    histogram(
+        "gpupulse_remediation_drain_wait_seconds",
+        "seconds",
+        "How long a training job's drain waited for its next step or checkpoint, by how the wait ended "
+        "(boundary: a step landed; deadline; no_signal: the job has no progress series; unreachable: "
+        "Prometheus could not be read).",
+        _C,
+        ("outcome",),
+        buckets=(1.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 900.0, 1800.0, 3600.0),
+    )
+)
+
 CONTROLLER_METRICS: tuple[MetricSpec, ...] = (
     ALERTS_RECEIVED,
     ALERTS_REJECTED,
@@ -231,6 +245,7 @@ CONTROLLER_METRICS: tuple[MetricSpec, ...] = (
     PAUSED_SINCE,
     LEADER,
     DIAGNOSIS_FAILURES,
+    DRAIN_WAIT,
     INCIDENTS_OPEN,
     INCIDENTS,
     ACTION_DURATION,

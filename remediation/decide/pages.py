@@ -70,6 +70,14 @@ def cluster_left(history: Sequence[Mapping[str, Any]]) -> str:
     return ""
 
 
+def drain_note(history: Sequence[Mapping[str, Any]]) -> str:
+    """How the latest drain of a training job met its boundary (remediation/drain.py), or ""."""
+    for entry in reversed(history):
+        if entry.get("kind") == "event" and str(entry.get("status", "")).startswith("drain_"):
+            return str(entry.get("summary", ""))
+    return ""
+
+
 def incident_page(
     inc: Incident,
     sig: Signature,
@@ -88,10 +96,12 @@ def incident_page(
     summary = inc.annotations.get("summary") or inc.alertname or sig.fault_class
     evidence = job_evidence(inc.target, inc.labels)
     left = cluster_left(history)
+    drained = drain_note(history)
     page = Page(
         dedup_key=f"gpupulse-incident-{inc.id}",
         summary=f"{summary} on {incident_identity(inc.target)}{evidence}: {inc.reason or sig.reason}"
-        + (f" (cluster state: {left})" if left else ""),
+        + (f" (cluster state: {left})" if left else "")
+        + (f" (drain: {drained})" if drained else ""),
         severity=sig.page_severity or inc.labels.get("severity", "") or "critical",
         fault_class=sig.fault_class,
         signature=sig.name,

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, cast
 
+from remediation.decide.boundary import boundary_wait
 from remediation.decide.incidents import ladder_end_reason
 from remediation.diagnosis.policy import veto
+from remediation.drain import iso
 from remediation.effects import Act, Announce, CheckPromQL, Effect, Validate
 from remediation.ladder import incident_identity, next_step
 from remediation.model import Rung
+from remediation.records import Incident, LedgerEntry
 from remediation.safety import NODES_OFF, PAUSE
 from remediation.signatures import Signature
 from remediation.tracing import AttrValue
@@ -86,13 +90,17 @@ class LadderTransitions(LemonTransitions):
             self._later(lambda: self.metrics.actions.labels(rung=rung, outcome="blocked").inc())
             self._conclude_rung(self._row(incident_id), "failed", refused)
             return self._page(incident_id, now, refused)
+        wait = boundary_wait(
+            rung, target, sig.fault_class, self.settings.drain, sig.ladder.checkpoint_wait_max_seconds
+        )
         if self.settings.dry_run:
-            self._entry(
-                inc, "action", "dry_run", f"dry run: would {rung} {target.key}", finished_at=now, **common
-            )
+            would = f"dry run: would {rung} {target.key}"
+            if wait.seconds > 0:  # a dry run shows the wait it would take, never takes it
+                would += f" after the job's next step (at most {wait.seconds:.0f} s)"
+            self._entry(inc, "action", "dry_run", would, finished_at=now, **common)
             self._later(lambda: self.metrics.actions.labels(rung=rung, outcome="dry_run").inc())
             self._set(incident_id, state="verifying", next_at=now + sig.ladder.verify_window_seconds)
-            return [Announce(incident_id, rung, target, sig.name, f"dry run: would {rung} {target.key}")]
+            return [Announce(incident_id, rung, target, sig.name, would)]
         if self._safety.paused():
             paused_by = self._db.get_state(PAUSE).get("by", "an operator")
             why = f"automation paused by {paused_by}: {rung} not taken"
@@ -117,7 +125,64 @@ class LadderTransitions(LemonTransitions):
         reason = f"{inc.alertname} ({sig.fault_class}, signature {sig.name}); attempt {attempt}"
         entry_id = self._entry(inc, "action", "started", f"{rung} {target.key}", **common)
         self._set(incident_id, state="acting", next_at=None, resolved_at=None)
-        return [Act(entry_id, incident_id, rung, target, reason, signature=sig.name)]
+        return [
+            Act(
+                entry_id,
+                incident_id,
+                rung,
+                target,
+                reason,
+                signature=sig.name,
+                boundary_wait_seconds=wait.seconds,
+                decided_at=now,
+            )
+        ]
+
+    def _resume_drain(
+        self, inc: Incident, entry: LedgerEntry, waiting: Mapping[str, Any], now: float
+    ) -> list[Effect]:
+        """After a restart, a drain that was waiting for the job's next step (and so never began)
+        waits again until its first deadline: a step that landed meanwhile drains it at once."""
+        decided_at = float(waiting.get("decided_at") or now)
+        until = float(waiting.get("deadline_at") or now)
+        rung = cast(Rung, entry.rung)
+        self._db.finish_entry(
+            entry.id,
+            "skipped",
+            now,
+            f"controller restarted while the {rung} waited for the job's next step; nothing was "
+            "drained, so the wait goes on",
+            {},
+        )
+        if inc.state != "acting":
+            return []
+        self._entry(inc, "event", "recovered", f"resuming: the {rung} waits until {iso(until)}")
+        sig = self._sig(inc)
+        reason = f"{inc.alertname} ({sig.fault_class}, signature {sig.name}); attempt {entry.attempt}"
+        target = inc.target
+        entry_id = self._entry(
+            inc,
+            "action",
+            "started",
+            f"{rung} {target.key}",
+            rung=rung,
+            attempt=entry.attempt,
+            target_kind=target.kind,
+            loop_key=inc.loop_key,
+            node=target.node,
+        )
+        return [
+            Act(
+                entry_id,
+                inc.id,
+                rung,
+                target,
+                reason,
+                signature=sig.name,
+                boundary_wait_seconds=max(0.0, until - decided_at),
+                decided_at=decided_at,
+            )
+        ]
 
     def _diagnosis_veto(self, incident_id: int, sig: Signature) -> str:
         """Why the incident's latest confident diagnosis rules out acting ("" when it does not)."""

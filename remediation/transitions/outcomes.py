@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from remediation.diagnosis.types import DIAGNOSIS_FAILED, PROMETHEUS_UNAVAILABLE, Diagnosis
+from remediation.drain import BoundaryOutcome, iso
 from remediation.effects import Act, Announce, CheckPromQL, Effect, SendGroupPage, SendPage, Validate
 from remediation.ladder import first_step
 from remediation.safety import BREAKER
@@ -46,6 +47,47 @@ class Transitions(TimerTransitions):
             return []
         rung, attempt = first_step(sig.ladder)
         return self._start(incident_id, rung, attempt, now)
+
+    def on_boundary_wait(self, eff: Act) -> list[Effect]:
+        """A job's drain waits for its next step: say until when, in the ledger and the incident."""
+        inc = self._db.incident(eff.incident_id)
+        if inc is None:
+            return []
+        until = eff.decided_at + eff.boundary_wait_seconds
+        text = f"waiting for checkpoint (the job's next step) until {iso(until)} before the {eff.rung}"
+        self._entry(
+            inc,
+            "event",
+            "waiting_for_checkpoint",
+            text,
+            rung=eff.rung,
+            attempt=inc.attempt,
+            details={"deadline_at": until, "decided_at": eff.decided_at},
+        )
+        self._set(eff.incident_id, reason=text)
+        return []
+
+    def on_boundary_done(self, eff: Act, outcome: BoundaryOutcome) -> list[Effect]:
+        """The wait ended (a step landed, the deadline, or no progress to read): the drain follows."""
+        inc = self._db.incident(eff.incident_id)
+        if inc is None:
+            return []
+        details: dict[str, Any] = {"outcome": outcome.kind, "waited_seconds": outcome.at - eff.decided_at}
+        if outcome.progress_at is not None:
+            details["progress_at"] = outcome.progress_at
+        self._entry(
+            inc,
+            "event",
+            "drain_" + outcome.kind,
+            outcome.summary,
+            rung=eff.rung,
+            attempt=inc.attempt,
+            details=details,
+        )
+        self._set(eff.incident_id, reason=outcome.summary)
+        waited, kind = details["waited_seconds"], outcome.kind
+        self._later(lambda: self.metrics.drain_wait.labels(outcome=kind).observe(waited))
+        return []
 
     def on_preview(self, eff: Announce, summary: str, details: Mapping[str, Any]) -> list[Effect]:
         """Record what a dry-run migrate left as a preview (a DeviceTaintRule with effect None)."""

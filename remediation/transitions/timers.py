@@ -35,6 +35,11 @@ class TimerTransitions(EventTransitions):
                     if inc.state == "paged" and inc.page_group == "":
                         self._set(inc.id, page_pending=1, page_next_at=0.0)
                     continue
+                waiting = self._db.waiting_drain(e.id)
+                if waiting is not None:
+                    # it waited for the job's next step: nothing was drained, so it waits on
+                    self._deferred += self._resume_drain(inc, e, waiting, now)
+                    continue
                 self._db.finish_entry(
                     e.id,
                     "interrupted",

@@ -180,3 +180,32 @@ async def test_a_hung_job_that_logs_its_steps_is_named_once_its_steps_stopped(tm
         assert [float(s["value"][1]) for s in moving["result"]] == [0.0]
         assert await replay.first_firing(case, "TrainingJobNoProgress") is None
     print("\n".join(report))
+
+
+async def test_a_straggling_job_is_drained_right_after_its_next_step(tmp_path: Path) -> None:
+    """The straggler case with a progress signal that goes on through the fault (a throttled rank slows
+    the job, it does not stop it): rank 0 prints a step every 30 s (scenario). The migrate is decided
+    when TrainingRankStraggler fires, then waits, reading the job's last-step time from Prometheus,
+    until a step lands after the decision: the suspect node is cordoned and the gang restarted right
+    after it, never mid-step, and the incident and its page say so."""
+    case = dataclasses.replace(CASES["straggler"], progress_step_seconds=30.0, steps_through_fault=True)
+    report: list[str] = []
+    async with running_replay((case,), fast_profile(), tmp_path) as replay:
+        await _run_until_settled(replay)
+        await _check_case(replay, case, report)
+        [incident] = [i for i in await replay.incidents(case) if i["alertname"] == "TrainingRankStraggler"]
+        history = incident["history"]
+        [wait] = [h for h in history if h["status"] == "waiting_for_checkpoint"]
+        [landed] = [h for h in history if h["status"].startswith("drain_")]
+        assert landed["status"] == "drain_boundary", landed
+        decided, progress = wait["details"]["decided_at"], landed["details"]["progress_at"]
+        # the step landed after the decision, the drain followed it, within one step of scenario time
+        assert decided < progress <= landed["at"], (decided, progress, landed["at"])
+        assert 0 < landed["details"]["waited_seconds"] <= 30.0 / replay.profile.speed + 10.0
+        migrate = next(h for h in history if h["kind"] == "action" and h["rung"] == "migrate")
+        assert migrate["finished_at"] >= landed["at"]
+        report.append(
+            f"{case.name}: decided, then drained {landed['details']['waited_seconds']:.1f} s (wall) "
+            "later, right after the job's next step"
+        )
+    print("\n".join(report))

@@ -61,6 +61,7 @@ from tests.fakes.alertmanager_process import AlertmanagerHandle, running_alertma
 from tests.fakes.kube_api import JSON, FakeKubeAPI
 from tests.fakes.kubelet import FakeKubelet, pods_from_scenario
 from tests.fakes.prometheus_process import PromHandle, free_port, running_prometheus
+from tests.fakes.tcp_proxy import CuttableProxy
 
 BIN = Path(sys.executable).parent
 SCENARIOS = Path(__file__).resolve().parents[2] / "exporter" / "scenarios"
@@ -87,6 +88,9 @@ class Case:
     # the job prints a step line (DeepSpeed's) every this many scenario seconds to rank 0's container
     # log until its fault's onset, and the exporters read their node's pod logs; None: no progress signal
     progress_step_seconds: float | None = None
+    # a degrading fault: rank 0 keeps printing its steps after the onset (a straggler slows the job,
+    # it does not stop it), and the controller reads them from Prometheus to drain right after one
+    steps_through_fault: bool = False
     # alerts any of the case's GPUs or its job may hold pending (never firing within the replay): the
     # backstops a slow detection keeps pending until its alert fires and folds them in
     may_pend: frozenset[str] = frozenset()
@@ -778,7 +782,10 @@ async def _play_steps(exporters: Sequence[Exporter], api: FakeKubeAPI, tmp: Path
                 continue
             pod = api.pods.get((NAMESPACE, f"{case.job}-master-0"))
             scenario_t = (now - e.started_unix) * speed
-            if pod is None or (case.fault_at is not None and scenario_t >= case.fault_at):
+            stopped = (
+                case.fault_at is not None and scenario_t >= case.fault_at and not case.steps_through_fault
+            )
+            if pod is None or stopped:
                 continue
             meta = pod["metadata"]
             log = tmp / f"{e.node}-logs" / f"{NAMESPACE}_{meta['name']}_{meta['uid']}" / "main" / "0.log"
@@ -850,7 +857,15 @@ async def running_replay(
         stack.callback(stand_in.stop)
 
         # the controller and Alertmanager first: the scenarios' clocks start with the exporters
-        controller = await _start_controller(stack, api, tmp, signatures)
+        # a drain that waits for a job's step reads Prometheus, which starts after the controller:
+        # the controller is given a proxy that points at it once it runs
+        progress = CuttableProxy("http://127.0.0.1:9") if any(c.steps_through_fault for c in cases) else None
+        drain_flags: list[str] = []
+        if progress is not None:
+            stack.push_async_callback(progress.stop)
+            url = await progress.start()
+            drain_flags = ["--diagnosis.disabled", f"--diagnosis.prometheus-url={url}", "--drain.poll=1s"]
+        controller = await _start_controller(stack, api, tmp, signatures, drain_flags)
         token_file = tmp / "controller-token"
         token_file.write_text(CONTROLLER_TOKEN)
         am_config = alertmanager_config(f"{controller}/api/v1/alerts", token_file)
@@ -867,6 +882,8 @@ async def running_replay(
                 extra_args=["--web.enable-lifecycle"],
             )
         )
+        if progress is not None:
+            progress.retarget(prom.url)
 
         exporters = [
             await _start_exporter(stack, case, node, profile, api, tmp, short)
@@ -897,10 +914,14 @@ async def running_replay(
 
 
 async def _start_controller(
-    stack: AsyncExitStack, api: FakeKubeAPI, tmp: Path, signatures: Sequence[Mapping[str, Any]] = ()
+    stack: AsyncExitStack,
+    api: FakeKubeAPI,
+    tmp: Path,
+    signatures: Sequence[Mapping[str, Any]] = (),
+    flags: Sequence[str] = (),
 ) -> str:
     kubeconfig = api.write_kubeconfig(tmp / "kubeconfig")
-    extra = []
+    extra = list(flags)
     if signatures:
         folder = tmp / "signatures"
         folder.mkdir()

@@ -28,6 +28,11 @@ class CuttableProxy:
         self.url = f"http://127.0.0.1:{port}"
         return self.url
 
+    def retarget(self, target_url: str) -> None:
+        """Forward new connections to another server (one that started after its clients)."""
+        parts = urlsplit(target_url)
+        self._host, self._port = parts.hostname or "127.0.0.1", int(parts.port or 80)
+
     def cut(self) -> None:
         self.is_cut = True
         for w in list(self._writers):

@@ -335,6 +335,11 @@ def test_controller_starts_with_the_rendered_args_env_and_secrets(inst: Installe
     assert engine.diagnosis.lookback_seconds == parse_flag_duration(values["diagnosis"]["lookback"])
     assert engine.diagnosis.step_seconds == parse_flag_duration(values["diagnosis"]["step"])
     assert engine.diagnosis.dashboard_url == values["diagnosis"]["dashboardUrl"]
+    # a training job's drain waits for its next step (docs/design/remediation-engine.md)
+    drain = values["drain"]
+    assert engine.drain.checkpoint_wait_max_seconds == parse_flag_duration(drain["checkpointWaitMax"])
+    assert engine.drain.poll_seconds == parse_flag_duration(drain["poll"])
+    assert engine.drain.progress_metric == drain["progressMetric"]
     assert engine.max_event_age_seconds == parse_flag_duration(values["maxEventAge"])
     assert settings.web_read_header_timeout_seconds == parse_flag_duration(values["readHeaderTimeout"])
     assert settings.web_read_body_timeout_seconds == parse_flag_duration(values["readBodyTimeout"])

@@ -329,3 +329,19 @@ def test_node_actions_are_on_unless_scope_nodes_says_false() -> None:
     assert off.engine.scope.nodes is False
     with pytest.raises(ConfigError, match=r"--scope.nodes: not a boolean: 'maybe'"):
         _settings(["--insecure-no-auth", "--scope.nodes=maybe"])
+
+
+def test_the_drain_wait_is_a_flag_and_reaches_the_engine() -> None:
+    s = _settings(
+        [
+            "--insecure-no-auth",
+            "--drain.checkpoint-wait-max=10m",
+            "--drain.poll=15s",
+            "--drain.progress-metric=train_last_checkpoint_timestamp_seconds",
+        ]
+    )
+    d = s.engine.drain
+    assert (d.checkpoint_wait_max_seconds, d.poll_seconds) == (600, 15)
+    assert d.progress_metric == "train_last_checkpoint_timestamp_seconds"
+    with pytest.raises(ConfigError, match="progress_metric"):
+        _settings(["--insecure-no-auth", "--drain.progress-metric=not a metric"])
