@@ -20,7 +20,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from bench.benign.evaluate import Firing, evaluate, rule_files, wanted_names
+from bench.benign.evaluate import PROBES, Firing, evaluate, rule_files, wanted_names
 from bench.benign.fleet import Fleet, list_fleets, load_fleet
 from bench.benign.replay import play
 from bench.benign.report import Row, markdown, rows, totals
@@ -42,6 +42,7 @@ class Result:
     evaluate_seconds: float  # wall: promtool
     firings: list[Firing]
     table: list[Row]
+    seen: dict[str, float]  # each probe's largest value (bench/benign/evaluate.py PROBES)
 
     def totals(self) -> dict[str, float]:
         return totals(self.table, self.gpu_days)
@@ -54,8 +55,9 @@ def run_fleet(fleet: Fleet, interval_seconds: float, workdir: Path, root: Path =
     started = time.monotonic()
     scrapes = play(plan(fleet), end, interval_seconds, wanted_names(rules))
     replayed = time.monotonic()
-    firings = evaluate(line().promtool, rules, scrapes, interval_seconds, end, workdir / fleet.name)
+    evaluation = evaluate(line().promtool, rules, scrapes, interval_seconds, end, workdir / fleet.name)
     done = time.monotonic()
+    firings = evaluation.firings
     return Result(
         fleet.name,
         len(fleet.nodes),
@@ -67,6 +69,7 @@ def run_fleet(fleet: Fleet, interval_seconds: float, workdir: Path, root: Path =
         done - replayed,
         firings,
         rows(firings, fleet.gpu_days),
+        {name: evaluation.seen(name) for name in PROBES},
     )
 
 
@@ -101,7 +104,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"({result.gpu_days:g} GPU-days), scrape and evaluation every {result.interval_seconds:g} s; "
                 f"replay {result.replay_seconds:.0f} s, promtool {result.evaluate_seconds:.0f} s\n"
             )
-            print(markdown(result.table, result.gpu_days) + "\n", flush=True)
+            print(markdown(result.table, result.gpu_days))
+            seen = ", ".join(f"{name} {n:g}" for name, n in result.seen.items())
+            print(f"the rules saw, at most at once: {seen}\n", flush=True)
     if len(results) > 1:
         print("## all fleets\n\n" + combined(results))
     if args.json is not None:

@@ -15,6 +15,7 @@ prints the result as the difference from an expected empty one, which is parsed 
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 from collections.abc import Iterable, Mapping, Sequence
@@ -95,18 +96,44 @@ class Firing:
     episodes: int
 
 
-_GOT_LINE = re.compile(r"^\s*got: (.*)$", re.M)
+# one failed promql_expr_test as promtool prints it: the expression (Go-quoted), the time, and
+# what it got (`{labels} value, {labels} value`)
+_BLOCK = re.compile(r'^\s*expr: ("(?:[^"\\]|\\.)*"), time: ([^,\n]+),\s*\n\s*exp: .*\n\s*got: (.*)$', re.M)
 _SAMPLE = re.compile(r"\{([^{}]*)\} ([0-9.eE+-]+)")
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
+Sample = tuple[dict[str, str], float]
 
-def parse_got(output: str) -> list[Firing]:
-    """The `got:` samples promtool prints for each failed promql_expr_test (`{labels} value, ...`)."""
-    firings = []
-    for line in _GOT_LINE.finditer(output):
-        for m in _SAMPLE.finditer(line.group(1)):
-            firings.append(Firing(dict(_LABEL.findall(m.group(1))), round(float(m.group(2)))))
-    return firings
+
+def parse_results(output: str) -> dict[tuple[str, str], list[Sample]]:
+    """(expression, time as promtool prints it) -> the samples it got, for every failed test."""
+    out: dict[tuple[str, str], list[Sample]] = {}
+    for block in _BLOCK.finditer(output):
+        expr = json.loads(block.group(1))
+        got = [
+            (dict(_LABEL.findall(m.group(1))), float(m.group(2))) for m in _SAMPLE.finditer(block.group(3))
+        ]
+        out.setdefault((expr, block.group(2).strip()), []).extend(got)
+    return out
+
+
+# What the rules made of the fleet, read at every window's end: a quiet replay is quiet because
+# nothing fired, not because the rules never saw a pod or a rank
+PROBES = {
+    "allocated GPUs": "count(uuid_namespace_pod:gpu_allocation:share)",
+    "training jobs": "count(training_job:gpu_training_ranks:count)",
+    "GPUs with SM activity": "count(uuid:gpu_sm_activity:ratio)",
+}
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    firings: list[Firing]
+    probes: dict[str, list[tuple[int, float]]]  # probe -> (time, value) where it had a value
+
+    def seen(self, probe: str) -> float:
+        """The probe's largest value over the replay (0 where it never had one)."""
+        return max((v for _, v in self.probes.get(probe, ())), default=0.0)
 
 
 WINDOW_SECONDS = 3600
@@ -131,12 +158,14 @@ def evaluate(
     end_seconds: float,
     workdir: Path,
     timeout_seconds: float = 3600.0,
-) -> list[Firing]:
+) -> Evaluation:
     """Run the rules over the scrapes at every `interval_seconds`; the firing episodes per series."""
     every = f"{interval_seconds:g}s"
     firing = 'ALERTS{alertstate="firing"}'
     # an evaluation where the series fires and did not one interval before: one episode begins
     starts = f"({firing} unless {firing} offset {every})"
+    windows = _windows(end_seconds)
+    episodes = {t: f"sum_over_time({starts}[{length}s:{every}])" for t, length in windows}
     doc = {
         "rule_files": [str(p.resolve()) for p in rules],
         "evaluation_interval": every,
@@ -148,12 +177,12 @@ def evaluate(
                 # one window per hour: promtool's query engine refuses a whole replay's subquery
                 # ("too many samples"); adjacent left-open windows (t-1h, t] count each episode once
                 "promql_expr_test": [
-                    {
-                        "expr": f"sum_over_time({starts}[{length}s:{every}])",
-                        "eval_time": f"{t}s",
-                        "exp_samples": [],
-                    }
-                    for t, length in _windows(end_seconds)
+                    *({"expr": e, "eval_time": f"{t}s", "exp_samples": []} for t, e in episodes.items()),
+                    *(
+                        {"expr": e, "eval_time": f"{t}s", "exp_samples": []}
+                        for e in PROBES.values()
+                        for t, _ in windows
+                    ),
                 ],
             }
         ],
@@ -173,7 +202,29 @@ def evaluate(
     if "no file match" in text:  # promtool only warns about a rule file it cannot find
         raise RuntimeError(f"promtool found no rule file:\n{text[-2000:]}")
     if result.returncode == 0:
-        return []  # the expected empty result: nothing fired
+        return Evaluation([], {})  # every expected empty result held: nothing fired, nothing seen
     if "got:" not in text:
         raise RuntimeError(f"promtool test rules failed without a result:\n{text[-4000:]}")
-    return parse_got(text)
+    results = parse_results(text)
+    by_time = {_promtool_time(t): t for t, _ in windows}
+    firings, probes = [], {}
+    for (expr, _), samples in results.items():
+        if expr in episodes.values():
+            firings += [Firing(labels, round(v)) for labels, v in samples]
+    for name, expr in PROBES.items():
+        probes[name] = [
+            (t, sum(v for _, v in results[(expr, shown)]))
+            for shown, t in by_time.items()
+            if (expr, shown) in results
+        ]
+    return Evaluation(firings, probes)
+
+
+def _promtool_time(seconds: int) -> str:
+    """An eval time as promtool prints it (Go's model.Duration: 1h, 1h30m, 45s; 0s)."""
+    out = ""
+    for unit, size in (("w", 604800), ("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if seconds >= size:
+            out += f"{seconds // size}{unit}"
+            seconds %= size
+    return out or "0s"
