@@ -8,11 +8,13 @@ firing episode is then counted as a page, a warning or information (bench/benign
 
     .venv/bin/python -m bench.benign_fleet                       # every fleet, 72 h, 60 s scrapes
     .venv/bin/python -m bench.benign_fleet --fleet serving-diurnal --hours 24 --nodes 2
+    .venv/bin/python -m bench.benign_fleet --fleet mixed-fleet --hours 1 --eval-cost-copies 64
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
 import tempfile
@@ -20,6 +22,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from bench.benign.evalcost import fleet_pages, measure
+from bench.benign.evalcost import markdown as cost_table
 from bench.benign.evaluate import PROBES, Firing, evaluate, rule_files, wanted_names
 from bench.benign.fleet import Fleet, list_fleets, load_fleet
 from bench.benign.replay import play
@@ -73,6 +77,24 @@ def run_fleet(fleet: Fleet, interval_seconds: float, workdir: Path, root: Path =
     )
 
 
+EVAL_COST_AT_SECONDS = 38 * HOUR  # day two, 14:00: every serving pod at its daytime load
+
+
+def eval_cost(fleet: Fleet, copies: int, interval_seconds: int, root: Path = REPO) -> str:
+    """The rule groups' evaluation cost on `copies` copies of the fleet's daytime pages, as a table."""
+    rules = rule_files(root)
+    plans = plan(fleet)
+    at = min(EVAL_COST_AT_SECONDS, fleet.hours * HOUR)
+    scrapes = play(plans, at, 60.0, wanted_names(rules))
+    nodes, pages = fleet_pages(plans, scrapes, at, copies)
+    costs = asyncio.run(measure(line().prometheus, rules, nodes, pages, interval_seconds))
+    head = (
+        f"{fleet.name} x {copies}: {len(nodes)} nodes, {pages.series:,} page series, scrape and "
+        f"evaluation every {interval_seconds} s, Prometheus 3.16"
+    )
+    return head + "\n\n" + cost_table(costs, len(nodes))
+
+
 def combined(results: list[Result]) -> str:
     """Every fleet's firings together, per 1,000 GPU-days of all of them."""
     gpu_days = sum(r.gpu_days for r in results)
@@ -90,6 +112,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, help="play only the first nodes of each fleet")
     parser.add_argument("--interval-seconds", type=float, default=60.0, help="scrape and rule evaluation")
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument(
+        "--eval-cost-copies",
+        type=int,
+        default=0,
+        help="also measure the rule groups' evaluation cost on this many copies of the first fleet",
+    )
+    parser.add_argument("--eval-cost-interval-seconds", type=int, default=30)
     args = parser.parse_args(argv)
     results = []
     with tempfile.TemporaryDirectory(prefix="benign-") as tmp:
@@ -109,6 +138,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"the rules saw, at most at once: {seen}\n", flush=True)
     if len(results) > 1:
         print("## all fleets\n\n" + combined(results))
+    if args.eval_cost_copies:
+        first = load_fleet((args.fleet or list_fleets())[0])
+        print(
+            "## rule evaluation cost\n\n"
+            + eval_cost(first, args.eval_cost_copies, args.eval_cost_interval_seconds)
+        )
     if args.json is not None:
         args.json.write_text(
             json.dumps(

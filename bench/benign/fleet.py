@@ -44,7 +44,8 @@ class NodeSpec:
 
 @dataclass(frozen=True)
 class Serving:
-    """A model server: one pod per GPU of its nodes, replaced (new names) at every rollout."""
+    """A model server: one pod per GPU of its nodes, replaced (new names) at every rollout, the
+    rollouts `rollouts_every_hours` apart from `rollout_offset_hours` on (not at it)."""
 
     name: str
     namespace: str
