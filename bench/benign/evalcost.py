@@ -90,7 +90,9 @@ async def measure(
         async with serve_pages(pages) as page_port, aiohttp.ClientSession() as session:
             with processes() as started:
                 port = free_port()
-                config = prometheus_config(page_port, nodes, interval_seconds, list(rules), None, None)
+                config = prometheus_config(
+                    page_port, nodes, interval_seconds, [p.resolve() for p in rules], None, None
+                )
                 (workdir / "prometheus.yml").write_text(yaml.safe_dump(config, sort_keys=False))
                 args = [
                     str(prometheus),
