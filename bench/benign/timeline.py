@@ -4,6 +4,7 @@ stand-in serves, the exporter's runs (restarts are the gaps between them) and th
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import math
@@ -276,8 +277,13 @@ def plan(fleet: Fleet) -> list[NodePlan]:
         for j in fleet.training:
             if node.name in j.nodes:
                 tenancies += _training_tenancies(fleet, j, fleet.nodes, node, pids)
-        # a fleet cut short (Fleet.shortened) ends before some pods start
-        tenancies = [x for x in tenancies if x.start < min(x.end, end)]
+        # a fleet cut short (Fleet.shortened) ends before some pods start; a pod running at the end
+        # runs on (its series must not vanish from the last scrape)
+        tenancies = [
+            dataclasses.replace(x, end=end + HOUR) if x.end >= end else x
+            for x in tenancies
+            if x.start < min(x.end, end)
+        ]
         held: dict[int, list[tuple[float, float]]] = {}
         for x in tenancies:
             for a, b in held.get(x.gpu, []):
