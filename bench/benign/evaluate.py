@@ -8,9 +8,9 @@ series at every evaluation interval; the scrapes are written as input series, ab
 staleness markers (Prometheus marks every series of a failed scrape stale, and a series that a good
 scrape no longer has), so `for:` clocks see what a server would have stored.
 
-The firings are read with one query at the end of the replay: per ALERTS{alertstate="firing"} series,
-the evaluations at which it was firing and was not one evaluation before, i.e. episodes; promtool
-prints the result as the difference from an expected empty one, which is parsed back.
+The firings are read with one query per hour of the replay: per ALERTS{alertstate="firing"} series,
+the evaluations at which it was firing and was not one evaluation before, i.e. episodes begun; promtool
+prints each result as the difference from an expected empty one, which is parsed back.
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ def wanted_names(paths: Iterable[Path]) -> frozenset[str]:
 
 
 def _values(column: Sequence[float | None]) -> str:
-    """promtool's notation: `a+bxn` runs where the value steps evenly, `stale` at the first missing
-    scrape after a present one, `_` for the further missing ones."""
+    """promtool's notation: `vxn` for n+1 equal values, `stale` at the first missing scrape after a
+    present one, `_` (`_xn`) for the further missing ones."""
     out: list[str] = []
     i, n = 0, len(column)
     while i < n:
@@ -146,7 +146,7 @@ def _windows(end_seconds: float) -> list[tuple[int, int]]:
     last = out[-1][0] if out else 0
     if last < end:
         out.append((end, end - last))
-    out[0] = (out[0][0], out[0][1] + 60)  # the first window reaches back before t=0
+    out[0] = (out[0][0], out[0][1] + WINDOW_SECONDS)  # the first reaches back past t=0: nothing there
     return out
 
 
