@@ -4,7 +4,7 @@ memory limits."""
 from __future__ import annotations
 
 from alerts.config import RulesConfig
-from alerts.rules.common import alert
+from alerts.rules.common import alert, held
 from alerts.rules.model import Group, RuleFile
 from alerts.rules.promql import num
 from alerts.rules.recording import (
@@ -47,8 +47,8 @@ def usage_file(c: RulesConfig) -> RuleFile:
             c,
             "GPUMemoryNearFull",
             expr=(
-                "max by (node, uuid, gpu) (gpu_memory_used_bytes / gpu_memory_total_bytes) "
-                f"> {num(t.memory_near_full_ratio)}"
+                f"max by (node, uuid, gpu) ({held(c, 'gpu_memory_used_bytes')} / "
+                f"{held(c, 'gpu_memory_total_bytes')}) > {num(t.memory_near_full_ratio)}"
             ),
             severity="warning",
             layer="scheduling",
@@ -123,7 +123,7 @@ def _idle_allocated(c: RulesConfig) -> str:
     )
     idle = (
         "(\n"
-        f"  last_over_time({ALLOCATION_SHARE}[{w.stale_hold}]) * 0\n"
+        f"  {held(c, ALLOCATION_SHARE)} * 0\n"
         "  + on(uuid) group_left(source)\n"
         f"  (max_over_time({SM_ACTIVITY}[{window}]) <= {num(t.idle_no_kernel_ratio)})\n"
         ")\n"
@@ -138,6 +138,6 @@ def _above(c: RulesConfig, limit: str) -> str:
     """A pod above its workload's learned limit; the limit (written every memory_history_interval by
     another group) read over memory_limit_hold, never at the edge of one interval."""
     return (
-        f"{POD_MEMORY}\n> on(namespace, workload) group_left()\n"
+        f"{held(c, POD_MEMORY)}\n> on(namespace, workload) group_left()\n"
         f"last_over_time({limit}[{c.windows.memory_limit_hold}])"
     )
