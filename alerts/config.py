@@ -51,6 +51,8 @@ class Windows:
     training_stalled_rank: str
     controller_seen: str
     controller_diagnosis: str
+    idle_allocated: str
+    stale_hold: str
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,7 @@ class Thresholds:
 
     temperature_celsius: float
     idle_sm_activity_ratio: float
+    idle_no_kernel_ratio: float
     memory_near_full_ratio: float
     memory_soft_limit_quantile: float
     memory_hard_limit_quantile: float

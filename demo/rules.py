@@ -28,6 +28,8 @@ DEMO_RULE_OVERRIDES: Mapping[str, Any] = {
         "memory_history_offset": "10s",
         "memory_history_interval": "1s",
         "memory_limit_hold": "1m",
+        # a few of the demo's scrapes: held over a missed one, a deleted pod or lost GPU let go at once
+        "stale_hold": "3s",
     },
     "for": {
         "GPUProcessMemoryAboveHardLimit": "5s",

@@ -16,7 +16,14 @@ from typing import Any, cast
 
 from remediation.decide.pages import with_diagnosis
 from remediation.diagnosis.diagnose import Diagnoser
-from remediation.diagnosis.types import DIAGNOSIS_BUSY, DIAGNOSIS_FAILED, Diagnosis, no_diagnosis
+from remediation.diagnosis.types import (
+    DIAGNOSIS_BUSY,
+    DIAGNOSIS_FAILED,
+    Diagnosis,
+    OwnAction,
+    no_diagnosis,
+    own_actions,
+)
 from remediation.drain import BoundaryWaiter
 from remediation.effects import (
     Act,
@@ -267,7 +274,9 @@ class EffectRunner:
         await self._announce(eff, outcome, summary)
         await self._record(lambda t: t.on_action_done(eff, outcome, summary, details, delay))
 
-    async def _diagnose(self, labels: Mapping[str, str], fired_at: float) -> Diagnosis:
+    async def _diagnose(
+        self, labels: Mapping[str, str], fired_at: float, own: Sequence[OwnAction] = ()
+    ) -> Diagnosis:
         """One diagnosis, at most `max_concurrent` at once; past `max_queued` waiting, none at all
         (a storm of incidents must not turn into a storm of queries)."""
         assert self.diagnoser is not None
@@ -283,7 +292,7 @@ class EffectRunner:
         self._diagnoses_waiting += 1
         try:
             async with self._diagnosis_gate:
-                return await self.diagnoser.diagnose(labels, fired_at)
+                return await self.diagnoser.diagnose(labels, fired_at, own)
         except Exception as exc:  # a bug in the diagnosis must never stop a page or an action
             log.exception("diagnosis failed")
             return no_diagnosis(
@@ -304,8 +313,9 @@ class EffectRunner:
         error = ""
         page = eff.page
         if eff.labels is not None and self.diagnoser is not None and not page.resolved:
-            # refreshed before it pages: what changed is read again now, and recorded
-            found = await self._diagnose(eff.labels, eff.fired_at)
+            # refreshed before it pages: what changed is read again now, and recorded; what the
+            # incident's own actions did (our restart's new process) is never named its cause
+            found = await self._diagnose(eff.labels, eff.fired_at, own_actions(page.history))
             await self._record(lambda t: t.on_diagnosis(eff.incident_id, "page", found))
             page = with_diagnosis(page, found, self.diagnosis.dashboard_url, eff.labels)
         lock = self._page_locks.setdefault(page.dedup_key, asyncio.Lock())

@@ -10,11 +10,13 @@ no job selector is needed; every rule keeps `namespace` and `job`, which tell re
 from __future__ import annotations
 
 from alerts.config import RulesConfig
-from alerts.rules.common import alert
+from alerts.rules.common import alert, held
 from alerts.rules.model import Group, RuleFile
 from alerts.rules.promql import num
 
 _BY = "namespace, job"
+
+PAUSED_SINCE = "gpupulse_remediation_paused_since_timestamp_seconds"
 
 
 def controller_file(c: RulesConfig) -> RuleFile:
@@ -25,7 +27,7 @@ def controller_file(c: RulesConfig) -> RuleFile:
         alert(
             c,
             "GPUPulseControllerBreakerOpen",
-            expr=f"max by ({_BY}) (gpupulse_remediation_breaker_open) == 1",
+            expr=f"max by ({_BY}) ({held(c, 'gpupulse_remediation_breaker_open')}) == 1",
             severity="critical",
             layer="observability",
             fault_class="controller",
@@ -40,10 +42,7 @@ def controller_file(c: RulesConfig) -> RuleFile:
         alert(
             c,
             "GPUPulseControllerPausedTooLong",
-            expr=(
-                f"time() - max by ({_BY}) (gpupulse_remediation_paused_since_timestamp_seconds > 0) "
-                f"> {paused_max}"
-            ),
+            expr=(f"time() - max by ({_BY}) ({held(c, PAUSED_SINCE)} > 0) > {paused_max}"),
             severity="warning",
             layer="observability",
             fault_class="controller",
@@ -59,7 +58,7 @@ def controller_file(c: RulesConfig) -> RuleFile:
         alert(
             c,
             "GPUPulseControllerInboxNotWritable",
-            expr=f"min by ({_BY}, instance) (gpupulse_remediation_inbox_writable) == 0",
+            expr=f"min by ({_BY}, instance) ({held(c, 'gpupulse_remediation_inbox_writable')}) == 0",
             severity="critical",
             layer="observability",
             fault_class="controller",

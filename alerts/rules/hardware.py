@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from alerts.config import RulesConfig
-from alerts.rules.common import alert
+from alerts.rules.common import alert, held
 from alerts.rules.model import Group, RuleFile
 from alerts.rules.promql import num
 from alerts.rules.recording import ALLOCATION_SOLE
@@ -21,6 +21,8 @@ def training_gpus(lookback: str) -> str:
     return f"max by (uuid) (last_over_time({RANK_INFO}[{lookback}]))"
 
 
+THERMAL_EVENTS = 'gpu_clock_event_active{reason=~"sw_thermal_slowdown|hw_thermal_slowdown"}'
+IDLE_EVENT = 'gpu_clock_event_active{reason="gpu_idle"}'
 _GPU_TEXT = "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) on node {{ $labels.node }}"
 # An event count from increase() is extrapolated to the window's edges, so one event reads 1 on 2.42 and
 # 1.25 on 3.x (a range is left-open there: one sample fewer in the window, docs/alerts.md). The events
@@ -63,7 +65,7 @@ def hardware_file(c: RulesConfig) -> RuleFile:
         alert(
             c,
             "GPUTemperatureHigh",
-            expr=f"max by ({GPU_BY}) (gpu_temperature_celsius) > {num(t.temperature_celsius)}",
+            expr=f"max by ({GPU_BY}) ({held(c, 'gpu_temperature_celsius')}) > {num(t.temperature_celsius)}",
             severity="warning",
             layer="hardware",
             fault_class="thermal",
@@ -77,10 +79,7 @@ def hardware_file(c: RulesConfig) -> RuleFile:
         alert(
             c,
             "GPUThermalThrottling",
-            expr=(
-                f"max by ({GPU_BY}) "
-                '(gpu_clock_event_active{reason=~"sw_thermal_slowdown|hw_thermal_slowdown"}) == 1'
-            ),
+            expr=(f"max by ({GPU_BY}) ({held(c, THERMAL_EVENTS)}) == 1"),
             severity="warning",
             layer="hardware",
             fault_class="thermal",
@@ -111,6 +110,7 @@ def hardware_file(c: RulesConfig) -> RuleFile:
                 "not held by exactly one pod, so no pod is named{{ end }}. NVIDIA's answer is RESTART_APP; "
                 "the GPU itself stays usable."
             ),
+            keep_firing_for=w.stale_hold,
         ),
         alert(
             c,
@@ -125,6 +125,7 @@ def hardware_file(c: RulesConfig) -> RuleFile:
                 f"{_GPU_TEXT} reported XID {{{{ $labels.xid }}}}; NVIDIA's answer is RESET_GPU. "
                 "Restarting the workload on the same GPU will not help: move it, then reset the GPU."
             ),
+            keep_firing_for=w.stale_hold,
         ),
         alert(
             c,
@@ -144,6 +145,7 @@ def hardware_file(c: RulesConfig) -> RuleFile:
                 f"{_GPU_TEXT} reported XID 79 or cannot be read (gpu_up is 0). NVIDIA's answer is a "
                 "node reboot (RESTART_BM); the GPU is lost to its workloads until then."
             ),
+            keep_firing_for=w.stale_hold,
         ),
         alert(
             c,
@@ -158,11 +160,12 @@ def hardware_file(c: RulesConfig) -> RuleFile:
                 f"{_GPU_TEXT} counted {_EVENT_COUNT} uncorrectable ECC errors in the last {w.event}. "
                 "Data in GPU memory may be corrupt."
             ),
+            keep_firing_for=w.stale_hold,
         ),
         alert(
             c,
             "GPURowRemapPending",
-            expr=f"max by ({GPU_BY}) (gpu_remapped_rows_pending) == 1",
+            expr=f"max by ({GPU_BY}) ({held(c, 'gpu_remapped_rows_pending')}) == 1",
             severity="warning",
             layer="hardware",
             fault_class="xid_reset",
@@ -176,7 +179,7 @@ def hardware_file(c: RulesConfig) -> RuleFile:
         alert(
             c,
             "GPURowRemapFailure",
-            expr=f"max by ({GPU_BY}) (gpu_remapped_rows_failed) == 1",
+            expr=f"max by ({GPU_BY}) ({held(c, 'gpu_remapped_rows_failed')}) == 1",
             severity="critical",
             layer="hardware",
             fault_class="gpu_hardware",
@@ -193,12 +196,12 @@ def hardware_file(c: RulesConfig) -> RuleFile:
             # Links train down when idle to save power; only a busy GPU below its maximum is degraded.
             expr=f"""
                 max by ({GPU_BY}) (
-                  (gpu_pcie_link_width < gpu_pcie_link_width_max)
+                  ({held(c, "gpu_pcie_link_width")} < {held(c, "gpu_pcie_link_width_max")})
                   or on(uuid)
-                  (gpu_pcie_link_generation < gpu_pcie_link_generation_max)
+                  ({held(c, "gpu_pcie_link_generation")} < {held(c, "gpu_pcie_link_generation_max")})
                 )
                 and on(uuid)
-                (max by (uuid) (gpu_clock_event_active{{reason="gpu_idle"}}) == 0)
+                (max by (uuid) ({held(c, IDLE_EVENT)}) == 0)
                 """,
             severity="warning",
             layer="hardware",

@@ -48,13 +48,18 @@ class Alert:
     summary: str
     description: str
     runbook_url: str
+    # how long a firing alert stays firing once its expression is empty (Prometheus >= 2.42): rides
+    # out an exporter restart's stale evaluations without a resolve and a re-fire; "" for none
+    keep_firing_for: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """The rule as Prometheus reads it."""
+        keep = {"keep_firing_for": self.keep_firing_for} if self.keep_firing_for else {}
         return {
             "alert": self.alert,
             "expr": _expr(self.expr),
             "for": self.for_,
+            **keep,
             "labels": {
                 "severity": self.severity,
                 "layer": self.layer,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from alerts.config import RulesConfig
-from alerts.rules.common import alert
+from alerts.rules.common import alert, held
 from alerts.rules.model import Group, RuleFile
 from alerts.rules.promql import num
 
@@ -13,6 +13,7 @@ _TARGET = "node, instance, job"
 def observability_file(c: RulesConfig) -> RuleFile:
     """alerts/observability.rules.yaml."""
     sel = c.exporter_selector
+    collectors = f"gpupulse_collector_success{{{sel}}}"
     stale = num(c.thresholds.exporter_stale_seconds)
     rules = (
         alert(
@@ -56,7 +57,7 @@ def observability_file(c: RulesConfig) -> RuleFile:
         alert(
             c,
             "GPUCollectorFailing",
-            expr=f"max by ({_TARGET}, collector) (gpupulse_collector_success{{{sel}}}) == 0",
+            expr=f"max by ({_TARGET}, collector) ({held(c, collectors)}) == 0",
             severity="warning",
             layer="observability",
             fault_class="observability",

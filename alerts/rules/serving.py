@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from alerts.config import RulesConfig
-from alerts.rules.common import alert
+from alerts.rules.common import alert, held
 from alerts.rules.model import Group, RuleFile
 from alerts.rules.promql import num
 from alerts.rules.recording import KV_HIT_RATIO_POD, SM_ACTIVITY, latency_quantile_name
@@ -45,12 +45,16 @@ def serving_file(c: RulesConfig) -> RuleFile:
                 f"{num(t.latency_spike_factor)}x its average over the {w.baseline} before, while its "
                 "median is unchanged. Look for stalls outside the GPU: page cache, disk, host CPU."
             ),
+            # its recorded quantiles read rate() windows, which a missed scrape does not empty; an
+            # engine or exporter restart's first evaluations may still lack them
+            keep_firing_for=w.stale_hold,
         ),
         alert(
             c,
             "KVCacheHitRateDrop",
             expr=f"""
-                {KV_HIT_RATIO_POD} < (1 - {num(t.kv_cache_drop_fraction)}) * {baseline(KV_HIT_RATIO_POD)}
+                {held(c, KV_HIT_RATIO_POD)}
+                < (1 - {num(t.kv_cache_drop_fraction)}) * {baseline(KV_HIT_RATIO_POD)}
                 and
                 {baseline(KV_HIT_RATIO_POD)} > {num(t.kv_cache_baseline_min_ratio)}
                 """,
@@ -69,7 +73,7 @@ def serving_file(c: RulesConfig) -> RuleFile:
             c,
             "InferenceQueueGrowing",
             expr=f"""
-                max by (node, namespace, pod, model) ({waiting}) > {num(t.queue_waiting_requests)}
+                max by (node, namespace, pod, model) ({held(c, waiting)}) > {num(t.queue_waiting_requests)}
                 and on(namespace, pod, model)
                 max by (namespace, pod, model) (deriv({waiting}[{w.queue_trend}])) > 0
                 """,
@@ -93,10 +97,10 @@ def serving_file(c: RulesConfig) -> RuleFile:
                   rate(gpu_process_host_cpu_seconds_total{{pod!=""}}[{w.rate}])
                 ) >= {num(t.starved_host_cpu_cores)}
                 and on(uuid)
-                ({SM_ACTIVITY} < {num(t.starved_sm_activity_ratio)})
+                ({held(c, SM_ACTIVITY)} < {num(t.starved_sm_activity_ratio)})
                 and on(namespace, pod)
                 (
-                  max by (namespace, pod) ({waiting}) >= {num(t.starved_queue_waiting_requests)}
+                  max by (namespace, pod) ({held(c, waiting)}) >= {num(t.starved_queue_waiting_requests)}
                   or on(namespace, pod)
                   max by (namespace, pod) ({p99} > {num(t.starved_latency_factor)} * {baseline(p99)})
                 )

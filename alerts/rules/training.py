@@ -245,8 +245,9 @@ def _stalled(c: RulesConfig, ranks_of_lost: str) -> str:
 def ranks_in_incident(c: RulesConfig) -> str:
     """The GPUs of every rank of a job a training alert fires for: their idle warnings are the job's
     incident, not one more per GPU (usage.py's GPUIdleWhileAllocated keeps out of them). Ranks seen
-    within the idle warning's `for:`: a dead rank's GPU stays allocated to its pod with no process."""
-    seen = c.for_("GPUIdleWhileAllocated")
+    within the idle warning's window (`idle_allocated`): a dead rank's GPU stays allocated to its pod
+    with no process."""
+    seen = c.windows.idle_allocated
     return (
         f"max by (uuid) (\n  last_over_time({RANK_INFO}[{seen}])\n  * on({JOB_BY}) group_left()\n"
         f'  max by ({JOB_BY}) (ALERTS{{alertstate="firing", layer="training", target_kind="job"}})\n)'

@@ -1,12 +1,20 @@
-"""Use and cost alerts: idle allocated GPUs, full GPU memory, workloads above their memory limits."""
+"""Use and cost alerts: allocated GPUs idle for hours (a ticket), full GPU memory, workloads above their
+memory limits."""
 
 from __future__ import annotations
 
 from alerts.config import RulesConfig
-from alerts.rules.common import alert
+from alerts.rules.common import alert, held
 from alerts.rules.model import Group, RuleFile
 from alerts.rules.promql import num
-from alerts.rules.recording import ALLOCATION_SHARE, HARD_LIMIT, POD_MEMORY, SM_ACTIVITY, SOFT_LIMIT
+from alerts.rules.recording import (
+    ALLOCATION_SHARE,
+    HARD_LIMIT,
+    POD_MEMORY,
+    SM_ACTIVITY,
+    SOFT_LIMIT,
+    with_workload,
+)
 from alerts.rules.training import ranks_in_incident
 
 _POD_TEXT = "Pod {{ $labels.namespace }}/{{ $labels.pod }}"
@@ -14,39 +22,33 @@ _POD_TEXT = "Pod {{ $labels.namespace }}/{{ $labels.pod }}"
 
 def usage_file(c: RulesConfig) -> RuleFile:
     """alerts/usage.rules.yaml."""
-    t = c.thresholds
-    idle = num(t.idle_sm_activity_ratio)
+    t, w = c.thresholds, c.windows
     rules = (
         alert(
             c,
             "GPUIdleWhileAllocated",
-            # One alert per container holding the GPU; the value is the GPU's SM activity. Not for the
-            # GPUs of a training job a training alert fires for: they idle because the job is hung (or
-            # its node is lost), and that incident names them; 64 warnings more would add nothing.
-            expr=f"""
-                {ALLOCATION_SHARE} * 0
-                + on(uuid) group_left(source)
-                ({SM_ACTIVITY} < {idle})
-                unless on(uuid) {ranks_in_incident(c)}
-                """,
+            expr=_idle_allocated(c),
             severity="warning",
             layer="scheduling",
             fault_class="idle_allocated",
             target_kind="pod",
-            summary="An allocated GPU is mostly idle.",
+            summary="An allocated GPU ran no kernel and served no request for hours.",
             description=(
-                f"{_POD_TEXT} holds GPU {{{{ $labels.gpu }}}} ({{{{ $labels.uuid }}}}) on node "
-                "{{ $labels.node }}, whose SM activity ({{ $labels.source }}) is "
-                f"{{{{ $value | humanizePercentage }}}}, under {{{{ {idle} | humanizePercentage }}}} "
-                f"for {c.for_('GPUIdleWhileAllocated')}. The GPU is paid for and nobody else can use it."
+                f"{_POD_TEXT} (workload {{{{ $labels.workload }}}}) holds GPU {{{{ $labels.gpu }}}} "
+                "({{ $labels.uuid }}) on node {{ $labels.node }}, which ran no kernel (SM activity "
+                "({{ $labels.source }}) at most {{ $value | humanizePercentage }}, at or under "
+                f"{{{{ {num(t.idle_no_kernel_ratio)} | humanizePercentage }}}}) and whose pod served no "
+                f"inference request over the last {w.idle_allocated}. The GPU is paid for and nobody else "
+                "can use it: a ticket for its owner, never a page (idle capacity by namespace and pod: "
+                "`gpupulse report`)."
             ),
         ),
         alert(
             c,
             "GPUMemoryNearFull",
             expr=(
-                "max by (node, uuid, gpu) (gpu_memory_used_bytes / gpu_memory_total_bytes) "
-                f"> {num(t.memory_near_full_ratio)}"
+                f"max by (node, uuid, gpu) ({held(c, 'gpu_memory_used_bytes')} / "
+                f"{held(c, 'gpu_memory_total_bytes')}) > {num(t.memory_near_full_ratio)}"
             ),
             severity="warning",
             layer="scheduling",
@@ -94,10 +96,48 @@ def usage_file(c: RulesConfig) -> RuleFile:
     return RuleFile("usage", (Group("gpupulse.usage", rules, scope="fleet"),))
 
 
+def _idle_allocated(c: RulesConfig) -> str:
+    """One alert per container holding a GPU that ran no kernel over `idle_allocated` (the value: its
+    highest SM activity over that time), held by the same pod since then, whose pod served no request
+    over it. A GPU at 20% SM activity with live traffic at night is not idle: it runs kernels. Not for
+    the GPUs of a training job a training alert fires for: they idle because the job is hung (or its
+    node is lost), and that incident names them. Every part reads over the window, so a missed scrape
+    or an exporter restart (one stale evaluation) neither empties it nor restarts its `for:`.
+    """
+    t, w = c.thresholds, c.windows
+    window = w.idle_allocated
+    # requests answered (the latency histogram's count, or tokens where Prometheus 3 keeps that
+    # histogram native only: histogram_count() is not MetricsQL, and vmalert runs fleet groups), or
+    # requests in the engine at some moment
+    answered = (
+        f"{c.latency_histogram}_count",
+        "inference_prompt_tokens_total",
+        "inference_generation_tokens_total",
+    )
+    requests = " or ".join(
+        (
+            *(f"rate({counter}[{window}]) > 0" for counter in answered),
+            f"max_over_time(inference_requests_running[{window}]) > 0",
+            f"max_over_time(inference_requests_waiting[{window}]) > 0",
+        )
+    )
+    idle = (
+        "(\n"
+        f"  {held(c, ALLOCATION_SHARE)} * 0\n"
+        "  + on(uuid) group_left(source)\n"
+        f"  (max_over_time({SM_ACTIVITY}[{window}]) <= {num(t.idle_no_kernel_ratio)})\n"
+        ")\n"
+        f"and on(uuid, namespace, pod) ({ALLOCATION_SHARE} offset {window})\n"
+        f"unless on(namespace, pod) group by (namespace, pod) (\n  {requests}\n)\n"
+        f"unless on(uuid) {ranks_in_incident(c)}"
+    )
+    return with_workload(f"(\n{idle}\n)")
+
+
 def _above(c: RulesConfig, limit: str) -> str:
     """A pod above its workload's learned limit; the limit (written every memory_history_interval by
     another group) read over memory_limit_hold, never at the edge of one interval."""
     return (
-        f"{POD_MEMORY}\n> on(namespace, workload) group_left()\n"
+        f"{held(c, POD_MEMORY)}\n> on(namespace, workload) group_left()\n"
         f"last_over_time({limit}[{c.windows.memory_limit_hold}])"
     )

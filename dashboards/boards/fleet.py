@@ -15,7 +15,9 @@ RANGE_HOURS = "$__range_s / 3600"
 
 
 def _idle_allocated(c: RulesConfig) -> str:
-    # the same join as GPUIdleWhileAllocated, without its `for:`
+    # the cost view of idleness (namespace:gpu_idle_allocated:sum per container, `gpupulse report`): under
+    # idle_sm_activity_ratio now, traffic or not. GPUIdleWhileAllocated is narrower: no kernel, no request
+    # for hours.
     return (
         f"{ALLOCATION_SHARE}{{{NODE}, {NAMESPACE}, {POD}}} * 0 + on(uuid) group_left(source) "
         f"({SM_ACTIVITY} < {num(c.thresholds.idle_sm_activity_ratio)})"

@@ -123,6 +123,10 @@ class Cause:
     # causes this one brings about when it lines up: a restart leaves the new weight files out of the
     # page cache and the KV cache empty; those candidates are then its effects, not rival causes
     explains: tuple[str, ...] = ()
+    # what the controller's own restart or migrate also brings about (a new GPU process, a young pod,
+    # a cold start): when it changed in the wake of one of the incident's own actions, it is ours,
+    # never the incident's cause (rank.py, RankSettings.own_action_settle_seconds)
+    follows_our_actions: bool = False
 
 
 _U = 'uuid=~"{uuids}"'
@@ -515,6 +519,7 @@ CAUSES: tuple[Cause, ...] = (
             "serving.kv_cache",
             "serving.load",
         ),
+        follows_our_actions=True,
     ),
 )
 

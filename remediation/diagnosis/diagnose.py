@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from gpupulse.clock import Clock, SystemClock
@@ -26,6 +26,7 @@ from remediation.diagnosis.types import (
     NO_PROMETHEUS,
     PROMETHEUS_UNAVAILABLE,
     Diagnosis,
+    OwnAction,
     SignalEvidence,
     no_diagnosis,
 )
@@ -67,8 +68,11 @@ class Diagnoser:
         self.settings = settings or DiagnosisSettings()
         self.clock = clock or SystemClock()
 
-    async def diagnose(self, labels: Mapping[str, str], fired_at: float) -> Diagnosis:
-        """The diagnosis of the incident an alert with `labels`, firing since `fired_at`, opened."""
+    async def diagnose(
+        self, labels: Mapping[str, str], fired_at: float, own: Sequence[OwnAction] = ()
+    ) -> Diagnosis:
+        """The diagnosis of the incident an alert with `labels`, firing since `fired_at`, opened;
+        `own` are the incident's own actions so far, whose effects are never named its cause."""
         now = self.clock.time()
         end = now
         start = min(fired_at, now) - self.settings.lookback_seconds
@@ -82,7 +86,7 @@ class Diagnoser:
             )
         try:
             async with asyncio.timeout(self.settings.deadline_seconds):
-                return await self._diagnose(self.client, labels, fired_at, start, end, now)
+                return await self._diagnose(self.client, labels, fired_at, start, end, now, own)
         except TimeoutError:
             return no_diagnosis(
                 PROMETHEUS_UNAVAILABLE,
@@ -101,6 +105,7 @@ class Diagnoser:
         start: float,
         end: float,
         now: float,
+        own: Sequence[OwnAction],
     ) -> Diagnosis:
         step = self.settings.step_seconds
         try:
@@ -181,6 +186,7 @@ class Diagnoser:
             symptom=symptom_ev,
             context=context,
             missing=missing,
+            own=own,
         )
 
     async def _read_all(

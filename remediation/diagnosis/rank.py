@@ -27,6 +27,7 @@ from remediation.diagnosis.types import (
     Candidate,
     Diagnosis,
     Direction,
+    OwnAction,
     Point,
     SignalEvidence,
     no_diagnosis,
@@ -55,6 +56,9 @@ class RankSettings:
     confident_score: float = 0.35
     confident_margin: float = 0.15
     evidence_points: int = 60  # points kept per series in the record
+    # a change that follows one of the incident's own actions within this long (a restarted pod is
+    # scheduled, pulls its image, loads its weights and starts serving) is that action's doing
+    own_action_settle_seconds: float = 900.0
 
 
 @dataclass(frozen=True)
@@ -322,10 +326,13 @@ def rank(
     symptom: SignalEvidence | None = None,
     context: Sequence[SignalEvidence] = (),
     missing: Sequence[str] = (),
+    own: Sequence[OwnAction] = (),
 ) -> Diagnosis:
-    """Rank candidate causes by how well their change lines up with `symptom_onset`."""
+    """Rank candidate causes by how well their change lines up with `symptom_onset`; what the
+    incident's `own` actions brought about (our restart's new process) is never one of them."""
     accepted: list[Candidate] = []
     rejected: list[Candidate] = []
+    obs_by = {o.cause.id: o.cause for o in observations}
     have_data = False
     for obs in observations:
         if obs.primary is None:
@@ -358,10 +365,14 @@ def rank(
             accepted.append(candidate)
         elif primary.changed:
             rejected.append(candidate)
+    accepted = [_ours(obs_by[c.cause], c, own, settings) for c in accepted]
     accepted.sort(key=lambda c: (-c.score, c.cause))
+    # ours still explain their effects (our restart empties the KV cache): those are ours as well
     accepted, effects = _explain(observations, accepted, settings)
-    rejected = sorted([*rejected, *effects], key=lambda c: c.cause)
-    layers = _layers(observations, accepted, effects)
+    ours = [c for c in accepted if c.caused_by_us]
+    accepted = [c for c in accepted if not c.caused_by_us]
+    rejected = sorted([*rejected, *effects, *ours], key=lambda c: c.cause)
+    layers = _layers(observations, accepted, effects, ours)
     if not have_data:
         return no_diagnosis(
             SIGNALS_MISSING,
@@ -375,9 +386,12 @@ def rank(
             layers=layers,
         )
     if not accepted:
+        why = "no candidate signal changed to a fault level in line with the symptom's onset"
+        if ours:
+            why += f" but what our own actions brought about ({ours[0].title}: {ours[0].caused_by_us})"
         return no_diagnosis(
             NOTHING_LINES_UP,
-            "no candidate signal changed to a fault level in line with the symptom's onset",
+            why,
             window_start=window_start,
             window_end=window_end,
             computed_at=computed_at,
@@ -410,6 +424,20 @@ def rank(
     )
 
 
+def _ours(cause: Cause, candidate: Candidate, own: Sequence[OwnAction], settings: RankSettings) -> Candidate:
+    """The candidate marked as the doing of one of our own actions when its cause is one our
+    actions bring about and its change came in the wake of one (from the slack before the action
+    started to the settle time after it finished); else unchanged."""
+    at = candidate.evidence[0].change_at
+    if not cause.follows_our_actions or at is None:
+        return candidate
+    for action in own:
+        end = action.finished_at if action.finished_at is not None else action.started_at
+        if action.started_at - settings.slack_seconds <= at <= end + settings.own_action_settle_seconds:
+            return replace(candidate, caused_by_us=action.describe())
+    return candidate
+
+
 def _explain(
     observations: Sequence[CauseObservation], accepted: Sequence[Candidate], settings: RankSettings
 ) -> tuple[list[Candidate], list[Candidate]]:
@@ -436,6 +464,7 @@ def _layers(
     observations: Sequence[CauseObservation],
     accepted: Sequence[Candidate],
     effects: Sequence[Candidate] = (),
+    ours: Sequence[Candidate] = (),
 ) -> dict[str, str]:
     """The elimination, layer by layer: where a cause lined up, what lined up as the effect of
     another, what was read and ruled out, or that nothing could be read."""
@@ -443,6 +472,7 @@ def _layers(
     for layer in LAYERS:
         found = [c.title for c in accepted if c.layer == layer]
         explained = [f"{c.title} (an effect of {c.explained_by})" for c in effects if c.layer == layer]
+        explained += [f"{c.title} ({c.caused_by_us}, not a cause)" for c in ours if c.layer == layer]
         read = [o.cause.title for o in observations if o.cause.layer == layer and o.primary is not None]
         if found:
             out[layer] = "cause: " + ", ".join([*found, *explained])

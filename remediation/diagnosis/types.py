@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 Layer = Literal["hardware", "host", "scheduling", "serving"]
@@ -94,6 +95,44 @@ class SignalEvidence:
         )
 
 
+# What an action entry of the ledger records when it changed nothing on the cluster.
+_NO_CHANGE_STATUSES = frozenset({"dry_run", "skipped", "blocked", "refused"})
+
+
+@dataclass(frozen=True)
+class OwnAction:
+    """An action the controller took for the incident being diagnosed (one ledger entry): what it did
+    to the incident's own target (a restarted pod, a job moved off a node) is never that incident's
+    cause."""
+
+    rung: str  # restart, migrate
+    started_at: float  # Unix seconds
+    finished_at: float | None = None
+
+    def describe(self) -> str:
+        """What a reader sees: "our restart at 2026-12-04T18:20:00+00:00"."""
+        at = datetime.fromtimestamp(self.started_at, tz=UTC).isoformat(timespec="seconds")
+        return f"our {self.rung} at {at}"
+
+
+def own_actions(history: Sequence[Mapping[str, Any]]) -> tuple[OwnAction, ...]:
+    """The actions of one incident's ledger history (`Ledger.history`) that may have changed its
+    target: acting rungs, less those recorded as changing nothing (dry run, skipped, blocked,
+    refused). An action still in flight counts: its effect may already show."""
+    out = []
+    for entry in history:
+        rung = str(entry.get("rung") or "")
+        if entry.get("kind") != "action" or rung in ("", "page"):
+            continue
+        if str(entry.get("status") or "") in _NO_CHANGE_STATUSES:
+            continue
+        started = _opt_float(entry.get("at"))
+        if started is None:
+            continue
+        out.append(OwnAction(rung, started, _opt_float(entry.get("finished_at"))))
+    return tuple(sorted(out, key=lambda a: a.started_at))
+
+
 @dataclass(frozen=True)
 class Candidate:
     """One candidate cause, scored by its primary signal and backed by corroborating ones."""
@@ -106,6 +145,9 @@ class Candidate:
     # the cause that brought this one about (a restart leaves the page cache cold): it lined up, but
     # as an effect of that cause, not as a rival to it
     explained_by: str = ""
+    # the controller's own action that brought it about (a new process after our restart): it lined
+    # up, but the incident's own remediation is never named as its cause
+    caused_by_us: str = ""
 
     @property
     def label(self) -> str:
@@ -123,6 +165,8 @@ class Candidate:
         }
         if self.explained_by:
             out["explained_by"] = self.explained_by
+        if self.caused_by_us:
+            out["caused_by_us"] = self.caused_by_us
         return out
 
     @classmethod
@@ -135,6 +179,7 @@ class Candidate:
             score=float(d.get("score", 0.0)),
             evidence=tuple(SignalEvidence.from_dict(e) for e in d.get("evidence") or ()),
             explained_by=str(d.get("explained_by") or ""),
+            caused_by_us=str(d.get("caused_by_us") or ""),
         )
 
 

@@ -402,7 +402,7 @@ async def test_a_diagnosis_that_raises_never_stops_the_page(
 ) -> None:
     from remediation.diagnosis.diagnose import Diagnoser
 
-    async def broken(self: Diagnoser, labels: object, fired_at: float) -> None:
+    async def broken(self: Diagnoser, labels: object, fired_at: float, own: object = ()) -> None:
         raise RuntimeError("bug in the diagnosis")
 
     monkeypatch.setattr(Diagnoser, "diagnose", broken)

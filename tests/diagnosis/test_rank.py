@@ -28,7 +28,7 @@ from remediation.diagnosis.rank import (
     rank,
     strength,
 )
-from remediation.diagnosis.types import NOTHING_LINES_UP, SIGNALS_MISSING, Diagnosis
+from remediation.diagnosis.types import NOTHING_LINES_UP, SIGNALS_MISSING, Diagnosis, OwnAction, own_actions
 
 ONSET = 1_000_000.0
 STEP = 15.0
@@ -678,3 +678,88 @@ def test_the_onset_may_lie_up_to_the_slack_after_the_alert_fired() -> None:
     p99 = step(0.08, 2.4, ONSET)  # the split lies at ONSET - 7.5
     change = estimate_onset(data(p99), "up", fired_at=ONSET - 50)  # 42.5 s after it: within 60
     assert change is not None and change.at == ONSET - 7.5
+
+
+# -- what the controller itself did (issue 40) ----------------------------------------------------
+
+
+def _xid_restart_loop(*own: OwnAction) -> Diagnosis:
+    """An XID 13 restart loop: the alert fired at ONSET, our restart followed 40 s later and its new
+    GPU process shows 75 s after that (a young pod, a cold start); the KV cache it emptied reads
+    empty in the 5m-rate rule a few minutes later."""
+    return rank(
+        (
+            obs("serving.rollout", step(1.0, 2.0, ONSET + 75), engine_cold_start=step(0.0, 45.0, ONSET + 90)),
+            obs("serving.kv_cache", step(0.55, 0.05, ONSET + 240, noise=0.005)),
+        ),
+        symptom_onset=ONSET,
+        window_start=START,
+        window_end=END,
+        computed_at=END,
+        own=own,
+    )
+
+
+def test_a_new_process_that_our_own_restart_started_is_never_named_the_cause() -> None:
+    # without the ledger's actions, the new process lines up and is named: what the demo showed
+    assert _xid_restart_loop().top is not None
+    assert _xid_restart_loop().top.cause == "serving.rollout"  # type: ignore[union-attr]
+    ours = OwnAction("restart", ONSET + 40, ONSET + 45)
+    d = _xid_restart_loop(ours)
+    assert d.status == "no_diagnosis" and d.top is None
+    assert "serving.rollout" not in {c.cause for c in d.candidates}
+    (rollout,) = [c for c in d.rejected if c.cause == "serving.rollout"]
+    assert rollout.caused_by_us == "our restart at 1970-01-12T13:47:20+00:00"
+    assert "our own actions" in d.reason and "our restart at" in d.reason
+    # the KV cache our restart emptied is its effect, not a rival cause either
+    (kv,) = [c for c in d.rejected if c.cause == "serving.kv_cache"]
+    assert kv.explained_by == "serving.rollout"
+    assert "not a cause" in d.layers["serving"]
+    # kept with the record
+    again = Diagnosis.from_dict(json.loads(json.dumps(d.to_dict())))
+    assert [c.caused_by_us for c in again.rejected if c.cause == "serving.rollout"] == [rollout.caused_by_us]
+
+
+def test_a_rollout_before_our_action_or_long_after_it_is_still_a_cause() -> None:
+    # our action came 5 minutes after the process change: the rollout was somebody else's
+    before = _xid_restart_loop(OwnAction("restart", ONSET + 375, ONSET + 380))
+    assert before.top is not None and before.top.cause == "serving.rollout"
+    # an action long settled (more than own_action_settle_seconds before the change) did not cause it
+    settle = RankSettings().own_action_settle_seconds
+    old = _xid_restart_loop(OwnAction("restart", ONSET + 75 - settle - 120, ONSET + 75 - settle - 60))
+    assert old.top is not None and old.top.cause == "serving.rollout"
+    # within the settle time after the action finished it is ours, however slow the pod came back
+    slow = _xid_restart_loop(OwnAction("migrate", ONSET + 75 - settle + 30, ONSET + 75 - settle + 60))
+    assert slow.top is None
+
+
+def test_a_cause_our_actions_do_not_bring_about_is_named_whatever_we_did() -> None:
+    thermal = catalogue.cause("hardware.thermal_throttle")
+    assert not thermal.follows_our_actions and catalogue.cause("serving.rollout").follows_our_actions
+    d = rank(
+        (obs("hardware.thermal_throttle", step(0.0, 1.0, ONSET - 30)),),
+        symptom_onset=ONSET,
+        window_start=START,
+        window_end=END,
+        computed_at=END,
+        own=(OwnAction("restart", ONSET - 40, ONSET - 35),),
+    )
+    assert d.top is not None and d.top.cause == "hardware.thermal_throttle" and not d.top.caused_by_us
+
+
+def test_own_actions_are_the_acting_rungs_that_may_have_changed_the_target() -> None:
+    history = [
+        {"at": 10.0, "kind": "opened", "rung": "", "status": "open", "finished_at": None},
+        {"at": 20.0, "kind": "action", "rung": "restart", "status": "succeeded", "finished_at": 25.0},
+        {"at": 30.0, "kind": "action", "rung": "restart", "status": "dry_run", "finished_at": 30.0},
+        {"at": 40.0, "kind": "action", "rung": "migrate", "status": "refused", "finished_at": 41.0},
+        {"at": 50.0, "kind": "action", "rung": "migrate", "status": "skipped", "finished_at": 50.0},
+        {"at": 60.0, "kind": "action", "rung": "page", "status": "sent", "finished_at": 61.0},
+        {"at": 70.0, "kind": "action", "rung": "migrate", "status": "started", "finished_at": None},
+        {"at": 5.0, "kind": "action", "rung": "restart", "status": "failed", "finished_at": 6.0},
+    ]
+    assert own_actions(history) == (
+        OwnAction("restart", 5.0, 6.0),
+        OwnAction("restart", 20.0, 25.0),
+        OwnAction("migrate", 70.0, None),
+    )

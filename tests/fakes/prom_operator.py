@@ -14,7 +14,8 @@ kube-prometheus-stack cluster would give them:
   latter dropped from alerts by the operator's alert relabeling) around those.
 - `alertmanager_config`: AddAlertmanagerConfigs with the OnNamespace,
   OnNamespaceExceptForAlertmanagerNamespace or None matcher strategy: each AlertmanagerConfig's route
-  with receiver names `<namespace>/<name>/<receiver>`, the enforced `namespace="<its namespace>"`
+  (and its child routes, a child without a receiver inheriting its parent's) with receiver names
+  `<namespace>/<name>/<receiver>`, the top route's enforced `namespace="<its namespace>"`
   matcher, `continue: true`, placed before the base configuration's routes; webhook receivers with
   their bearer token read from the Secret in the AlertmanagerConfig's own namespace.
 
@@ -237,8 +238,9 @@ def _matcher(m: Mapping[str, Any]) -> str:
 
 def _route(route: Mapping[str, Any], key: tuple[str, str]) -> JSON:
     _refuse_unknown(route, {"receiver", "groupBy", "groupWait", "groupInterval", "repeatInterval", "matchers",
-                            "continue"}, "route")  # fmt: skip
-    out: JSON = {"receiver": "/".join((*key, route["receiver"]))}
+                            "continue", "routes"}, "route")  # fmt: skip
+    # convertRoute: a child route without a receiver inherits its parent's
+    out: JSON = {"receiver": "/".join((*key, route["receiver"]))} if route.get("receiver") else {}
     if route.get("groupBy"):
         out["group_by"] = list(route["groupBy"])
     if route.get("matchers"):
@@ -252,6 +254,9 @@ def _route(route: Mapping[str, Any], key: tuple[str, str]) -> JSON:
     ):
         if route.get(src):
             out[dst] = route[src]
+    if route.get("routes"):
+        # child routes keep their own matchers; only the top route gets the namespace enforced
+        out["routes"] = [_route(child, key) for child in route["routes"]]
     return out
 
 

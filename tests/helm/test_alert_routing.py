@@ -122,6 +122,41 @@ def test_node_gpu_and_pod_alerts_reach_the_controller_once(
 
 
 @ON_BOTH_LINES
+def test_idle_allocated_tickets_reach_the_controller_grouped_per_workload(
+    tmp_path: Path, line_name: str
+) -> None:
+    """Issue 40: grouped by uuid and pod, a workload's idle GPUs made one notification each. The child
+    route groups them per workload; every other alert keeps the per-target grouping."""
+    values = {"prometheusRule": {"enabled": True}, "controller": {"alertmanagerConfig": {"enabled": True}}}
+    inst = install_values(tmp_path, RELEASE_NS, values)
+    config = _config(inst, "None")
+    (amc_name,) = {c["metadata"]["name"] for c in inst.of_kind("AlertmanagerConfig")}
+    controller = f"{RELEASE_NS}/{amc_name}/gpupulse-remediation"
+    idle = _labels(inst, "GPUIdleWhileAllocated", node="gpu-node-1", uuid="GPU-1", gpu="0",
+                   namespace="serving", pod="llm-7c5ddbdf54-x9z2k", workload="llm", source="gpm")  # fmt: skip
+    assert idle["severity"] == "warning" and idle["fault_class"] == "idle_allocated"
+    assert _receivers(config, idle, tmp_path, line_name) == [controller]
+    (top,) = [r for r in config["route"]["routes"] if r.get("receiver") == controller]
+    assert "uuid" in top["group_by"] and "pod" in top["group_by"]
+    (child,) = top["routes"]
+    assert child["matchers"] == ['fault_class="idle_allocated"']
+    assert child["group_by"] == ["alertname", "cluster", "namespace", "workload"]
+    assert child["receiver"] == controller and not child.get("continue")
+    # an alert of another class takes the top route's per-target grouping, still to the controller
+    leak = _labels(inst, "GPUProcessMemoryAboveHardLimit", node="gpu-node-3", namespace="serving",
+                   workload="llm", pod="llm-7c5ddbdf54-x9z2k")  # fmt: skip
+    assert _receivers(config, leak, tmp_path, line_name) == [controller]
+    # and the child route can be turned off
+    off = {"enabled": True, "workloadGroups": {"matchers": []}}
+    (tmp_path / "off").mkdir()
+    plain = install_values(
+        tmp_path / "off", RELEASE_NS, {**values, "controller": {"alertmanagerConfig": off}}
+    )
+    (amc,) = plain.of_kind("AlertmanagerConfig")
+    assert "routes" not in amc["spec"]["route"]
+
+
+@ON_BOTH_LINES
 def test_without_the_namespace_label_node_alerts_miss_the_controller(tmp_path: Path, line_name: str) -> None:
     """The failure the issue describes: under OnNamespace, a node alert without namespace matches nothing."""
     values = {

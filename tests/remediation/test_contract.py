@@ -88,6 +88,20 @@ def test_each_emitted_alert_reaches_the_signature_meant_for_it(
         assert target_problem(target, known) == "", labels
 
 
+def test_an_idle_allocated_gpu_is_a_ticket_for_its_workload_never_a_page() -> None:
+    """Issue 40: GPUIdleWhileAllocated fired on every serving GPU every night and its signature paged.
+    What it emits now reaches a signature that only ever sends an info page (a ticket), and carries
+    the workload the chart's Alertmanager route groups it by."""
+    lib = load_library()
+    emitted = [(labels, ann) for name, labels, ann in EMITTED if name == "GPUIdleWhileAllocated"]
+    assert emitted
+    for labels, ann in emitted:
+        sig = lib.match(labels, ann)
+        assert sig.name == "idle-allocated"
+        assert sig.ladder.rungs == ("page",) and sig.page_severity == "info"
+        assert labels["severity"] == "warning" and labels["workload"]
+
+
 def test_gpu_fell_off_bus_reaches_the_xid_79_signature_though_it_aggregates_xid_away() -> None:
     rule = _alert_rules()["GPUFellOffBus"]
     assert "xid" not in re.findall(r"max by \(([^)]*)\)", rule["expr"])[0]

@@ -251,6 +251,9 @@ layer ("fleet") under prometheusRule.sharding; a group left without rules is lef
 {{- else if not (index ($pr.disabled | default dict) $rule.alert) }}
 {{- $_ := set $out "alert" $rule.alert }}
 {{- $_ := set $out "for" (include "gpupulse.rules.tune" (dict "text" $rule.for "tokens" $tokens)) }}
+{{- with $rule.keep_firing_for }}
+{{- $_ := set $out "keep_firing_for" (include "gpupulse.rules.tune" (dict "text" . "tokens" $tokens)) }}
+{{- end }}
 {{- if and $pr.namespaceNodeAlerts (has $labels.target_kind $nodeKinds) }}
 {{- $_ := set $labels "namespace" (include "gpupulse.namespace" $) }}
 {{- end }}
