@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from remediation.model import Page, Rung, Target
 
@@ -22,6 +23,9 @@ class Act:
     target: Target
     reason: str
     signature: str = ""  # the signature that chose this rung (told in the target's Events)
+    # taken again after it was left unconfirmed (remediation.model.ResumableBackend): what the earlier
+    # try recorded it was about to change ({} when it recorded nothing); None for a first try
+    prepared: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -6,10 +6,10 @@ one at a time and decides; backends act. Nothing here does I/O.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from gpupulse.contract import TargetKind as TargetKind
 
@@ -78,6 +78,32 @@ class ActionBackend(Protocol):
     async def restart(self, target: Target, reason: str) -> ActionResult: ...
 
     async def migrate(self, target: Target, reason: str) -> ActionResult: ...
+
+
+# records what an action is about to change (the pods' UIDs) before it changes it; returns once stored
+Prepare = Callable[[Mapping[str, Any]], Awaitable[None]]
+
+
+@runtime_checkable
+class ResumableBackend(Protocol):
+    """A backend some of whose rungs the next leader may carry out again when the last one recorded
+    them as started but never their outcome (fenced by a lapsed Lease, or a crash): each such rung
+    first records what it is about to change (`prepare`), and taken again with that record
+    (`prepared`) it changes only what is still as recorded, so a rung done once is never done twice
+    (docs/design/ha.md, "Fenced actions")."""
+
+    def resumable(self, rung: Rung, target: Target) -> bool:
+        """Whether this rung on this target may be taken again after it was left unconfirmed."""
+
+    async def act(
+        self,
+        rung: Rung,
+        target: Target,
+        reason: str,
+        prepared: Mapping[str, Any] | None,
+        prepare: Prepare,
+    ) -> ActionResult:
+        """Take a resumable rung; `prepared`: what an earlier try recorded (empty or None: none did)."""
 
 
 ActionPhase = Literal["started", "success", "failed", "temporary", "refused", "dry_run"]

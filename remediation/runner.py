@@ -20,7 +20,15 @@ from remediation.diagnosis.types import DIAGNOSIS_BUSY, DIAGNOSIS_FAILED, Diagno
 from remediation.effects import Act, Announce, CheckPromQL, Diagnose, Effect, SendGroupPage, SendPage
 from remediation.errors import PermanentError, TemporaryError, VerifyError
 from remediation.metrics import RemediationMetrics
-from remediation.model import ActionAudit, ActionBackend, ActionNotice, ActionPhase, Pager
+from remediation.model import (
+    ActionAudit,
+    ActionBackend,
+    ActionNotice,
+    ActionPhase,
+    ActionResult,
+    Pager,
+    ResumableBackend,
+)
 from remediation.settings import EngineDiagnosisSettings
 from remediation.transitions import Transitions
 from remediation.verify import PromQLVerifier
@@ -48,6 +56,7 @@ class EffectRunner:
         diagnosis: EngineDiagnosisSettings | None = None,
         may_act: Callable[[], bool] | None = None,
         audit: ActionAudit | None = None,
+        record_now: Record | None = None,
     ) -> None:
         self.backend = backend
         self.audit = audit
@@ -56,6 +65,8 @@ class EffectRunner:
         self.metrics = metrics
         self.action_timeout_seconds = action_timeout_seconds
         self._record = record
+        # a record the shared store must hold before the effect goes on (never coalesced)
+        self._record_now = record_now or record
         self.diagnoser = diagnoser
         self.diagnosis = diagnosis or EngineDiagnosisSettings()
         self._diagnosis_gate = asyncio.Semaphore(self.diagnosis.max_concurrent)
@@ -142,8 +153,7 @@ class EffectRunner:
         details: Mapping[str, Any] = {}
         outcome: ActionPhase
         try:
-            call = self.backend.restart if eff.rung == "restart" else self.backend.migrate
-            result = await asyncio.wait_for(call(eff.target, eff.reason), self.action_timeout_seconds)
+            result = await asyncio.wait_for(self._call(eff), self.action_timeout_seconds)
             outcome = "success" if result.done else "failed"
             summary, details = result.summary, result.details
         except TemporaryError as exc:
@@ -167,6 +177,17 @@ class EffectRunner:
         self.metrics.action_duration.labels(rung=eff.rung).observe(duration)
         await self._announce(eff, outcome, summary)
         await self._record(lambda t: t.on_action_done(eff, outcome, summary, details, delay))
+
+    def _call(self, eff: Act) -> Awaitable[ActionResult]:
+        backend = self.backend
+        if isinstance(backend, ResumableBackend) and backend.resumable(eff.rung, eff.target):
+
+            async def prepare(details: Mapping[str, Any]) -> None:
+                await self._record_now(lambda t: t.on_action_prepared(eff, details))
+
+            return backend.act(eff.rung, eff.target, eff.reason, eff.prepared, prepare)
+        call = backend.restart if eff.rung == "restart" else backend.migrate
+        return call(eff.target, eff.reason)
 
     async def _diagnose(self, labels: Mapping[str, str], fired_at: float) -> Diagnosis:
         """One diagnosis, at most `max_concurrent` at once; past `max_queued` waiting, none at all
