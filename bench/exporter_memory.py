@@ -62,6 +62,8 @@ PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("prometheus_client", ("/prometheus_client/",)),
     ("aiohttp and its parts", ("/aiohttp/", "/multidict/", "/yarl/", "/aiohappyeyeballs/")),
     ("h2, hpack, hyperframe (kubelet client)", ("/h2/", "/hpack/", "/hyperframe/")),
+    ("h11 (engine pages' HTTP/1.1)", ("/h11/",)),
+    ("transports (exporter/wire)", ("/exporter/wire/",)),
     ("grpc and protobuf (fake kubelets)", ("/grpc/", "/google/protobuf/")),
     ("pynvml", ("/pynvml.py",)),
     ("asyncio, threading and the rest of the standard library", ("/lib/python3",)),
@@ -243,7 +245,7 @@ IMPORT_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("prometheus_client, yaml, orjson", ("prometheus_client", "yaml", "orjson")),
     ("pynvml", ("pynvml",)),
     ("exporter core: CLI, sampler, server, NVML collectors", ("exporter.cli", "exporter.registry")),
-    ("engines plug-in", ("exporter.engines.collector",)),
+    ("engines plug-in (with h11, its HTTP/1.1)", ("exporter.engines.collector",)),
     ("attribution plug-in (without grpc or protobuf)", ("exporter.attribution.collector",)),
     ("page-cache plug-in", ("exporter.pagecache.collector",)),
     ("OTLP push (--otlp.endpoint only)", ("exporter.otlp.push",)),
@@ -252,8 +254,8 @@ IMPORT_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # the API watches (pods, ResourceSlices) use exporter/kube's own client on aiohttp: no
     # kubernetes_asyncio (+37.4 MiB here before it went); the attribution plug-in imports most of this
     (
-        "API watches: exporter/kube client and reflectors, pod discovery, progress pods",
-        ("exporter.kube.reflector", "exporter.engines.kube_pods", "exporter.progress.pods"),
+        "API watches: exporter/kube client, reflector and pod store, pod discovery, progress pods",
+        ("exporter.kube.pods", "exporter.engines.kube_pods", "exporter.progress.pods"),
     ),
     ("grpc.aio (fake kubelets only; the exporter's client was grpc.aio before h2)", ("grpc.aio",)),
 )

@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from exporter.engines.kube_pods import KubePodSource
-from exporter.engines.settings import KubeSettings
-from gpupulse.clock import SystemClock
+from exporter.kube.client import ApiSettings
+from exporter.kube.pods import PodStore
 from tests.fakes.kube_api import FakeKubeAPI, parse_bool
 
 OLD_REFRESH_SECONDS = 30.0  # the LIST-per-refresh design this replaces
-PRODUCTION = KubeSettings("node")
+PRODUCTION = ApiSettings("node")
 NODES = 10_000
 
 
@@ -72,14 +72,15 @@ def _counts(api: FakeKubeAPI) -> tuple[int, int]:
 
 
 async def _watching(api: FakeKubeAPI, token: Path, seconds: float) -> tuple[int, int, float]:
-    settings = KubeSettings("node-a", api.url, token, None, watch_timeout_seconds=1.0)
-    source = KubePodSource(settings, SystemClock())
+    settings = ApiSettings("node-a", api.url, token, None, watch_timeout_seconds=1.0)
+    store = PodStore(settings)
+    source = KubePodSource(store)
     started = time.monotonic()
     try:
         await source.targets()
         await asyncio.sleep(seconds)
     finally:
-        await source.close()
+        await store.close()
     lists, watches = _counts(api)
     return lists, watches, time.monotonic() - started
 

@@ -1,22 +1,26 @@
 """`gpupulse report`: the month-end GPU usage and cost report, from the cluster's Prometheus.
 
-Exit status: 0 report printed; 2 bad arguments (a step shorter than MIN_SCRAPES_PER_STEP scrape
-intervals among them); 3 Prometheus unreachable or answering errors; 4 the period holds no GPU
+Exit status: 0 report printed; 2 bad arguments (a URL that is not http(s), a step shorter than
+MIN_SCRAPES_PER_STEP scrape intervals, a step that leaves fewer than MIN_STEPS_PER_PERIOD steps in the
+period among them); 3 Prometheus unreachable or answering errors; 4 the period holds no GPU
 allocation data.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
+import urllib.parse
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from costreport.prom import PrometheusClient, PrometheusUnavailable, ScrapeInterval
 from costreport.render import FORMATS, render
 from costreport.usage import DEFAULT_IDLE_SM_ACTIVITY_RATIO, NoData, build_report
+from gpupulse.cliargs import Parser
 from gpupulse.durations import format_duration, parse_flag_duration
 from gpupulse.version import package_version
 
@@ -32,6 +36,14 @@ MIN_SCRAPES_PER_STEP = 3
 STEP_COUNTER = "gpu_energy_joules_total"
 # Prometheus' default, assumed where the server cannot say (a query frontend) and no flag does
 DEFAULT_SCRAPE_INTERVAL_SECONDS = 60.0
+# Each step counts a GPU held for the whole step from one sample, so a pod that came or went within a
+# step is off by up to one step: with too few steps in the period that error is the report (10 minutes
+# at 5 m steps read 0.92 GPU-hours where 15 s steps read 0.50). A step must leave at least this many
+# steps in the period; without --step the report takes DEFAULT_STEP_SECONDS, or period /
+# AUTO_STEPS_PER_PERIOD where that is shorter (never under MIN_SCRAPES_PER_STEP scrape intervals).
+MIN_STEPS_PER_PERIOD = 10
+AUTO_STEPS_PER_PERIOD = 20
+DEFAULT_STEP_SECONDS = 300.0
 
 
 class _Usage(Exception):
@@ -101,7 +113,7 @@ def period(args: argparse.Namespace, now: float) -> tuple[float, float]:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="gpupulse report",
         description="GPU-hours, idle GPU-hours, energy and cost per namespace and per model over a period, "
         "from gpupulse's recording rules in Prometheus. Default period: the previous calendar month (UTC).",
@@ -129,8 +141,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--end", help="period end (default now): RFC 3339 or Unix seconds")
     p.add_argument(
         "--step",
-        default="5m",
-        help="integration step (duration); shorter is finer and slower. Default: %(default)s",
+        help="integration step (duration); shorter is finer and slower; at least "
+        f"{MIN_SCRAPES_PER_STEP} scrape intervals, and at most 1/{MIN_STEPS_PER_PERIOD} of the period. "
+        f"Default: {format_duration(DEFAULT_STEP_SECONDS)}, or 1/{AUTO_STEPS_PER_PERIOD} of a period "
+        f"shorter than {AUTO_STEPS_PER_PERIOD} of them",
     )
     p.add_argument(
         "--scrape-interval",
@@ -152,6 +166,40 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _prometheus_url(url: str) -> None:
+    parsed = urllib.parse.urlsplit(url)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise _Usage(
+            f"--prometheus.url {url!r}: give the base URL with its scheme, e.g. http://{url or 'HOST:9090'}"
+            if "://" not in url
+            else f"--prometheus.url {url!r}: give an http:// or https:// URL"
+        )
+
+
+def auto_step(start: float, end: float, shortest: float) -> float:
+    """The step without --step: DEFAULT_STEP_SECONDS, or 1/AUTO_STEPS_PER_PERIOD of a shorter period
+    in whole seconds, and never under `shortest` (MIN_SCRAPES_PER_STEP scrape intervals) as long as
+    the period still holds MIN_STEPS_PER_PERIOD of those."""
+    step = min(DEFAULT_STEP_SECONDS, float(int((end - start) / AUTO_STEPS_PER_PERIOD)))
+    if step < shortest <= (end - start) / MIN_STEPS_PER_PERIOD:
+        step = float(math.ceil(shortest))
+    return max(step, 1.0)
+
+
+def _too_few_steps(what: str, start: float, end: float) -> str:
+    longest = int((end - start) / MIN_STEPS_PER_PERIOD)
+    fix = f"use --step {format_duration(longest)} or shorter" if longest >= 1 else "report a longer period"
+    return (
+        f"{what} leaves fewer than {MIN_STEPS_PER_PERIOD} steps in the {format_duration(end - start)} "
+        "period: each step counts a GPU from one sample, so a pod that came or went within a step is "
+        f"counted for the whole step; {fix}"
+    )
+
+
+def _usage_error(message: str) -> None:
+    print(f"gpupulse report: error: {message}\nSee 'gpupulse report --help'.", file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None, now: float | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # `gpupulse report ...` and `gpupulse-report ...` both work; the report is the one command so far
@@ -160,15 +208,18 @@ def main(argv: Sequence[str] | None = None, now: float | None = None) -> int:
     p = parser()
     args = p.parse_args(argv)
     try:
+        _prometheus_url(args.url)
         start, end = period(args, time.time() if now is None else now)
-        step_seconds = _seconds("--step", args.step)
+        given_step = _seconds("--step", args.step) if args.step is not None else None
         timeout_seconds = _seconds("--prometheus.timeout", args.timeout)
         if not 0.0 <= args.idle_threshold <= 1.0:
             raise _Usage("--idle-threshold: a ratio between 0 and 1")
         if args.top < 0:
             raise _Usage("--top: 0 or more")
-        if step_seconds != int(step_seconds):
+        if given_step is not None and given_step != int(given_step):
             raise _Usage("--step: whole seconds")
+        if given_step is not None and given_step > (end - start) / MIN_STEPS_PER_PERIOD:
+            raise _Usage(_too_few_steps(f"--step {format_duration(given_step)}", start, end))
         flag_interval = (
             ScrapeInterval(_seconds("--scrape-interval", args.scrape_interval), "--scrape-interval")
             if args.scrape_interval is not None
@@ -182,8 +233,7 @@ def main(argv: Sequence[str] | None = None, now: float | None = None) -> int:
             except OSError as exc:
                 raise _Usage(f"--prometheus.bearer-token-file: {exc.strerror}: {args.token_file}") from None
     except _Usage as exc:
-        p.print_usage(sys.stderr)
-        print(f"gpupulse report: error: {exc}", file=sys.stderr)
+        _usage_error(str(exc))
         return EXIT_USAGE
     client = PrometheusClient(args.url, timeout_seconds=timeout_seconds, bearer_token=token)
     try:
@@ -196,16 +246,23 @@ def main(argv: Sequence[str] | None = None, now: float | None = None) -> int:
                 file=sys.stderr,
             )
         shortest = MIN_SCRAPES_PER_STEP * interval.seconds
+        step_seconds = given_step if given_step is not None else auto_step(start, end, shortest)
         if step_seconds < shortest:
-            p.print_usage(sys.stderr)
-            print(
-                f"gpupulse report: error: --step {format_duration(step_seconds)} is shorter than "
-                f"{MIN_SCRAPES_PER_STEP} scrape intervals of {format_duration(interval.seconds)} "
-                f"({interval.source}): a step that short holds too few samples of the energy and token "
-                f"counters, and their increase over it is lost; use --step {format_duration(shortest)} "
-                "or longer",
-                file=sys.stderr,
+            counters = (
+                f"is shorter than {MIN_SCRAPES_PER_STEP} scrape intervals of "
+                f"{format_duration(interval.seconds)} ({interval.source}): a step that short holds too "
+                "few samples of the energy and token counters, and their increase over it is lost"
             )
+            if given_step is not None:
+                fix = f"use --step {format_duration(shortest)} or longer"
+                _usage_error(f"--step {format_duration(step_seconds)} {counters}; {fix}")
+            else:  # the period is too short for a step of both enough samples and enough steps
+                fix = f"report a period of {format_duration(shortest * MIN_STEPS_PER_PERIOD)} or longer"
+                longest = float(int((end - start) / MIN_STEPS_PER_PERIOD))
+                _usage_error(
+                    f"the {format_duration(end - start)} period allows a step of at most "
+                    f"{format_duration(longest)} (1/{MIN_STEPS_PER_PERIOD} of it), which {counters}; {fix}"
+                )
             return EXIT_USAGE
         report = build_report(
             client, start, end, step_seconds, idle_threshold=args.idle_threshold, top=args.top

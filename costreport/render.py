@@ -15,6 +15,9 @@ from costreport.usage import Report
 
 FORMATS = ("text", "csv", "markdown")
 JOULES_PER_KWH = 3.6e6
+IDLE_TITLE = "Largest idle allocations"
+# what a table with no rows says instead (text and Markdown)
+EMPTY = {IDLE_TITLE: "no idle GPUs: no allocated GPU's SM activity was under the idle threshold"}
 
 
 def render(report: Report, fmt: str) -> str:
@@ -129,24 +132,24 @@ def _tables(report: Report) -> list[Table]:
                 ],
             )
         )
-    if report.idle:
-        tables.append(
-            (
-                "Largest idle allocations",
-                [*lead, "namespace", "pod", "idle GPU-hours", "GPU-hours held", "idle share"],
+    # always shown: an empty list says so, rather than leaving the reader to wonder whether it ran
+    tables.append(
+        (
+            IDLE_TITLE,
+            [*lead, "namespace", "pod", "idle GPU-hours", "GPU-hours held", "idle share"],
+            [
                 [
-                    [
-                        *first(i.cluster),
-                        i.namespace,
-                        i.pod,
-                        _num(i.idle_gpu_hours),
-                        _num(i.gpu_hours),
-                        f"{i.idle_gpu_hours / i.gpu_hours:.0%}" if i.gpu_hours else "-",
-                    ]
-                    for i in report.idle
-                ],
-            )
+                    *first(i.cluster),
+                    i.namespace,
+                    i.pod,
+                    _num(i.idle_gpu_hours),
+                    _num(i.gpu_hours),
+                    f"{i.idle_gpu_hours / i.gpu_hours:.0%}" if i.gpu_hours else "-",
+                ]
+                for i in report.idle
+            ],
         )
+    )
     return tables
 
 
@@ -161,8 +164,11 @@ def _heading(report: Report) -> list[str]:
 def _text(report: Report, tables: Sequence[Table]) -> str:
     out = [*_heading(report), ""]
     for title, header, rows in tables:
-        widths = [max(len(cell) for cell in column) for column in zip(header, *rows, strict=True)]
         out.append(title)
+        if not rows:
+            out += [EMPTY.get(title, "none"), ""]
+            continue
+        widths = [max(len(cell) for cell in column) for column in zip(header, *rows, strict=True)]
         for row in [header, *rows]:
             # names left, numbers right
             cells = [c.rjust(w) if _numeric(c) else c.ljust(w) for c, w in zip(row, widths, strict=True)]
@@ -178,6 +184,9 @@ def _numeric(cell: str) -> bool:
 def _markdown(report: Report, tables: Sequence[Table]) -> str:
     out = [f"# {_heading(report)[0]}", "", _heading(report)[1], ""]
     for title, header, rows in tables:
+        if not rows:
+            out += [f"## {title}", "", EMPTY.get(title, "none"), ""]
+            continue
         out += [
             f"## {title}",
             "",

@@ -93,12 +93,15 @@ async def start_dra_node(
                 kubelet.socket_path,
                 "--attribution.kubelet-pods-dir",
                 "",
-                "--attribution.dra-node-name",
+                "--kube.node-name",
                 node,
-                "--attribution.kube-api-url",
+                "--kube.api-url",
                 f"http://127.0.0.1:{runner.addresses[0][1]}",
-                "--attribution.kube-token-file",
+                "--kube.token-file",
                 str(token_file),
+                # the ResourceSlice watch alone, as before --kube.* (whose node name turns every pod view on)
+                "--no-attribution.pod-watch",
+                "--no-collector.progress",
             ],
             env,
         )

@@ -7,7 +7,7 @@ local backend arrive through the control endpoint and change the running simulat
 exporter.sim.interventions.
 
 A training job is a gang: its ranks are the pods its controller owns, each rank's job and rank worked
-out from the pod as the exporter does (exporter.attribution.training). When one rank's process dies
+out from the pod as the exporter does (exporter.collectors.training). When one rank's process dies
 the others wait for it in the collective forever; restarting one pod does not help (the new process
 cannot join the old collective), restarting the job restarts every rank and the job runs again.
 """
@@ -19,10 +19,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from exporter.attribution.podmeta import PodMeta
 from exporter.attribution.ranks import RankRow, rank_rows
-from exporter.attribution.training import RankIdentity, rank_identity
 from exporter.collectors.base import GpuProcess, NodeState, PodRef
+from exporter.collectors.training import PodMeta, RankIdentity, rank_identity
 from exporter.sim import SimulatedNvml
 from exporter.sim.curve import Curve
 from exporter.sim.interventions import (

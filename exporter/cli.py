@@ -24,6 +24,7 @@ from aiohttp import web
 from exporter import gcpolicy, registry
 from exporter.collectors.base import Collector
 from exporter.collectors.gpus import GpuFleet
+from exporter.collectors.plugin import PluginContext
 from exporter.collectors.xid import XidCounter
 from exporter.config import (
     DEFAULT_PORT,
@@ -32,11 +33,15 @@ from exporter.config import (
     parse_listen_address,
 )
 from exporter.errors import NvmlInitError, ScenarioError, WebConfigError
+from exporter.kube import flags as kube_flags
+from exporter.kube.context import KubeContext
+from exporter.kube.requests import REQUESTS
 from exporter.nvml import Nvml, XidWatcher
 from exporter.sampler import Sampler, SnapshotHook
 from exporter.server import make_app, make_site
 from exporter.snapshot import Snapshot
 from exporter.webconfig import web_config_from_flag
+from gpupulse.cliargs import Parser
 from gpupulse.clock import SystemClock
 from gpupulse.durations import duration_flag
 from gpupulse.logs import FORMATS, LEVELS, setup_logging
@@ -80,7 +85,7 @@ def build_parser(
 ) -> argparse.ArgumentParser:
     """All flags: core, --collector.<name> for every collector, then the plug-ins' own."""
     d = ExporterSettings()
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="gpupulse-exporter",
         description="GPU metrics for Prometheus from NVML, sampled in the background and served from memory.",
         epilog="Every flag can also be set by environment: GPUPULSE_ + flag upper-cased, . and - as _. "
@@ -152,6 +157,7 @@ def build_parser(
             default=True,
             help=f"enable the {name} collector (default: on)",
         )
+    kube_flags.add_arguments(p)  # shared by the plug-ins; there whichever are on
     for mod in (plugins or {}).values():
         mod.add_arguments(p)
     if otlp is not None:
@@ -282,11 +288,15 @@ async def start_exporter(
     watcher = XidWatcher(nvml.devices, xids.add, asyncio.get_running_loop(), settings.xid_wait_timeout_ms)
     watcher.start()
     ctx = registry.BuiltinContext(fleet=fleet, xids=xids, settings=settings)
+    # one pod store for every plug-in that reads this node's pods (main checked the flags already)
+    kube = kube_flags.api_settings(args) if registry.reads_kube(plugins) else None
+    shared = PluginContext(KubeContext(kube))
     collectors: list[Collector] = registry.build_builtins(args, ctx) + registry.build_plugins(
-        args, dict(plugins)
+        args, dict(plugins), shared
     )
     hooks: list[SnapshotHook] = []
-    closers: list[Callable[[], Awaitable[None]]] = []
+    # the sampler closes the plug-ins first, then these run: the shared watch outlives its readers
+    closers: list[Callable[[], Awaitable[None]]] = [shared.close]
     pusher = otlp.from_args(args) if otlp is not None else None
     if pusher is not None:
 
@@ -295,7 +305,7 @@ async def start_exporter(
 
         hooks.append(push)
         closers.append(pusher.close)
-    sampler = Sampler(collectors, settings, clock, gpu_status=fleet, hooks=hooks)
+    sampler = Sampler(collectors, settings, clock, gpu_status=fleet, hooks=hooks, kube_requests=REQUESTS)
     log.info(
         "sampling %d GPU(s) every %.2f s with collectors %s",
         len(nvml.devices),
@@ -473,6 +483,12 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         print(f"gpupulse-exporter: error: --engines.config {engines_config}: {why}", file=sys.stderr)
         return EXIT_BAD_INPUT
     setup_logging(settings.log_format, settings.log_level)
+    try:
+        # deprecated --<plug-in>.* Kubernetes flags warn here, once; disagreeing ones are refused
+        if registry.reads_kube(plugins):
+            kube_flags.api_settings(args, warn=True)
+    except ValueError as exc:
+        parser.error(str(exc))
     try:
         web_config_from_flag(args.web_config_file)  # a bad file fails here, before any sampling starts
     except WebConfigError as exc:

@@ -15,7 +15,7 @@
     ├── OtlpConfigError            a malformed --otlp.* flag (also a ValueError, as argparse wants)
     ├── WebConfigError             --web.config.file cannot be used (also a ValueError)
     ├── ScrapeError                one engine endpoint's scrape failed (`reason`: the counter label)
-    ├── HttpError                  an endpoint broke HTTP/1.1 or went away mid-answer (engines/http.py)
+    ├── HttpError                  an endpoint broke HTTP/1.1 or went away mid-answer (wire/http1.py)
     │   └── HttpConnectError       no connection: refused, unreachable, TLS handshake failed
     ├── ExpositionError            an engine's payload is not a Prometheus text exposition
     ├── KubeError                  a LIST or WATCH of the API server failed (`status`: its HTTP status)

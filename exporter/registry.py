@@ -1,7 +1,8 @@
 """Which collectors exist: the NVML ones built in (BUILTINS), plus the plug-in modules (PLUGINS).
 
-A plug-in module exposes `add_arguments(parser)` and `from_args(args) -> Collector | None` (None =
-disabled). Adding one is a loader (a plain import) and one line in PLUGINS. It sits above the collector
+A plug-in module exposes `add_arguments(parser)` and `from_args(args, ctx) -> Collector | None` (None =
+disabled); `ctx` (exporter/collectors/plugin.py) holds what plug-ins share, such as the one pod store
+of this node. Adding one is a loader (a plain import) and one line in PLUGINS. It sits above the collector
 packages it lists (exporter-layers in pyproject.toml).
 """
 
@@ -22,6 +23,7 @@ from exporter.collectors.gpus import GpuFleet
 from exporter.collectors.health import HealthCollector
 from exporter.collectors.mig import MigCollector
 from exporter.collectors.nvlink import NvLinkCollector
+from exporter.collectors.plugin import PluginContext
 from exporter.collectors.processes import ProcessesCollector
 from exporter.collectors.xid import XidCounter
 from exporter.config import ExporterSettings
@@ -47,11 +49,12 @@ BUILTINS: dict[str, Callable[[BuiltinContext], Collector]] = {
 
 
 class PluginModule(Protocol):
-    """What a plug-in module provides: its own flags, and its collector built from them."""
+    """What a plug-in module provides: its own flags, and its collector built from them and the
+    shared context."""
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None: ...
 
-    def from_args(self, args: argparse.Namespace) -> Collector | None: ...
+    def from_args(self, args: argparse.Namespace, ctx: PluginContext) -> Collector | None: ...
 
 
 # Each loader is a plain import, run only when the plug-in is on: a switched-off plug-in's module
@@ -82,18 +85,25 @@ def _progress() -> PluginModule:
 
 @dataclass(frozen=True)
 class Plugin:
-    """A plug-in collector: its --collector.<name> and how to import it."""
+    """A plug-in collector: its --collector.<name>, how to import it, and whether it reads the
+    Kubernetes API (the shared pod store and --kube.* settings are made only when one that does is on)."""
 
     name: str
     load: Callable[[], PluginModule]
+    kube: bool = False
 
 
 PLUGINS: tuple[Plugin, ...] = (
-    Plugin("attribution", _attribution),
-    Plugin("engines", _engines),
+    Plugin("attribution", _attribution, kube=True),
+    Plugin("engines", _engines, kube=True),
     Plugin("pagecache", _pagecache),
-    Plugin("progress", _progress),
+    Plugin("progress", _progress, kube=True),
 )
+
+
+def reads_kube(names: Collection[str]) -> bool:
+    """Whether any of these plug-ins (those loaded) reads the Kubernetes API."""
+    return any(plugin.kube and plugin.name in names for plugin in PLUGINS)
 
 
 class Pusher(Protocol):
@@ -134,13 +144,15 @@ def build_builtins(args: argparse.Namespace, ctx: BuiltinContext) -> list[Collec
     return [factory(ctx) for name, factory in BUILTINS.items() if enabled(args, name)]
 
 
-def build_plugins(args: argparse.Namespace, plugins: dict[str, PluginModule]) -> list[Collector]:
-    """The enabled plug-in collectors whose from_args returned one."""
+def build_plugins(
+    args: argparse.Namespace, plugins: dict[str, PluginModule], ctx: PluginContext
+) -> list[Collector]:
+    """The enabled plug-in collectors whose from_args returned one, all built on the same context."""
     out: list[Collector] = []
     for name, mod in plugins.items():
         if not enabled(args, name):
             continue
-        collector = mod.from_args(args)
+        collector = mod.from_args(args, ctx)
         if collector is not None:
             out.append(collector)
     return out

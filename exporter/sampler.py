@@ -19,6 +19,7 @@ from exporter.collectors.gpus import Answers, FleetCollector, Read
 from exporter.collectors.self import CollectorRound, self_families
 from exporter.config import ExporterSettings
 from exporter.errors import CollectorError
+from exporter.kube.requests import RequestCounts
 from exporter.snapshot import Snapshot
 from gpupulse.clock import Clock
 
@@ -50,8 +51,10 @@ class Sampler:
         gpu_status: GpuStatus | None = None,
         state: NodeState | None = None,
         hooks: Sequence[SnapshotHook] = (),
+        kube_requests: RequestCounts | None = None,
     ) -> None:
         self.collectors = list(collectors)
+        self.kube_requests = kube_requests  # rendered as gpupulse_kube_requests_total; None: not at all
         self.settings, self.clock, self.gpu_status = settings, clock, gpu_status
         self.state = state if state is not None else NodeState()
         self.hooks = list(hooks)
@@ -183,7 +186,7 @@ class Sampler:
             self.last_good_unix, self.last_good_monotonic = taken_unix, taken_mono
         families = self._merger.merge([f for fams, _ in results for f in fams])
         stale = self.gpu_status.stale_gpus() if self.gpu_status is not None else ()
-        families += self_families(rounds, self.last_good_unix, stale)
+        families += self_families(rounds, self.last_good_unix, stale, self.kube_requests)
         snap = Snapshot.build(
             families,
             taken_at_unix=taken_unix,

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
+from gpupulse.cliargs import Parser
 from gpupulse.clock import SystemClock
 from gpupulse.durations import format_duration, parse_flag_duration
 from gpupulse.logs import FORMATS, LEVELS, setup_logging
@@ -170,6 +171,20 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "Evidence older than this never acts: alerts processed this long after arrival, and open "
         "incidents after the controller did not watch for this long, until a fresh notification.",
     ),
+    Flag(
+        "engine.return-to-service",
+        parse_bool,
+        False,
+        "When the alert of a GPU quarantined by a DeviceTaintRule resolves, run the backend's validation "
+        "and lift the quarantine only on a pass (docs/design/device-quarantine.md).",
+        boolean=True,
+    ),
+    Flag(
+        "engine.return-to-service-timeout",
+        parse_flag_duration,
+        format_duration(_E.return_to_service_timeout_seconds),
+        "Longest one validation may take before it is asked again.",
+    ),
     Flag("dry-run", parse_bool, False, "Decide and record, never act or page.", boolean=True),
     Flag("signatures", parse_list, "", "Extra signature directories (comma-separated; flag repeatable)."),
     Flag("backend", str, _E.backend, "Action backend.", choices=("local", "kubernetes", "none")),
@@ -246,8 +261,16 @@ SERVE_FLAGS: tuple[Flag, ...] = (
         "scope.namespaces",
         parse_list,
         "",
-        "Namespaces whose pods and jobs the controller may act on (comma-separated). Empty = none: "
-        "only GPU and node targets act. '*' = every namespace.",
+        "Namespaces whose pods and jobs the controller may act on (comma-separated). Empty = none, "
+        "but GPU and node targets still act (see --scope.nodes). '*' = every namespace.",
+    ),
+    Flag(
+        "scope.nodes",
+        parse_bool,
+        _E.scope.nodes,
+        "Act on nodes: migrate cordons and taints a node and evicts every pod on it, whatever its "
+        "namespace. false: GPU and node targets are out of scope and pod and job ladders skip migrate; "
+        "with an empty --scope.namespaces too, nothing is acted on.",
     ),
     Flag(
         "scope.routing-namespaces",
@@ -518,6 +541,8 @@ def settings_from_flags(ns: argparse.Namespace, environ: Mapping[str, str] | Non
         base,
         dry_run=v["dry_run"],
         max_event_age_seconds=v["engine_max_event_age"],
+        return_to_service=v["engine_return_to_service"],
+        return_to_service_timeout_seconds=v["engine_return_to_service_timeout"],
         signature_dirs=tuple(Path(d) for d in v["signatures"]),
         backend=v["backend"],
         local_backend=dataclasses.replace(
@@ -552,6 +577,7 @@ def settings_from_flags(ns: argparse.Namespace, environ: Mapping[str, str] | Non
         scope=dataclasses.replace(
             base.scope,
             namespaces=v["scope_namespaces"],
+            nodes=v["scope_nodes"],
             routing_namespaces=v["scope_routing_namespaces"],
             opt_in_label=v["scope_opt_in_label"],
             node_selector=v["scope_node_selector"],
@@ -669,7 +695,7 @@ async def build_default_engine(settings: Settings, metrics: RemediationMetrics) 
 
 def build_parser() -> argparse.ArgumentParser:
     """The full parser: serve, plus `signatures` when the engine ships its sub-commands."""
-    parser = argparse.ArgumentParser(prog=PROG, description="GPU fault remediation controller.")
+    parser = Parser(prog=PROG, description="GPU fault remediation controller.")
     parser.add_argument("--version", action="version", version=f"{PROG} {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="Run the controller (webhook intake, engine, API).")

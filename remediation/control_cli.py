@@ -33,6 +33,7 @@ ENV_URL = "GPUPULSE_REMEDIATION_URL"
 ENV_TOKEN_FILE = "GPUPULSE_REMEDIATION_AUTH_TOKEN_FILE"  # serve's --auth.token-file twin
 DEFAULT_URL = f"http://127.0.0.1:{DEFAULT_LISTEN_PORT}"
 DEFAULT_TIMEOUT_SECONDS = 10.0
+API_PREFIX = "/api/v1"  # every command's path starts so (remediation/api.py)
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,13 @@ class Client:
         except ValueError:
             message = None
         text = str(message) if message else raw.decode("utf-8", "replace").strip()[:200] or "no message"
-        return f"the controller at {self.url} answered {status}: {text}"
+        hint = ""
+        if status == 404 and "/" in self.url.partition("://")[2]:
+            hint = (
+                f" (every command adds {API_PREFIX}/... to --url: give the controller's base URL, "
+                "http://HOST:PORT, with no path unless a proxy puts one before it)"
+            )
+        return f"the controller at {self.url} answered {status}: {text}{hint}"
 
 
 def add_connection_flags(p: argparse.ArgumentParser) -> None:
@@ -156,9 +163,7 @@ def register(subparsers: Any) -> None:
 
 def client_from_flags(ns: argparse.Namespace, environ: Mapping[str, str]) -> Client:
     """The Client the flags and environment describe; ConfigError for what cannot work."""
-    url = (ns.url or environ.get(ENV_URL) or DEFAULT_URL).rstrip("/")
-    if not url.startswith(("http://", "https://")):
-        raise ConfigError(f"--url {url!r}: give http://HOST:PORT or https://HOST:PORT")
+    url = base_url(ns.url or environ.get(ENV_URL) or DEFAULT_URL)
     token_file = ns.auth_token_file or environ.get(ENV_TOKEN_FILE) or ""
     token = load_token(Path(token_file) if token_file else None, environ)
     context = None
@@ -174,6 +179,23 @@ def client_from_flags(ns: argparse.Namespace, environ: Mapping[str, str]) -> Cli
     if ns.timeout <= 0:
         raise ConfigError("--timeout must be positive")
     return Client(url, token, ns.timeout, context)
+
+
+def base_url(given: str) -> str:
+    """The controller's base URL from what a human passes: an operator API URL such as the demo
+    prints (`http://HOST:PORT/api/v1/incidents`) is taken back to its base, since every command adds
+    its own path. ConfigError for what is not an http(s) URL."""
+    url = given.strip().rstrip("/")
+    if not url.startswith(("http://", "https://")):
+        raise ConfigError(f"--url {url!r}: give http://HOST:PORT or https://HOST:PORT")
+    scheme, _, rest = url.partition("://")
+    host, _, path = rest.partition("/")
+    segments = path.split("/") if path else []
+    api = API_PREFIX.strip("/").split("/")
+    for i in range(len(segments) - len(api) + 1):
+        if segments[i : i + len(api)] == api:  # a prefix a proxy adds before it stays
+            return "/".join([f"{scheme}://{host}", *segments[:i]])
+    return url
 
 
 def _operator(ns: argparse.Namespace, environ: Mapping[str, str]) -> str:

@@ -80,4 +80,15 @@ class Announce:
     summary: str
 
 
-Effect = Act | SendPage | SendGroupPage | CheckPromQL | Diagnose | Announce
+@dataclass(frozen=True)
+class Validate:
+    """Validate a quarantined GPU and return it to service only on a pass (the backend's
+    return_to_service); `attempt` names the validation Job, so a re-dispatch waits on the same one."""
+
+    incident_id: int
+    target: Target
+    fault_class: str
+    attempt: int
+
+
+Effect = Act | SendPage | SendGroupPage | CheckPromQL | Diagnose | Announce | Validate

@@ -116,6 +116,7 @@ class RemediationEngine:
             settings.diagnosis,
             may_act=mirror.may_act if mirror is not None else None,
             audit=audit,
+            validation_timeout_seconds=settings.return_to_service_timeout_seconds,
             record_now=lambda fn: self._decide(fn, defer=False),
         )
         self._operations = Operations(settings, self._ro, library, clock, metrics)

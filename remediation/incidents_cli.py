@@ -5,6 +5,11 @@ By default they are read from the running controller's operator API (`GET /api/v
 the same URL and token flags as `status`: one answer whatever the ledger behind it, a local SQLite
 file or, in cluster mode, the GpuIncident objects the leader keeps. `--db FILE` or `--storage.path
 DIR` read a ledger file instead, opened read-only (a stopped controller, or a copy of its volume).
+
+`-o json` is the operator API's document as it is, for scripts: Unix seconds, every field, every
+sample of the evidence series; it stays so. `-o yaml` is for reading: RFC 3339 times, without the
+fields that are empty and without the evidence's samples (how many there were instead); `--full`
+keeps them all, still with RFC 3339 times.
 """
 
 from __future__ import annotations
@@ -136,7 +141,20 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--state", help="Only incidents in this state ('active': every open one).")
     p.add_argument("--limit", type=int, default=50, help="At most this many, newest first (default 50).")
-    p.add_argument("--output", "-o", choices=OUTPUTS, default="table", help="Output format (default table).")
+    p.add_argument(
+        "--output",
+        "-o",
+        choices=OUTPUTS,
+        default="table",
+        help="Output format (default table). json: the API's document unchanged (Unix seconds, every "
+        "field), stable for scripts; yaml: for reading (RFC 3339 times, no empty fields, evidence "
+        "without its samples).",
+    )
+    p.add_argument(
+        "--full",
+        action="store_true",
+        help="With -o yaml: every field, the evidence series' samples too.",
+    )
     p.set_defaults(func=cmd_incidents)
 
 
@@ -176,10 +194,12 @@ def cmd_incidents(
             if found is None:
                 print(f"{PROG}: error: incident {incident_id} not found", file=err)
                 return 1
-            _write(found, output, out, lambda: _show(found, out))
+            full = bool(getattr(ns, "full", False))
+            _write(found, output, out, lambda: _show(found, out), full)
         else:
             rows = source.list(ns.state, ns.limit)
-            _write(rows, output, out, lambda: _table(rows, wide=output == "wide", out=out))
+            full = bool(getattr(ns, "full", False))
+            _write(rows, output, out, lambda: _table(rows, wide=output == "wide", out=out), full)
     except CLIError as exc:
         print(f"{PROG}: error: {exc}", file=err)
         return 1
@@ -197,14 +217,65 @@ def _which(words: list[str]) -> int | None:
     raise ValueError(f"expected `list`, an incident ID or `get ID`, got {' '.join(words) or 'get'!r}")
 
 
-def _write(doc: Any, output: str, out: TextIO, text: Any) -> None:
+def _write(doc: Any, output: str, out: TextIO, text: Any, full: bool = False) -> None:
     if output == "json":
         json.dump(doc, out, indent=2, sort_keys=True)
         out.write("\n")
     elif output == "yaml":
-        yaml.safe_dump(doc, out, sort_keys=True, default_flow_style=False)
+        yaml.safe_dump(for_reading(doc, full), out, sort_keys=True, default_flow_style=False)
     else:
         text()
+
+
+# the fields that hold Unix seconds in the operator API's documents (records, diagnoses, evidence)
+_TIME_KEYS = frozenset({"at", "symptom_onset", "window_start", "window_end"})
+
+
+def _is_time_key(key: str) -> bool:
+    return key in _TIME_KEYS or key.endswith("_at")
+
+
+def rfc3339(ts: float) -> str:
+    """Unix seconds as RFC 3339 in UTC: whole seconds when whole, else milliseconds."""
+    when = datetime.fromtimestamp(ts, tz=UTC)
+    spec = "seconds" if float(ts).is_integer() else "milliseconds"
+    return when.isoformat(timespec=spec).replace("+00:00", "Z")
+
+
+def for_reading(doc: Any, full: bool = False) -> Any:
+    """The API's document as a human reads it in YAML: times in RFC 3339; unless `full`, without
+    empty fields (a time of 0 is one: never set) and with each evidence series' samples replaced by
+    their count."""
+    if isinstance(doc, Mapping):
+        out: dict[str, Any] = {}
+        for key, value in doc.items():
+            k = str(key)
+            if k == "points" and isinstance(value, list):
+                if full:
+                    out[k] = [
+                        [rfc3339(p[0]), p[1]] if isinstance(p, list) and len(p) == 2 and _number(p[0]) else p
+                        for p in value
+                    ]
+                elif value:
+                    out["samples"] = len(value)
+                continue
+            if _is_time_key(k) and _number(value):
+                if value > 0:
+                    out[k] = rfc3339(float(value))
+                elif full:
+                    out[k] = value  # 0: never set (page_next_at before any page)
+                continue
+            shown = for_reading(value, full)
+            if full or shown not in (None, "", [], {}):
+                out[k] = shown
+        return out
+    if isinstance(doc, list):
+        return [for_reading(v, full) for v in doc]
+    return doc
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _when(ts: Any) -> str:

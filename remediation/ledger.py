@@ -27,7 +27,7 @@ from remediation.records import (
 )
 from remediation.sqlitedb import check_integrity, is_corruption, open_db
 
-OPEN_STATES = ("open", "acting", "verifying", "cooldown", "retry_wait", "paged")
+OPEN_STATES = ("open", "acting", "verifying", "cooldown", "retry_wait", "paged", "validating")
 ACTION_RUNGS = ("restart", "migrate")
 # ledger statuses of actions that count as "really done or possibly done" for loops and budgets;
 # "refused" (a TemporaryError with nothing_changed: the server did not act) is deliberately absent
@@ -238,7 +238,8 @@ class Ledger:
     def due_incidents(self, now: float) -> list[Incident]:
         return self._incidents(
             "SELECT * FROM rem_incidents WHERE next_at IS NOT NULL AND next_at <= ? "
-            "AND state IN ('open', 'verifying', 'cooldown', 'retry_wait', 'paged') ORDER BY next_at, id",
+            "AND state IN ('open', 'verifying', 'cooldown', 'retry_wait', 'paged', 'validating') "
+            "ORDER BY next_at, id",
             (now,),
         )
 

@@ -107,6 +107,8 @@ class ResumableBackend(Protocol):
 
 
 ActionPhase = Literal["started", "success", "failed", "temporary", "refused", "dry_run"]
+# how a validation of a quarantined GPU ended (temporary: ask again later)
+ValidationPhase = Literal["passed", "failed", "temporary"]
 
 
 @dataclass(frozen=True)
@@ -120,6 +122,21 @@ class ActionNotice:
     incident_id: int
     signature: str
     summary: str
+
+
+class MigratePreview(Protocol):
+    """A backend that can show what a dry-run migrate would touch without acting (the Kubernetes
+    backend's DeviceTaintRule with effect None, when configured); None when it has nothing to show."""
+
+    async def preview_migrate(self, target: Target, reason: str) -> ActionResult | None: ...
+
+
+class ReturnToService(Protocol):
+    """A backend that can test a quarantined GPU and lift its quarantine only on a pass."""
+
+    async def return_to_service(
+        self, target: Target, fault_class: str, incident_id: int, attempt: int
+    ) -> ActionResult: ...
 
 
 class ActionAudit(Protocol):

@@ -12,12 +12,21 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from remediation.decide.pages import with_diagnosis
 from remediation.diagnosis.diagnose import Diagnoser
 from remediation.diagnosis.types import DIAGNOSIS_BUSY, DIAGNOSIS_FAILED, Diagnosis, no_diagnosis
-from remediation.effects import Act, Announce, CheckPromQL, Diagnose, Effect, SendGroupPage, SendPage
+from remediation.effects import (
+    Act,
+    Announce,
+    CheckPromQL,
+    Diagnose,
+    Effect,
+    SendGroupPage,
+    SendPage,
+    Validate,
+)
 from remediation.errors import PermanentError, TemporaryError, VerifyError
 from remediation.metrics import RemediationMetrics
 from remediation.model import (
@@ -26,8 +35,11 @@ from remediation.model import (
     ActionNotice,
     ActionPhase,
     ActionResult,
+    MigratePreview,
     Pager,
     ResumableBackend,
+    ReturnToService,
+    ValidationPhase,
 )
 from remediation.settings import EngineDiagnosisSettings
 from remediation.transitions import Transitions
@@ -56,6 +68,7 @@ class EffectRunner:
         diagnosis: EngineDiagnosisSettings | None = None,
         may_act: Callable[[], bool] | None = None,
         audit: ActionAudit | None = None,
+        validation_timeout_seconds: float = 3600.0,
         record_now: Record | None = None,
     ) -> None:
         self.backend = backend
@@ -64,6 +77,7 @@ class EffectRunner:
         self.verifier = verifier
         self.metrics = metrics
         self.action_timeout_seconds = action_timeout_seconds
+        self.validation_timeout_seconds = validation_timeout_seconds
         self._record = record
         # a record the shared store must hold before the effect goes on (never coalesced)
         self._record_now = record_now or record
@@ -110,10 +124,9 @@ class EffectRunner:
             elif isinstance(eff, Diagnose):
                 coro = self._run_diagnose(eff)
             elif isinstance(eff, Announce):
-                notice = ActionNotice(
-                    eff.target, eff.rung, "dry_run", eff.incident_id, eff.signature, eff.summary
-                )
-                coro = self._tell(notice)
+                coro = self._run_announce(eff)
+            elif isinstance(eff, Validate):
+                coro = self._run_validate(eff)
             else:
                 coro = self._run_promql(eff)
             task = asyncio.ensure_future(self._unless_fenced(eff, coro))
@@ -145,6 +158,51 @@ class EffectRunner:
         except Exception as exc:  # the audit trail must never stop or fail an action
             what = f"{notice.rung} {notice.phase} of incident {notice.incident_id}"
             log.warning("could not record the %s: %s", what, exc)
+
+    async def _run_announce(self, eff: Announce) -> None:
+        """Tell the audit trail about a dry-run rung; a dry-run migrate may leave a preview
+        (remediation/kube/quarantine.py), recorded with its incident."""
+        await self._tell(
+            ActionNotice(eff.target, eff.rung, "dry_run", eff.incident_id, eff.signature, eff.summary)
+        )
+        if eff.rung != "migrate" or not hasattr(self.backend, "preview_migrate"):
+            return
+        preview = cast(MigratePreview, self.backend)
+        try:
+            found = await asyncio.wait_for(
+                preview.preview_migrate(eff.target, eff.summary), self.action_timeout_seconds
+            )
+        except Exception as exc:  # a preview is best effort: the dry run is recorded either way
+            log.warning("dry-run preview of incident %s failed: %s", eff.incident_id, exc)
+            return
+        if found is not None:
+            await self._record(lambda t: t.on_preview(eff, found.summary, found.details))
+
+    async def _run_validate(self, eff: Validate) -> None:
+        """Test a quarantined GPU through the backend; its verdict goes back to the transitions."""
+        delay = 0.0
+        details: Mapping[str, Any] = {}
+        outcome: ValidationPhase
+        try:
+            if not hasattr(self.backend, "return_to_service"):
+                raise PermanentError(f"backend {getattr(self.backend, 'name', '?')} cannot validate a GPU")
+            backend = cast(ReturnToService, self.backend)
+            call = backend.return_to_service(eff.target, eff.fault_class, eff.incident_id, eff.attempt)
+            result = await asyncio.wait_for(call, self.validation_timeout_seconds)
+            outcome = "passed" if result.done else "failed"
+            summary, details = result.summary, result.details
+        except TemporaryError as exc:
+            outcome, summary, delay = "temporary", str(exc), exc.delay_seconds
+        except PermanentError as exc:
+            outcome, summary = "failed", str(exc)
+            details = {"left": exc.left} if exc.left else {}
+        except TimeoutError:
+            outcome, summary = "temporary", f"no verdict within {self.validation_timeout_seconds:.0f} s"
+            delay = 60.0
+        except Exception as exc:  # a backend bug must not return a GPU: it counts as a fail
+            log.exception("backend %s raised on validation", getattr(self.backend, "name", "?"))
+            outcome, summary = "failed", f"{type(exc).__name__}: {exc}"
+        await self._record(lambda t: t.on_validated(eff, outcome, summary, details, delay))
 
     async def _run_action(self, eff: Act) -> None:
         await self._announce(eff, "started", eff.reason)

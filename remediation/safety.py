@@ -18,6 +18,8 @@ from remediation.settings import BudgetSettings, ScopeSettings
 
 BREAKER = "breaker"
 PAUSE = "paused"
+# why nothing touches a node with --scope.nodes=false (GPU and node targets, the migrate rung)
+NODES_OFF = "node actions are off (--scope.nodes=false): nothing cordons a node or evicts its pods"
 _EMPTY_SCOPE = (
     "the namespace scope is empty, which allows no workload (--scope.namespaces='*' allows every namespace)"
 )
@@ -48,6 +50,8 @@ def in_scope(
         if not settings.namespaces:
             return f"{target.kind} target: {_EMPTY_SCOPE}"
         return f"{target.kind} target without a namespace while a namespace allowlist is configured"
+    if not settings.nodes and target.kind in ("gpu", "node"):
+        return f"{target.kind} target: {NODES_OFF}"
     # a job target names a node only when a migrate would cordon it
     if settings.node_selector and (target.kind in ("gpu", "node") or (target.kind == "job" and target.node)):
         if not target.node:

@@ -106,6 +106,10 @@ class ScopeSettings:
     # what an out-of-scope alert becomes: "ignore" (recorded, never acted on or paged) or "page"
     # (a human is told, nothing is acted on)
     off_scope: Literal["ignore", "page"] = "ignore"
+    # may the engine act on nodes: migrate cordons and taints a node and evicts every pod on it,
+    # whatever its namespace. False: GPU and node targets are out of scope and the migrate rung of
+    # pod and job ladders is skipped; with an empty `namespaces` too, nothing is ever acted on
+    nodes: bool = True
     # when set, an alert must carry this label (or annotation) with value "true";
     # Prometheus label names cannot hold "." or "/", so `gpupulse.io/remediate` arrives as e.g.
     # `label_gpupulse_io_remediate` (kube-state-metrics) or `gpupulse_io_remediate`
@@ -211,6 +215,12 @@ class EngineSettings:
     handled_keys_retention_seconds: float = 30 * 24 * 3600.0
     # paged incidents that never resolve are closed as unresolved after this long
     paged_incident_max_age_seconds: float = 7 * 24 * 3600.0
+    # when the alert of a GPU quarantined by a DeviceTaintRule resolves, validate the GPU (the
+    # backend's validation Job) and lift the quarantine only on a pass (docs/design/device-quarantine.md);
+    # off: the GPU stays out until a human runs the undo its page names
+    return_to_service: bool = False
+    # longest one validation may take; past it, it is asked again (its Job is found by name)
+    return_to_service_timeout_seconds: float = 3600.0
     # where operators reach this controller (links in summary pages); "" = links are paths only
     external_url: str = ""
     # used when a signature has no runbook_url: <base>/<fault_class>

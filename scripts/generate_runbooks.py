@@ -178,7 +178,29 @@ def _escalation(alert: AlertFacts) -> str:
             " A GPU that is still faulty after a reset or a reboot goes to the hardware vendor or the "
             "data-centre team (see What to do)."
         )
-    return text
+    if alert.severity == "info":
+        return text
+    return text + "\n\n" + _who_and_handover(alert)
+
+
+def _who_and_handover(alert: AlertFacts) -> str:
+    """Who gets gpupulse's own page, and what the next person needs to pick the incident up."""
+    if alert.target_kind == "controller":
+        return (
+            "**Who**: this alert takes your Alertmanager's route, never the controller's pager (it is about "
+            "the controller). **Hand over**: the output of `gpupulse-remediation status` (paused, breaker, "
+            "pager, the last switches and who made them) and the controller's log since the alert began "
+            "(`kubectl logs -n <release-namespace> <controller-pod> --since=1h`)."
+        )
+    return (
+        "**Who**: this alert reaches people by your Alertmanager's route; when gpupulse pages itself (its "
+        "ladder ran out, its breaker opened, it is paused) the page goes to the chart's `controller.pager` "
+        "target (`controller.pager.kind`: `webhook`, `pagerduty` or `slack`). With the chart's default "
+        "`none` those pages reach only the controller's log (`gpupulse-remediation status` says so on its "
+        "`pager` line). **Hand over**: the incident id (`gpupulse-remediation incidents list`, below), "
+        "`gpupulse-remediation incidents get <id>` (diagnosis, evidence, every step gpupulse took), the "
+        "alert's target labels, and what you did since the page."
+    )
 
 
 def actions_block(alert: AlertFacts) -> str:

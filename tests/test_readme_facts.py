@@ -1,4 +1,5 @@
-"""Statements of the README that code can hold true: how many alerts ship, which collectors there are."""
+"""Statements of the README and the design docs that code can hold true: how many alerts ship, which
+collectors there are, which alerts the incident replay proves and which it leaves to other proofs."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ from pathlib import Path
 from exporter import registry
 from tests.alerts.ruleset import load_rules
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+ALERTS_DESIGN = ROOT / "docs" / "design" / "alerts.md"
 
 
 def test_the_readme_counts_the_alerts_that_ship() -> None:
@@ -23,3 +26,23 @@ def test_the_readme_lists_every_collector_flag() -> None:
     assert listed is not None
     names = [n.strip() for n in listed.group(1).split(",")]
     assert names == [*registry.BUILTINS, *(p.name for p in registry.PLUGINS)]
+
+
+def test_the_alerts_design_counts_what_the_incident_replay_proves() -> None:
+    from tests.alerts.test_incidents import INCIDENTS
+
+    shipped = {rule["alert"] for rule in load_rules() if "alert" in rule}
+    replayed = {name for incident in INCIDENTS for names in incident.expected.values() for name in names}
+    training = {name for name in shipped if name.startswith("Training")}
+    controller = {name for name in shipped if name.startswith("GPUPulseController")}
+    text = " ".join(ALERTS_DESIGN.read_text().split())
+    said = re.search(
+        r"the (\d+) alerts these incidents name .* every alert of the (\d+) that ship but the (\d+) training "
+        r"alerts, .* and the (\d+) controller alerts",
+        text,
+    )
+    assert said is not None, "docs/design/alerts.md no longer says what the replay proves"
+    assert [int(n) for n in said.groups()] == [len(replayed), len(shipped), len(training), len(controller)]
+    # "every alert but": the replay, the training rig and promtool's controller file cover all of them
+    assert replayed | training | controller == shipped and not replayed & (training | controller)
+    assert not re.search(r"\ball \d+ alerts\b", text)

@@ -9,7 +9,6 @@ import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import NamedTuple, cast
 
 from prometheus_client.core import Metric
@@ -30,7 +29,7 @@ from exporter.attribution.kubelet import (
     TrackerSettings,
 )
 from exporter.attribution.poddir import DEFAULT_PODS_DIR, PodDirectory
-from exporter.attribution.podmeta import PodMeta, PodMetadataSource
+from exporter.attribution.podmeta import PodMetas, pod_metas
 from exporter.attribution.podresources_proto import PodResources
 from exporter.attribution.ranks import (
     DEFAULT_MAX_RANKS,
@@ -45,11 +44,13 @@ from exporter.attribution.slices import DEFAULT_DRIVERS, ResourceSliceSource, Sl
 from exporter.collectors.base import GpuProcess, GpuRef, NodeState, PodRef
 from exporter.collectors.blocking import ItemReader
 from exporter.collectors.flags import add_procfs_argument, collector_enabled, csv_list
+from exporter.collectors.plugin import PluginContext
 from exporter.collectors.series import Series, SeriesFamily, family, table
+from exporter.collectors.training import PodMeta
 from exporter.errors import PartialCollectorError
 from exporter.host.procfs import DEFAULT_PROCFS, STATE_NAMES, ProcessInfo, Procfs
-from exporter.kube.client import ApiSettings, in_cluster_api_url
-from exporter.kube.reflector import Reflector
+from exporter.kube import flags as kube_flags
+from exporter.kube.pods import PodStore, PodView
 from gpupulse.clock import Clock, SystemClock
 from gpupulse.durations import duration_flag
 from gpupulse.metrics import attribution as specs
@@ -94,16 +95,11 @@ class AttributionSettings:
     procfs_item_timeout_seconds: float = 0.2
     pod_lookup_timeout_seconds: float = 0.5  # kubelet pod directories read for UID -> name hints
     max_processes: int = 1000
-    # DRA: claim devices are named through this node's ResourceSlices; "" turns the slice watch off
-    # (claims then show with `driver/pool/device` ids and no uuid).
-    dra_node_name: str = ""
-    dra_api_url: str = "https://kubernetes.default.svc"
-    # the bearer token of both watches, re-read before every request (projected tokens rotate)
-    kube_token_path: str = str(ApiSettings.token_path)
+    # DRA: claim devices are named through this node's ResourceSlices (a watch the collector is
+    # handed, where and how --kube.* say); without it claims show `driver/pool/device` ids, no uuid.
     dra_drivers: tuple[str, ...] = DEFAULT_DRIVERS
-    # Training jobs: this node's pods are watched for labels and owners; "" turns the pod watch off
-    # (a process's job then comes from its environment alone). Uses dra_api_url's API server.
-    pod_watch_node_name: str = ""
+    # Training jobs: a process's job is named from its pod's labels and owner, a view of the node's
+    # shared pod store; without it the job comes from the process environment alone.
     max_ranks: int = DEFAULT_MAX_RANKS  # cap on gpu_training_rank_info series
 
     @property
@@ -163,6 +159,8 @@ class AttributionCollector:
         settings: AttributionSettings,
         clock: Clock | None = None,
         procfs: Procfs | None = None,
+        pods: PodStore | None = None,
+        slices: ResourceSliceSource | None = None,
     ) -> None:
         self.settings = settings
         self.interval_seconds: float | None = settings.interval_seconds
@@ -179,30 +177,15 @@ class AttributionCollector:
                 max_stale_seconds=settings.kubelet_max_stale_seconds,
             )
             self._tracker = PodResourcesTracker(client, tracker_settings, clock or SystemClock())
-        self._pods: PodMetadataSource | None = None
-        if settings.pod_watch_node_name:
-            self._pods = PodMetadataSource(
-                ApiSettings(
-                    settings.pod_watch_node_name,
-                    settings.dra_api_url,
-                    token_path=Path(settings.kube_token_path),
-                )
-            )
+        self._pods: PodView[PodMetas] | None = None
+        if pods is not None:
+            self.use_pods(pods)
         self._environ = EnvironCache(settings.procfs_path)
         self._ranks_kept: set[RankRow] = set()
         self._ranks_memo: _RanksMemo | None = None
         self._info_rows: tuple[tuple[ResolvedAllocation, ...], list[Series]] | None = None
         self._ranks_capped = False
-        self._slices: ResourceSliceSource | None = None
-        if settings.dra_node_name:
-            self._slices = ResourceSliceSource(
-                SliceSettings(
-                    settings.dra_node_name,
-                    settings.dra_api_url,
-                    token_path=Path(settings.kube_token_path),
-                    drivers=settings.dra_drivers,
-                )
-            )
+        self._slices = slices
         self._exported: set[tuple[str, int]] = set()
         self._dropped_total = 0
         self._reader: ItemReader[int, ProcessInfo | None] = ItemReader("attribution-procfs")
@@ -230,13 +213,13 @@ class AttributionCollector:
         self._slices = source
 
     @property
-    def pods(self) -> PodMetadataSource | None:
-        """The pod-metadata watch (None when it is off)."""
+    def pods(self) -> PodView[PodMetas] | None:
+        """This collector's view of the node's pod store: each pod's labels and owner (None: off)."""
         return self._pods
 
-    def use_pods(self, source: PodMetadataSource) -> None:
-        """Replace the pod-metadata source (tests point it at their API server)."""
-        self._pods = source
+    def use_pods(self, store: PodStore) -> None:
+        """Read pod metadata from this pod store (the exporter's shared one; tests point at theirs)."""
+        self._pods = store.view("attribution", pod_metas)
 
     def use_pod_directory(self, lookup: Callable[[str], tuple[str, str] | None]) -> None:
         """Replace the pod UID -> name hints (tests point it at a slow directory)."""
@@ -338,7 +321,7 @@ class AttributionCollector:
             for source in (self._slices, self._pods)
         )
 
-    async def _first_sync(self, source: Reflector | None) -> None:
+    async def _first_sync(self, source: ResourceSliceSource | PodView[PodMetas] | None) -> None:
         """Start a watch; the first round waits (kubelet_first_wait_seconds at most) for its LIST."""
         if source is None or source.stats.lists > 0 or source.stats.failures > 0:
             return
@@ -363,11 +346,11 @@ class AttributionCollector:
     ) -> list[RankRow]:
         """The rank rows of this round, under the max_ranks cap (the rest counted as dropped)."""
         pods = self._pods
-        lookup: Callable[[str, str], PodMeta | None] = pods.lookup if pods is not None else _no_meta
+        metas = pods.value if pods is not None else None
+        lookup: Callable[[str, str], PodMeta | None] = _lookup(metas) if metas is not None else _no_meta
         # a watch that never listed and failed (403, unreachable) names ranks from the environ alone;
         # one that listed (or is still trying) is waited for: what it lacks now is late, not absent
         wait = pods is not None and pods.started and (pods.stats.lists > 0 or pods.stats.failures == 0)
-        metas = pods.metas if pods is not None else None
         memo = self._ranks_memo
         # the same inputs as last round (pid_pods and the pod metadata are replaced whole on change)
         if (
@@ -549,8 +532,7 @@ class AttributionCollector:
             await self._tracker.close()
         if self._slices is not None:
             await self._slices.close()
-        if self._pods is not None:
-            await self._pods.close()
+        # the pod store is the exporter's, shared: it closes it after every plug-in
         self._reader.close()
         self._environ.close()
         self._procfs.close()
@@ -660,24 +642,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "gpupulse_series_dropped_total (default: %(default)s)",
     )
     group.add_argument(
-        "--attribution.dra-node-name",
-        dest="attribution_dra_node_name",
-        default=os.environ.get("NODE_NAME", ""),
-        help="node whose ResourceSlices name DRA claim devices; empty turns the slice watch off "
-        "(default: $NODE_NAME)",
-    )
-    group.add_argument(
-        "--attribution.kube-api-url",
-        dest="attribution_kube_api_url",
-        default=in_cluster_api_url(os.environ),
-        help="Kubernetes API base URL for the ResourceSlice and pod watches (default: in-cluster service)",
-    )
-    group.add_argument(
-        "--attribution.kube-token-file",
-        dest="attribution_kube_token_file",
-        default=d.kube_token_path,
-        help="bearer token file for --attribution.kube-api-url, re-read before every request "
-        "(default: the pod's service-account token)",
+        "--attribution.slice-watch",
+        dest="attribution_slice_watch",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="watch this node's ResourceSlices (the node of --kube.node-name) to name DRA claim "
+        "devices by UUID; needs resourceslices list/watch (default: on)",
     )
     group.add_argument(
         "--attribution.dra-drivers",
@@ -691,16 +661,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         dest="attribution_pod_watch",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="watch this node's pods (the node of --attribution.node-name) for the labels and owners "
-        "that name a GPU process's training job; needs pods list/watch; without it the job comes from "
-        "the process environment alone (default: on)",
+        help="read this node's pods (the shared pod watch of --kube.node-name) for the labels and "
+        "owners that name a GPU process's training job; needs pods list/watch; without it the job "
+        "comes from the process environment alone (default: on)",
     )
-    group.add_argument(
-        "--attribution.node-name",
-        dest="attribution_node_name",
-        default=os.environ.get("NODE_NAME", ""),
-        help="this node's name, for the pod watch; empty turns the pod watch off (default: $NODE_NAME)",
-    )
+    # --attribution.node-name, --attribution.dra-node-name, --attribution.kube-api-url,
+    # --attribution.kube-token-file: now --kube.*
+    kube_flags.add_aliases(parser, NAME)
     group.add_argument(
         "--attribution.max-ranks",
         dest="attribution_max_ranks",
@@ -716,10 +683,26 @@ def _no_meta(namespace: str, name: str) -> PodMeta | None:
     return None
 
 
-def from_args(args: argparse.Namespace) -> AttributionCollector | None:
-    """Build the collector from parsed flags; None when --no-collector.attribution was given."""
+def _lookup(metas: PodMetas) -> Callable[[str, str], PodMeta | None]:
+    return lambda namespace, name: metas.get((namespace, name))
+
+
+def from_args(args: argparse.Namespace, ctx: PluginContext) -> AttributionCollector | None:
+    """Build the collector from parsed flags and the shared context; None when
+    --no-collector.attribution was given."""
     if not collector_enabled(args, NAME):
         return None
+    # both watches need the API server: only where the kubelet part is on too
+    kubelet = args.attribution_kubelet_socket != ""
+    kube = ctx.kube.settings
+    slices = None
+    if kube is not None and kubelet and args.attribution_slice_watch:
+        if not kube_flags.turned_off(args, "--attribution.dra-node-name"):
+            slice_settings = SliceSettings(**vars(kube), drivers=tuple(args.attribution_dra_drivers))
+            slices = ResourceSliceSource(slice_settings)
+    pods = None
+    if kubelet and args.attribution_pod_watch and not kube_flags.turned_off(args, "--attribution.node-name"):
+        pods = ctx.kube.pods()
     settings = AttributionSettings(
         interval_seconds=args.attribution_interval,
         kubelet_socket_path=resolve_socket(args.attribution_kubelet_socket, os.environ, os.path.exists),
@@ -730,14 +713,7 @@ def from_args(args: argparse.Namespace) -> AttributionCollector | None:
         extra_resource_names=tuple(args.attribution_resource_names),
         procfs_path=args.path_procfs,
         max_processes=args.attribution_max_processes,
-        # the slice watch needs the API server: only where the kubelet part is on too
-        dra_node_name=args.attribution_dra_node_name if args.attribution_kubelet_socket != "" else "",
-        dra_api_url=args.attribution_kube_api_url,
-        kube_token_path=args.attribution_kube_token_file,
         dra_drivers=tuple(args.attribution_dra_drivers),
-        pod_watch_node_name=args.attribution_node_name
-        if args.attribution_pod_watch and args.attribution_kubelet_socket != ""
-        else "",
         max_ranks=args.attribution_max_ranks,
     )
-    return AttributionCollector(settings)
+    return AttributionCollector(settings, pods=pods, slices=slices)

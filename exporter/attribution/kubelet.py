@@ -18,7 +18,7 @@ from exporter.errors import PodResourcesDecodeError, PodResourcesError
 from gpupulse.clock import Clock, SystemClock
 
 if TYPE_CHECKING:  # imported on first use (see list)
-    from exporter.attribution.grpc_h2 import UnaryChannel
+    from exporter.wire.grpc import UnaryChannel
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ class PodResourcesClient:
         if self._channel is None:
             # h2 is imported on first use (under 1 MiB of RSS): nodes without a kubelet (bare metal,
             # --simulate) never need it.
-            from exporter.attribution.grpc_h2 import UnaryChannel
+            from exporter.wire.grpc import UnaryChannel
 
             self._channel = UnaryChannel(self._socket_path)
         data = await self._channel.call(

@@ -1,7 +1,8 @@
 """gpu_training_rank_info: one row per (GPU, rank) of a training job on this node.
 
-A GPU process's job comes from its pod's labels and controller (PodMetadataSource) and from the
-launcher variables in its environment (/proc/<pid>/environ); training.py decides. The environ is
+A GPU process's job comes from its pod's labels and controller (podmeta.py's view of the node's pod
+store) and from the launcher variables in its environment (/proc/<pid>/environ);
+exporter/collectors/training.py decides. The environ is
 read once per PID on a worker thread under deadlines and kept until the PID is gone: a process's
 environment is fixed at exec, so re-reading it every round would only cost syscalls.
 
@@ -15,11 +16,10 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from exporter.attribution.podmeta import PodMeta
-from exporter.attribution.training import RankIdentity, rank_identity, read_environ
 from exporter.collectors.base import GpuProcess, PodRef
 from exporter.collectors.blocking import ItemReader
 from exporter.collectors.series import SeriesFamily, family
+from exporter.collectors.training import PodMeta, RankIdentity, rank_identity, read_environ
 from gpupulse.metrics import attribution as specs
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,5 @@
-"""Exporter self-metrics: per-collector success and duration, sample age, stale GPUs, build info."""
+"""Exporter self-metrics: per-collector success and duration, sample age, stale GPUs, build info, and
+the Kubernetes API requests of every reflector."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from prometheus_client.core import Metric
 
 from exporter.collectors.series import Series, table
 from exporter.config import exporter_version
+from exporter.kube.requests import RequestCounts
 from exporter.nvml import BINDING_VERSION
 from gpupulse.metrics import exporter_self as c
 
@@ -33,8 +35,9 @@ def self_families(
     rounds: Mapping[str, CollectorRound],
     last_good_sample_unix: float | None,
     stale_gpus: Sequence[tuple[str, str, bool]],
+    kube_requests: RequestCounts | None = None,
 ) -> list[Metric]:
-    """Families describing the exporter itself."""
+    """Families describing the exporter itself (the Kubernetes requests once there is one)."""
     success, duration = table(c.COLLECTOR_SUCCESS).family(), table(c.COLLECTOR_DURATION).family()
     for name in sorted(rounds):
         success.add(success.table.series(name), 1.0 if rounds[name].success else 0.0)
@@ -51,4 +54,10 @@ def self_families(
         for uuid, index, is_stale in stale_gpus:
             stale.add(stale.table.series(uuid, index), 1.0 if is_stale else 0.0)
         out.append(stale)
+    counts = kube_requests.snapshot() if kube_requests is not None else {}
+    if counts:
+        requests = table(c.KUBE_REQUESTS).family()
+        for (resource, verb, code), n in sorted(counts.items()):
+            requests.add(requests.table.series(resource, verb, code), float(n))
+        out.append(requests)
     return out

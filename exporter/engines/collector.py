@@ -12,7 +12,6 @@ import asyncio
 import logging
 import math
 import operator
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -25,21 +24,22 @@ from prometheus_client.core import Metric
 from exporter.collectors.base import NodeState
 from exporter.collectors.blocking import ItemReader
 from exporter.collectors.flags import add_procfs_argument
+from exporter.collectors.plugin import PluginContext
 from exporter.engines.derived import DerivedHistogram
 from exporter.engines.detect import NORMALIZERS, PREFIXES, WANTED, detect_kind
-from exporter.engines.exposition import LABEL_CACHE_MAX, Exposition, ExpositionParser
 from exporter.engines.gpumap import NodeIndex, NodeIndexMemo, engine_gpus
-from exporter.engines.http import HttpClient
 from exporter.engines.reading import MIXED, ModelReading
 from exporter.engines.render import Budget, EndpointView, Families
-from exporter.engines.scrape import fetch_page
-from exporter.engines.settings import EngineSettings, KubeSettings
+from exporter.engines.settings import EngineSettings
 from exporter.engines.targets import AUTO, StaticSource, Target
 from exporter.errors import CollectorError, ExpositionError, ScrapeError
+from exporter.exposition.fetch import fetch_page
+from exporter.exposition.parse import LABEL_CACHE_MAX, Exposition, ExpositionParser
 from exporter.host import procfs
 from exporter.host.exits import ExitWatch
 from exporter.host.kept import KeptFiles
-from exporter.kube.client import in_cluster_api_url
+from exporter.kube import flags as kube_flags
+from exporter.wire.http1 import HttpClient
 from gpupulse.clock import Clock, SystemClock
 from gpupulse.durations import duration_flag
 
@@ -512,20 +512,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--engines.discover-pods",
         dest="engines_discover_pods",
         action="store_true",
-        help="scrape pods of this node annotated gpupulse.io/engine (needs NODE_NAME)",
+        help="scrape pods of this node annotated gpupulse.io/engine (needs --kube.node-name or $NODE_NAME)",
     )
-    g.add_argument(
-        "--engines.node-name",
-        dest="engines_node_name",
-        default=os.environ.get("NODE_NAME", ""),
-        help="node whose pods are discovered (default: $NODE_NAME)",
-    )
-    g.add_argument(
-        "--engines.kube-api-url",
-        dest="engines_kube_api_url",
-        default=in_cluster_api_url(os.environ),
-        help="Kubernetes API base URL (default: in-cluster service)",
-    )
+    kube_flags.add_aliases(parser, "engines")  # --engines.node-name, --engines.kube-api-url: now --kube.*
     g.add_argument(
         "--engines.interval",
         dest="engines_interval",
@@ -579,8 +568,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def from_args(args: argparse.Namespace) -> EnginesCollector | None:
-    """The collector the flags describe, or None when no engine source is configured."""
+def from_args(args: argparse.Namespace, ctx: PluginContext) -> EnginesCollector | None:
+    """The collector the flags describe, or None when no engine source is configured; discovered pods
+    are a view of the node's shared pod store."""
     procfs_root = args.engines_procfs or Path(getattr(args, "path_procfs", None) or "/proc")
     settings = EngineSettings(
         interval_seconds=args.engines_interval,
@@ -596,13 +586,13 @@ def from_args(args: argparse.Namespace) -> EnginesCollector | None:
     if args.engines_config is not None:
         sources.append(StaticSource(args.engines_config))
     if args.engines_discover_pods:
-        if not args.engines_node_name:
-            raise SystemExit("--engines.discover-pods needs --engines.node-name or $NODE_NAME")
-        # imported here: the pod watch (its reflector) is loaded only by nodes that watch pods (a static
-        # --engines.config never needs it)
+        store = None if kube_flags.turned_off(args, "--engines.node-name") else ctx.kube.pods()
+        if store is None:
+            raise SystemExit("--engines.discover-pods needs --kube.node-name or $NODE_NAME")
+        # imported here: a static --engines.config never needs the pod view
         from exporter.engines.kube_pods import KubePodSource
 
-        sources.append(KubePodSource(KubeSettings(args.engines_node_name, args.engines_kube_api_url), clock))
+        sources.append(KubePodSource(store))
     if not sources:
         return None
     return EnginesCollector(sources, settings, clock)

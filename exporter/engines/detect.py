@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from exporter.engines import dynamo, sglang, tgi, triton, trtllm, vllm
-from exporter.engines.exposition import Exposition
 from exporter.engines.reading import ModelReading
+from exporter.exposition.parse import Exposition
 
 KINDS = ("vllm", "sglang", "tgi", "triton", "trtllm", "dynamo")
 # Families the parser keeps: what the normalizers read, plus the engine's own process start time.

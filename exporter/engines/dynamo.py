@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from exporter.engines import sglang, trtllm, vllm
-from exporter.engines.exposition import Exposition
 from exporter.engines.reading import (
     DECODE,
     BatchSource,
@@ -20,6 +19,7 @@ from exporter.engines.reading import (
     merge_histograms,
     models,
 )
+from exporter.exposition.parse import Exposition
 
 KIND = "dynamo"
 MODEL_LABEL = "model"

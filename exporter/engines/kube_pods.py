@@ -1,12 +1,9 @@
 """Engine targets from annotations on this node's pods.
 
-The pods come from the shared reflector (exporter/kube/reflector.py): one LIST and then WATCHes, with
-the field selector spec.nodeName=<node>, as a kubelet and client-go's reflector do: the LIST asks for
-resourceVersion "0", which the API server answers from its watch cache instead of etcd; each WATCH
-resumes from the last resourceVersion seen (events and BOOKMARKs) and ends after
-watch_timeout_seconds, when the next one starts where it stopped; only a 410 Expired (the server no
-longer has that resourceVersion) costs a new LIST, which then reads the current state
-(resourceVersion ""). docs/scale.md counts the requests.
+The pods come from the node's one pod store (exporter/kube/pods.py), which the other plug-ins read
+too: this module keeps only its view of them, the targets (`target_from_pod` over every pod, after
+each change). The store's LIST and WATCHes (field selector spec.nodeName=<node>) are
+exporter/kube/reflector.py's; docs/scale.md counts the requests.
 
 Annotations (docs/design/engines.md):
   gpupulse.io/engine  vllm|sglang|tgi|triton|trtllm|dynamo|auto  (required: opts the pod in)
@@ -18,17 +15,13 @@ Annotations (docs/design/engines.md):
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from exporter.engines.detect import KINDS
-from exporter.engines.settings import KubeSettings
 from exporter.engines.targets import AUTO, Target
-from exporter.kube.client import ApiSettings, KubeClient
-from exporter.kube.reflector import PodReflector, ReflectorStats
-from gpupulse.clock import Clock
+from exporter.kube.pods import Pods, PodStore, PodView
 
 log = logging.getLogger(__name__)
 
@@ -75,41 +68,36 @@ def target_from_pod(pod: Mapping[str, Any]) -> Target | None:
     )
 
 
-DiscoveryStats = ReflectorStats  # what the source asked of the API server (docs/scale.md)
-Sleep = Callable[[float], Awaitable[None]]
+def targets_of(pods: Pods) -> list[Target]:
+    """The targets of the annotated, running pods, in URL order (the engines' view of the store)."""
+    return sorted((t for p in pods.values() if (t := target_from_pod(p)) is not None), key=lambda t: t.url)
 
 
-class KubePodSource(PodReflector):
-    """This node's annotated pods, kept current by a watch; the last good state survives API errors."""
+class KubePodSource:
+    """This node's annotated pods as engine targets, a view of the node's pod store; the last good
+    state survives API errors."""
 
-    log = log
+    def __init__(self, store: PodStore) -> None:
+        self._view: PodView[list[Target]] = store.view("engines", targets_of)
+        self._waited = False
 
-    def __init__(
-        self,
-        settings: KubeSettings,
-        clock: Clock,
-        client_factory: Callable[[ApiSettings], KubeClient] = KubeClient,
-        sleep: Sleep = asyncio.sleep,
-    ) -> None:
-        super().__init__(settings, client_factory=client_factory, sleep=sleep)
-        self._clock = clock
-        self._targets: list[Target] = []
-        self._synced = asyncio.Event()
+    @property
+    def view(self) -> PodView[list[Target]]:
+        """The engines' view of the store (its stats and error are the store's)."""
+        return self._view
 
     async def targets(self) -> list[Target]:
-        """Annotated, running pods of this node as targets. Only the first call waits (at most
-        timeout_seconds) for the first LIST; later calls never wait on the API server."""
-        first = not self.started
-        self.start()
-        if first and not self._synced.is_set():
+        """Annotated, running pods of this node as targets. Only the first call waits (at most the
+        API timeout) for the store's first LIST; later calls never wait on the API server."""
+        view = self._view
+        view.start()  # the store may be started by another plug-in already, or listed
+        if not self._waited:
+            self._waited = True
             try:
-                await asyncio.wait_for(self._synced.wait(), self._settings.timeout_seconds)
+                await view.wait_until(lambda: view.stats.lists > 0, view.store.settings.timeout_seconds)
             except TimeoutError:
-                log.warning("engine pod discovery: no pod list yet from %s", self._settings.api_url)
-        return self._targets
+                log.warning("engine pod discovery: no pod list yet from %s", view.store.settings.api_url)
+        return view.value
 
-    def _publish(self) -> None:
-        self._targets = sorted(
-            (t for p in self._objects.values() if (t := target_from_pod(p)) is not None), key=lambda t: t.url
-        )
-        self._synced.set()
+    async def close(self) -> None:
+        """Nothing of its own to close: the exporter closes the shared store."""

@@ -6,7 +6,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from exporter.engines.exposition import Exposition, HistogramSeries, Labels, Sample
+from exporter.exposition.parse import Exposition, HistogramSeries, Labels, Sample
 
 # Labels that never identify a model: summed (counters, histograms, count gauges) or averaged away.
 PID_LABEL = "pid"

@@ -5,13 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from exporter.kube.client import ApiSettings
-
-
-@dataclass(frozen=True)
-class KubeSettings(ApiSettings):
-    """Where and how to watch the pods of this node (fields and defaults: exporter/kube/client.py)."""
-
 
 @dataclass(frozen=True)
 class EngineSettings:

@@ -15,7 +15,6 @@ oldest releases fall back to the `cache_hit_rate` gauge (last prefill batch; per
 
 from __future__ import annotations
 
-from exporter.engines.exposition import Exposition
 from exporter.engines.reading import (
     DECODE,
     PREFILL,
@@ -27,6 +26,7 @@ from exporter.engines.reading import (
     merge_histograms,
     models,
 )
+from exporter.exposition.parse import Exposition
 
 KIND = "sglang"
 MODEL_LABEL = "model_name"

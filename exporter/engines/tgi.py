@@ -7,7 +7,6 @@ apart per phase (`prefill` batches are the long ones, `decode` steps set the int
 
 from __future__ import annotations
 
-from exporter.engines.exposition import Exposition
 from exporter.engines.reading import (
     DECODE,
     PREFILL,
@@ -17,6 +16,7 @@ from exporter.engines.reading import (
     histogram_sum,
     merge_histograms,
 )
+from exporter.exposition.parse import Exposition
 
 KIND = "tgi"
 BATCH_SOURCE = "tgi_batch_inference_duration"

@@ -17,7 +17,6 @@ alloc_total) is a block hit ratio: of all blocks a request needed, the share the
 
 from __future__ import annotations
 
-from exporter.engines.exposition import Exposition, Sample
 from exporter.engines.reading import (
     DECODE,
     MIXED,
@@ -30,6 +29,7 @@ from exporter.engines.reading import (
     merge_histograms,
     models,
 )
+from exporter.exposition.parse import Exposition, Sample
 
 KIND = "triton"
 MODEL_LABEL = "model"

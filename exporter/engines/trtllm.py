@@ -8,7 +8,6 @@ rate, and comparable with vLLM and SGLang); else `trtllm_kv_cache_reused_blocks_
 
 from __future__ import annotations
 
-from exporter.engines.exposition import Exposition, HistogramSeries
 from exporter.engines.reading import (
     BatchSource,
     ModelReading,
@@ -18,6 +17,7 @@ from exporter.engines.reading import (
     merge_histograms,
     models,
 )
+from exporter.exposition.parse import Exposition, HistogramSeries
 
 KIND = "trtllm"
 MODEL_LABEL = "model_name"

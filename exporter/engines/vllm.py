@@ -8,7 +8,6 @@ ratio only).
 
 from __future__ import annotations
 
-from exporter.engines.exposition import Exposition
 from exporter.engines.reading import (
     DECODE,
     MIXED,
@@ -20,6 +19,7 @@ from exporter.engines.reading import (
     merge_histograms,
     models,
 )
+from exporter.exposition.parse import Exposition
 
 KIND = "vllm"
 MODEL_LABEL = "model_name"

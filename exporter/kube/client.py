@@ -27,6 +27,7 @@ import aiohttp
 import orjson
 
 from exporter.errors import Expired, KubeError, WatchSilentError
+from exporter.kube.requests import ERROR_CODE, REQUESTS, RequestCounts
 
 USER_AGENT = "gpupulse-exporter"
 DEFAULT_API_URL = "https://kubernetes.default.svc"
@@ -47,14 +48,26 @@ class ApiSettings:
     # reflector uses 5-10 min), so watches spread over API server replicas after a rollout.
     watch_timeout_seconds: float = 300.0
     # The API server sends a watch that allows bookmarks a BOOKMARK about every minute (its watch
-    # cache's bookmark frequency); no byte for this long and the connection is taken for dead.
+    # cache's bookmark frequency), but only once that cache has seen an event of the resource (after a
+    # restart a quiet resource's watches hear nothing: docs/scale.md); no byte for this long and the
+    # connection is taken for dead.
     watch_idle_timeout_seconds: float = 120.0
     # One watch event (one JSON line). etcd stores at most 1.5 MiB per object; its JSON is a little larger.
     max_event_bytes: int = 4 * 1024 * 1024
     max_list_bytes: int = 64 * 1024 * 1024  # one LIST's body (a node runs at most ~110 pods)
-    # After a failed LIST or WATCH wait this long, doubling up to retry_max_seconds.
-    retry_seconds: float = 1.0
-    retry_max_seconds: float = 60.0
+    # After a failed, expired or short WATCH (or a failed LIST) wait this long, doubling up to
+    # retry_max_seconds, each wait stretched by a random share of up to retry_jitter_ratio; the
+    # doubling starts over only when the last wait began retry_reset_seconds ago (client-go's
+    # reflector: 800 ms, 30 s, 1.0, 2 min; exporter/kube/backoff.py).
+    retry_seconds: float = 0.8
+    retry_max_seconds: float = 30.0
+    retry_jitter_ratio: float = 1.0
+    retry_reset_seconds: float = 120.0
+    # A watch that ends sooner than this without moving the resourceVersion counts as a failure
+    # (client-go: "very short watch", 1 s): a server that closes every watch at once is backed off.
+    short_watch_seconds: float = 1.0
+    # LIST pages (limit/continue) of an etcd read or a resourceVersion "0" one; 0: one request.
+    list_page_size: int = 500
 
 
 def in_cluster_api_url(environ: Mapping[str, str]) -> str:
@@ -120,8 +133,9 @@ class KubeClient:
     """LIST and WATCH of collections on one API server, with the settings' credentials and bounds.
     One HTTP session, made on first use (it needs the running loop); `close` ends it."""
 
-    def __init__(self, settings: ApiSettings) -> None:
+    def __init__(self, settings: ApiSettings, requests: RequestCounts = REQUESTS) -> None:
         self._settings = settings
+        self._requests = requests
         self._base = settings.api_url.rstrip("/")
         self._session: aiohttp.ClientSession | None = None
         self._ca_seen: tuple[int, int, int] | None = None  # (inode, mtime, size) of the CA file loaded
@@ -205,9 +219,18 @@ class KubeClient:
                 timeout=aiohttp.ClientTimeout(total=None, connect=s.timeout_seconds),
                 trust_env=False,  # the API server is reached directly, as client-go's in-cluster config does
             )
-        return await self._session.get(
-            self._base + path, params=dict(params), headers=headers, ssl=ssl_context, allow_redirects=False
-        )
+        verb = "WATCH" if params.get("watch") == "true" else "LIST"
+        resource = path.rstrip("/").rsplit("/", 1)[-1]
+        try:
+            url = self._base + path
+            response = await self._session.get(
+                url, params=dict(params), headers=headers, ssl=ssl_context, allow_redirects=False
+            )
+        except BaseException:  # refused, reset, timed out or cancelled: sent, never answered
+            self._requests.add(resource, verb, ERROR_CODE)
+            raise
+        self._requests.add(resource, verb, str(response.status))
+        return response
 
     async def _read_bounded(self, what: str, response: aiohttp.ClientResponse) -> bytes:
         limit = self._settings.max_list_bytes

@@ -15,6 +15,7 @@ from prometheus_client.core import Metric
 from exporter.collectors.base import NodeState
 from exporter.collectors.blocking import ItemReader
 from exporter.collectors.flags import add_procfs_argument, collector_enabled, csv_list
+from exporter.collectors.plugin import PluginContext
 from exporter.collectors.series import family
 from exporter.host.procfs import DEFAULT_PROCFS, Procfs
 from exporter.pagecache.discovery import ModelKey, PathSpec, configured_files, mapped_files
@@ -208,8 +209,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_procfs_argument(parser)
 
 
-def from_args(args: argparse.Namespace) -> PageCacheCollector | None:
-    """Build the collector from parsed flags; None when --no-collector.pagecache was given."""
+def from_args(args: argparse.Namespace, ctx: PluginContext) -> PageCacheCollector | None:
+    """Build the collector from parsed flags; None when --no-collector.pagecache was given (it
+    shares nothing of the context: it reads the host's files alone)."""
     if not collector_enabled(args, NAME):
         return None
     settings = PageCacheSettings(

@@ -14,7 +14,6 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,13 +23,14 @@ from prometheus_client.core import Metric
 from exporter.collectors.base import NodeState
 from exporter.collectors.blocking import ItemReader
 from exporter.collectors.flags import collector_enabled
+from exporter.collectors.plugin import PluginContext
 from exporter.collectors.series import family
-from exporter.engines.exposition import ExpositionParser
-from exporter.engines.http import HttpClient
-from exporter.engines.scrape import fetch_page
 from exporter.errors import ConfigError, ExpositionError, ScrapeError
-from exporter.kube.client import ApiSettings, in_cluster_api_url
-from exporter.progress.pods import MetricSource, ProgressPod, ProgressPodSource
+from exporter.exposition.fetch import fetch_page
+from exporter.exposition.parse import ExpositionParser
+from exporter.kube import flags as kube_flags
+from exporter.kube.pods import PodStore, PodView
+from exporter.progress.pods import MetricSource, ProgressPod, progress_pods
 from exporter.progress.steps import (
     DEFAULT_MAX_READ_BYTES,
     DEFAULT_PATTERNS,
@@ -40,6 +40,7 @@ from exporter.progress.steps import (
     compile_patterns,
     observe,
 )
+from exporter.wire.http1 import HttpClient
 from gpupulse.clock import Clock, SystemClock
 from gpupulse.durations import duration_flag
 from gpupulse.metrics import progress as specs
@@ -84,14 +85,14 @@ class ProgressCollector:
 
     name = NAME
 
-    def __init__(
-        self, settings: ProgressSettings, pods: ProgressPodSource, clock: Clock | None = None
-    ) -> None:
+    def __init__(self, settings: ProgressSettings, pods: PodStore, clock: Clock | None = None) -> None:
         self.settings = settings
         self.interval_seconds: float | None = settings.interval_seconds
         self.deadline_seconds = settings.round_deadline_seconds
         self._patterns = compile_patterns(settings.patterns)
-        self._pods = pods
+        # this plug-in's view of the node's pod store: the rank pods, nothing else of them
+        self._pods: PodView[list[ProgressPod]] = pods.view("progress", progress_pods)
+        self._waited = False
         self._clock = clock or SystemClock()
         self._states: dict[Key, StepState] = {}
         self._tails: dict[Key, LogTail] = {}
@@ -105,7 +106,7 @@ class ProgressCollector:
     async def collect(self, state: NodeState) -> Sequence[Metric]:
         """Read every source of this round, update each one's step state, render."""
         await self._first_sync()
-        sources = self._sources(self._pods.pods())
+        sources = self._sources(self._pods.value)
         current = {s.key for s in sources}
         for table in (self._states, self._tails):
             for key in [k for k in table if k not in current]:
@@ -118,9 +119,10 @@ class ProgressCollector:
 
     async def _first_sync(self) -> None:
         source = self._pods
-        if source.started:
+        source.start()  # the shared store: another plug-in may have started it already
+        if self._waited:
             return
-        source.start()
+        self._waited = True
         with contextlib.suppress(TimeoutError):
             await source.wait_until(
                 lambda: source.stats.lists > 0 or source.stats.failures > 0, self.settings.first_wait_seconds
@@ -224,9 +226,8 @@ class ProgressCollector:
         return [f for f in (steps, last, interval, errors) if len(f)]
 
     async def close(self) -> None:
-        """Close the HTTP connections, the pod watch and the log reader."""
+        """Close the HTTP connections and the log reader (the exporter closes the shared pod store)."""
         await self._http.close()
-        await self._pods.close()
         self._reader.close()
 
 
@@ -277,30 +278,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=d.max_series,
         help="most (pod, container) progress sources read",
     )
-    g.add_argument(
-        "--progress.node-name",
-        dest="progress_node_name",
-        default=os.environ.get("NODE_NAME", ""),
-        help="this node's name, whose pods are watched; empty turns the collector off (default: $NODE_NAME)",
-    )
-    g.add_argument(
-        "--progress.kube-api-url",
-        dest="progress_kube_api_url",
-        default=in_cluster_api_url(os.environ),
-        help="Kubernetes API base URL for the pod watch (default: in-cluster service)",
-    )
-    g.add_argument(
-        "--progress.kube-token-file",
-        dest="progress_kube_token_file",
-        default=str(ApiSettings.token_path),
-        help="bearer token file for --progress.kube-api-url, re-read before every request "
-        "(default: the pod's service-account token)",
-    )
+    # --progress.node-name, --progress.kube-api-url, --progress.kube-token-file: now --kube.*
+    kube_flags.add_aliases(parser, "progress")
 
 
-def from_args(args: argparse.Namespace) -> ProgressCollector | None:
-    """The collector the flags describe; None when it is off or no node name is known."""
-    if not collector_enabled(args, NAME) or not args.progress_node_name:
+def from_args(args: argparse.Namespace, ctx: PluginContext) -> ProgressCollector | None:
+    """The collector the flags describe, on the node's shared pod store; None when it is off or no
+    node name is known."""
+    if not collector_enabled(args, NAME) or kube_flags.turned_off(args, "--progress.node-name"):
+        return None
+    store = ctx.kube.pods()
+    if store is None:
         return None
     settings = ProgressSettings(
         interval_seconds=args.progress_interval,
@@ -314,8 +302,4 @@ def from_args(args: argparse.Namespace) -> ProgressCollector | None:
         compile_patterns(settings.patterns)
     except ConfigError as exc:
         raise SystemExit(f"--progress.step-pattern: {exc}") from exc
-    api = ApiSettings(
-        args.progress_node_name, args.progress_kube_api_url, token_path=Path(args.progress_kube_token_file)
-    )
-    pods = ProgressPodSource(api)
-    return ProgressCollector(settings, pods)
+    return ProgressCollector(settings, store)

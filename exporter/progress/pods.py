@@ -1,7 +1,8 @@
-"""Which of this node's pods give a progress signal, and where: from the pod watch.
+"""Which of this node's pods give a progress signal, and where: the progress plug-in's view of the
+node's pod store (exporter/kube/pods.py; it has no watch of its own).
 
 A running pod that is a rank of a training job (its controller or JobSet/LWS label, as
-exporter/attribution/training.py decides) has its containers' logs read for step lines. A pod may
+exporter/collectors/training.py decides) has its containers' logs read for step lines. A pod may
 instead name a counter it already serves:
 
   gpupulse.io/progress-metric  the metric's name (a counter or gauge the job or its framework serves)
@@ -19,9 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from exporter.attribution.podmeta import pod_meta
-from exporter.attribution.training import rank_identity
-from exporter.kube.reflector import PodReflector
+from exporter.collectors.training import pod_meta, rank_identity
+from exporter.kube.pods import Pods
 
 log = logging.getLogger(__name__)
 
@@ -113,21 +113,9 @@ def progress_pod(pod: Mapping[str, Any]) -> ProgressPod | None:
     )
 
 
-class ProgressPodSource(PodReflector):
-    """This node's rank pods and their progress sources; `pods` never waits on the API server."""
-
-    log = log
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._pods: list[ProgressPod] = []
-
-    def pods(self) -> list[ProgressPod]:
-        """The rank pods of the last state the watch delivered (empty before its first LIST)."""
-        return self._pods
-
-    def _publish(self) -> None:
-        self._pods = sorted(
-            (p for obj in self._objects.values() if (p := progress_pod(obj)) is not None),
-            key=lambda p: (p.namespace, p.name),
-        )
+def progress_pods(pods: Pods) -> list[ProgressPod]:
+    """The rank pods among this node's pods, in (namespace, name) order (the view the collector reads)."""
+    return sorted(
+        (p for obj in pods.values() if (p := progress_pod(obj)) is not None),
+        key=lambda p: (p.namespace, p.name),
+    )

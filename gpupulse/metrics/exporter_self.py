@@ -1,8 +1,9 @@
-"""Specs of the exporter's own health: per-collector success and duration, sample age, stale GPUs, build."""
+"""Specs of the exporter's own health: per-collector success and duration, sample age, stale GPUs, build,
+and the requests it sends the Kubernetes API."""
 
 from __future__ import annotations
 
-from gpupulse.metrics.spec import MetricSpec, gauge, info
+from gpupulse.metrics.spec import MetricSpec, counter, gauge, info
 
 COLLECTOR_SUCCESS = gauge(
     "gpupulse_collector_success", "", "1 when the collector's last round succeeded.", "self", ("collector",)
@@ -33,6 +34,16 @@ BUILD_INFO = info(
     "self",
     ("version", "python_version", "nvml_binding_version"),
 )
+# Every plug-in's reflectors together (exporter/kube/requests.py): a watch storm or a relist loop shows
+# as a rate, per node, before the API server's own metrics name the culprit.
+KUBE_REQUESTS = counter(
+    "gpupulse_kube_requests_total",
+    "",
+    "LIST and WATCH requests the exporter sent to the Kubernetes API, by resource, verb and HTTP status "
+    "of the answer (<error>: none came).",
+    "self",
+    ("resource", "verb", "code"),
+)
 
 SELF_METRICS: tuple[MetricSpec, ...] = (
     COLLECTOR_SUCCESS,
@@ -40,4 +51,5 @@ SELF_METRICS: tuple[MetricSpec, ...] = (
     LAST_SAMPLE_TIMESTAMP,
     GPU_STALE,
     BUILD_INFO,
+    KUBE_REQUESTS,
 )

@@ -2,10 +2,11 @@
 
 restart deletes the pod (with a UID precondition) so its controller replaces it, or rolls its
 Deployment; migrate cordons and taints the node and evicts the affected pods through the Eviction
-API. A job target (a distributed training job) is restarted as a gang through its controller
-(remediation/kube/jobs.py), and its migrate cordons the suspect node, then restarts the job so that it
-is scheduled away from it. Every action holds the node's Lease, and every write first checks that
-this replica may act.
+API, except for a GPU target whose GPU DRA allocates: that one device is tainted with a
+DeviceTaintRule and the node keeps serving (remediation/kube/quarantine.py). A job target (a
+distributed training job) is restarted as a gang through its controller (remediation/kube/jobs.py),
+and its migrate cordons the suspect node, then restarts the job so that it is scheduled away from it.
+Every action holds the node's Lease, and every write first checks that this replica may act.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from remediation.errors import (
     TemporaryError,
 )
 from remediation.kube.client import KubeClient
+from remediation.kube.devices import Device, find_gpu_devices
+from remediation.kube.devicetaints import EFFECTS, DeviceTaintEffect, remove_rule, rule_name
 from remediation.kube.eviction import DeadlinePolicy, EvictionSettings, evict_pods
 from remediation.kube.jobs import restart_job
 from remediation.kube.lease import LeaseStore
@@ -44,7 +47,10 @@ from remediation.kube.pods import (
     requests_gpu,
     skip_reason,
 )
+from remediation.kube.quarantine import DeviceQuarantineSettings, preview_device, quarantine_device
+from remediation.kube.returning import return_device, validation_name
 from remediation.kube.timing import micro_time
+from remediation.kube.validation import ValidationSettings, validation_from_mapping
 from remediation.model import ActionResult, Prepare, Rung, Target
 
 log = logging.getLogger(__name__)
@@ -83,12 +89,28 @@ class KubernetesBackendSettings:
     node_lease_duration_seconds: int = 900
     node_patch_attempts: int = 5
     api_retry_delay_seconds: float = 10.0
+    # a GPU target's migrate where DRA allocates its GPU: taint that device (DeviceTaintRule), not
+    # the node (remediation/kube/quarantine.py); "off" keeps the node path everywhere
+    device_quarantine: Literal["auto", "off"] = "auto"
+    device_taint_effect: DeviceTaintEffect = "NoSchedule"
+    dra_drivers: tuple[str, ...] = ("gpu.nvidia.com",)
+    # in the engine's dry run, write a GPU's DeviceTaintRule with effect None: no scheduling effect, and
+    # kube-controller-manager reports on it what NoExecute would evict. Off by default: a dry run
+    # otherwise writes nothing to the cluster but Events
+    dry_run_device_preview: bool = False
+    # the validation Job that must pass before a quarantined GPU returns to service
+    # (remediation/kube/validation.py); None: return_to_service refuses, the GPU stays out
+    validation: ValidationSettings | None = None
 
     def __post_init__(self) -> None:
         if self.node_lease_duration_seconds <= self.eviction_deadline_seconds:
             raise ValueError("node_lease_duration_seconds must outlast eviction_deadline_seconds")
         if self.on_eviction_deadline not in ("fail", "delete"):
             raise ValueError("on_eviction_deadline must be 'fail' or 'delete'")
+        if self.device_quarantine not in ("auto", "off"):
+            raise ValueError("device_quarantine must be 'auto' or 'off'")
+        if self.device_taint_effect not in EFFECTS:
+            raise ValueError(f"device_taint_effect must be one of {', '.join(EFFECTS)}")
 
 
 class KubernetesBackend:
@@ -131,9 +153,10 @@ class KubernetesBackend:
 
     def resumable(self, rung: Rung, target: Target) -> bool:
         """A pod restart by delete (each delete preconditioned on the UID recorded before it) and a
-        node's migrate (cordon and taint are idempotent; what was evicted is gone, and the cordon keeps
-        its replacements away) can be taken again; a gang restart, a job's migrate (a gang restart
-        too) and a Deployment rollout cannot: they are verified instead."""
+        migrate (cordon and taint, or a DRA GPU's DeviceTaintRule, are ensured idempotently; what was
+        evicted is gone, and the cordon or taint keeps its replacements away) can be taken again; a
+        gang restart, a job's migrate (a gang restart too) and a Deployment rollout cannot: they are
+        verified instead."""
         if target.kind in ("job", "exporter"):
             return False
         if rung == "restart":
@@ -322,6 +345,9 @@ class KubernetesBackend:
         try:
             if target.kind == "job":
                 return await self._migrate_job(target, reason, left)
+            devices = await self._dra_devices(target)
+            if devices:
+                return await self._migrate_device(target, reason, devices, left)
             return await self._migrate_node(target, reason, left)
         except TemporaryError as exc:
             if not left and isinstance(exc.__cause__, KubeTooManyRequests):
@@ -412,6 +438,72 @@ class KubernetesBackend:
         )
         return ActionResult(done=True, summary=summary, details=details)
 
+    # --- migrate of one DRA device (remediation/kube/quarantine.py)
+
+    async def _dra_devices(self, target: Target) -> list[Device]:
+        """The DRA devices of a GPU target's GPU; none (the node path) for other targets, with
+        device_quarantine off, and where no ResourceSlice publishes the GPU (a device-plugin cluster)."""
+        s = self._settings
+        if target.kind != "gpu" or not (target.node and target.uuid) or s.device_quarantine == "off":
+            return []
+        try:
+            async with self._errors("migrate", target):
+                return await find_gpu_devices(self._client, target.node, target.uuid, s.dra_drivers)
+        except PermanentError as exc:
+            # resource.k8s.io/v1 not served, or not readable by us: the node path, as before DRA
+            log.warning("no DRA device lookup for %s, quarantining the node: %s", target.key, exc)
+            return []
+
+    async def _migrate_device(
+        self, target: Target, reason: str, devices: list[Device], left: list[str]
+    ) -> ActionResult:
+        s = self._settings
+        quarantine = DeviceQuarantineSettings(
+            taint_key=s.taint_key,
+            effect=s.device_taint_effect,
+            eviction=EvictionSettings(
+                deadline_seconds=s.eviction_deadline_seconds,
+                backoff_initial_seconds=s.eviction_backoff_initial_seconds,
+                backoff_max_seconds=s.eviction_backoff_max_seconds,
+                concurrency=s.eviction_concurrency,
+            ),
+            blocked_retry_delay_seconds=s.blocked_retry_delay_seconds,
+        )
+        async with self._errors("migrate", target):
+            async with self._node_lock(target.node):
+                return await quarantine_device(
+                    self._client,
+                    target.node,
+                    target.uuid,
+                    devices,
+                    reason,
+                    quarantine,
+                    self._clock,
+                    self._guard,
+                    left,
+                )
+
+    async def preview_migrate(self, target: Target, reason: str) -> ActionResult | None:
+        """The dry run's migrate of a DRA GPU: its rules with effect None (an existing stronger rule
+        stays as it is); None when not configured or not a DRA GPU."""
+        if not self._settings.dry_run_device_preview:
+            return None
+        devices = await self._dra_devices(target)
+        if not devices:
+            return None
+        self._guard()
+        async with self._errors("migrate", target):
+            async with self._node_lock(target.node):
+                return await preview_device(
+                    self._client,
+                    target.node,
+                    target.uuid,
+                    devices,
+                    reason,
+                    self._settings.taint_key,
+                    self._guard,
+                )
+
     async def _migrate_job(self, target: Target, reason: str, left: list[str]) -> ActionResult:
         """Cordon the suspect rank's node first, then restart the whole job: it reschedules elsewhere.
 
@@ -494,6 +586,9 @@ class KubernetesBackend:
         if not s.auto_uncordon:
             raise PermanentError("auto_uncordon is off: uncordoning is a human's decision")
         self._guard()
+        devices = await self._dra_devices(target)
+        if devices:
+            return await self._release_devices(target, devices)
         async with self._errors("uncordon", target):
             node = await self._node_of(target)
             async with self._node_lock(node):
@@ -502,6 +597,53 @@ class KubernetesBackend:
         return ActionResult(
             done=True, summary=f"{verb} {node}", details={"node": node, "changed": change.changed}
         )
+
+    async def _release_devices(self, target: Target, devices: list[Device]) -> ActionResult:
+        """Delete our DeviceTaintRules of the target's GPU: the devices serve again."""
+        async with self._errors("uncordon", target):
+            async with self._node_lock(target.node):
+                names = [rule_name(target.node, d) for d in devices]
+                removed = [n for n in names if await remove_rule(self._client, n, self._guard)]
+        summary = f"removed DeviceTaintRule {' '.join(removed)}" if removed else "no DeviceTaintRule of ours"
+        return ActionResult(
+            done=True,
+            summary=f"{summary} for GPU {target.uuid} on {target.node}",
+            details={
+                "node": target.node,
+                "quarantine": "device",
+                "removed": removed,
+                "changed": bool(removed),
+            },
+        )
+
+    async def return_to_service(
+        self, target: Target, fault_class: str, incident_id: int, attempt: int
+    ) -> ActionResult:
+        """Validate a quarantined DRA GPU and, only on a pass, delete its DeviceTaintRules
+        (remediation/kube/returning.py); the engine asks once the GPU's alert resolved."""
+        validation = self._settings.validation
+        if validation is None:
+            raise PermanentError(
+                "no validation is configured (backend setting validation): the GPU stays out"
+            )
+        self._guard()
+        devices = await self._dra_devices(target)
+        if not devices:
+            raise PermanentError(f"return to service: {target.key} is no DRA GPU of a ResourceSlice")
+        name = validation_name(incident_id, attempt)
+        async with self._errors("return", target):
+            return await return_device(
+                self._client,
+                target.node,
+                target.uuid,
+                devices,
+                fault_class,
+                name,
+                validation,
+                self._clock,
+                self._guard,
+                self._node_lock,
+            )
 
     # --- shared
 
@@ -553,6 +695,9 @@ def settings_from_mapping(raw: Mapping[str, Any]) -> KubernetesBackendSettings:
     if unknown:
         raise ValueError(f"unknown kubernetes backend settings: {', '.join(sorted(unknown))}")
     values = dict(raw)
-    if "gpu_resource_prefixes" in values:
-        values["gpu_resource_prefixes"] = tuple(values["gpu_resource_prefixes"])
+    for key in ("gpu_resource_prefixes", "dra_drivers"):
+        if key in values:
+            values[key] = tuple(values[key])
+    if values.get("validation") is not None:
+        values["validation"] = validation_from_mapping(values["validation"], str(values.get("namespace", "")))
     return KubernetesBackendSettings(**values)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from remediation.decide import HELD_DUE
@@ -12,7 +12,16 @@ from remediation.records import Incident
 from remediation.signatures import Signature
 
 DueStep = Literal[
-    "", "held", "start", "self_resolved", "escalate", "still_firing", "automated", "retry", "unresolved"
+    "",
+    "held",
+    "start",
+    "self_resolved",
+    "escalate",
+    "still_firing",
+    "automated",
+    "retry",
+    "unresolved",
+    "validate",
 ]
 ResolvedStep = Literal["", "self_resolved", "mark_resolved", "verify", "human"]
 
@@ -59,6 +68,8 @@ def due_step(inc: Incident) -> DueStep:
         return "retry"
     if inc.state == "paged":
         return "unresolved"
+    if inc.state == "validating":
+        return "validate"  # no verdict came back in time (a restart, a lost task): ask again
     return ""
 
 
@@ -78,6 +89,21 @@ def resolved_step(state: str) -> ResolvedStep:
     if state == "paged":
         return "human"
     return ""
+
+
+def returns_to_service(history: Sequence[Mapping[str, Any]]) -> bool:
+    """The incident's latest restart or migrate is a successful migrate that quarantined one device
+    (not a node): that is what a validation can lift. Pages after it do not count."""
+    for entry in reversed(history):
+        if entry.get("kind") != "action" or entry.get("rung") not in ("restart", "migrate"):
+            continue
+        details = entry.get("details") or {}
+        return (
+            entry.get("rung") == "migrate"
+            and entry.get("status") == "success"
+            and (details.get("quarantine") == "device")
+        )
+    return False
 
 
 def ladder_end_reason(inc: Incident, sig: Signature) -> str:

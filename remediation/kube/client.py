@@ -349,3 +349,66 @@ class KubeClient:
                 group, version, namespace, plural, name, _request_timeout=self._timeout
             )
         )
+
+    # --- cluster-wide objects (resource.k8s.io: ResourceSlices, ResourceClaims, DeviceTaintRules)
+
+    async def list_cluster_objects(
+        self, group: str, version: str, plural: str, field_selector: str = "", limit: int = 500
+    ) -> list[JSON]:
+        """Every object of one cluster-wide collection (those `field_selector` matches), read in pages;
+        for a namespaced kind this lists across all namespaces."""
+        items: list[JSON] = []
+        token = ""
+        while True:
+            kwargs: dict[str, Any] = {"limit": limit, "_request_timeout": self._timeout}
+            if field_selector:
+                kwargs["field_selector"] = field_selector
+            if token:
+                kwargs["_continue"] = token
+            page = await self._call(self._custom.list_cluster_custom_object(group, version, plural, **kwargs))
+            items.extend(dict(i) for i in page.get("items") or [])
+            token = str((page.get("metadata") or {}).get("continue") or "")
+            if not token:
+                return items
+
+    async def get_cluster_object(self, group: str, version: str, plural: str, name: str) -> JSON:
+        """Read one cluster-scoped object."""
+        obj = await self._call(
+            self._custom.get_cluster_custom_object(
+                group, version, plural, name, _request_timeout=self._timeout
+            )
+        )
+        return obj if isinstance(obj, dict) else {}
+
+    async def create_cluster_object(
+        self, group: str, version: str, plural: str, body: Mapping[str, Any]
+    ) -> JSON:
+        """Create one cluster-scoped object (409 when the name is taken)."""
+        obj = await self._call(
+            self._custom.create_cluster_custom_object(
+                group, version, plural, dict(body), _request_timeout=self._timeout
+            )
+        )
+        return obj if isinstance(obj, dict) else {}
+
+    async def patch_cluster_object(
+        self, group: str, version: str, plural: str, name: str, patch: Mapping[str, Any]
+    ) -> JSON:
+        """JSON merge patch of one cluster-scoped object; metadata.resourceVersion in `patch` makes it
+        conditional."""
+        obj = await self._call(
+            self._custom.patch_cluster_custom_object(
+                group, version, plural, name, dict(patch), _content_type=MERGE_PATCH,
+                _request_timeout=self._timeout,
+            )
+        )  # fmt: skip
+        return obj if isinstance(obj, dict) else {}
+
+    async def delete_cluster_object(
+        self, group: str, version: str, plural: str, name: str, uid: str = ""
+    ) -> None:
+        """Delete one cluster-scoped object (only the one with `uid` when given: 409 otherwise)."""
+        kwargs: dict[str, Any] = {"_request_timeout": self._timeout}
+        if uid:
+            kwargs["body"] = {"preconditions": {"uid": uid}}
+        await self._call(self._custom.delete_cluster_custom_object(group, version, plural, name, **kwargs))

@@ -28,6 +28,7 @@ from remediation.settings import Settings
 
 if TYPE_CHECKING:
     from remediation.backends.kubernetes import KubernetesBackendSettings
+    from remediation.kube.events import KubeSwitchAudit
     from remediation.kube.incidents import IncidentStore
     from remediation.kube.leader import LeaderElector
     from remediation.kube.runtime import KubeRuntime
@@ -46,6 +47,9 @@ class EngineProxy:
         self.runtime = runtime
         self.identity = identity
         self.engine: Engine | None = None
+        # each pause, resume and breaker reset as an Event on this replica's Pod (set by serve_kubernetes)
+        self.switches: KubeSwitchAudit | None = None
+        self._recording: set[asyncio.Task[None]] = set()
 
     def _leader(self) -> Engine:
         if self.engine is None:
@@ -84,15 +88,24 @@ class EngineProxy:
 
     def pause(self, by: str) -> Mapping[str, Any]:
         """Pause the leader's engine."""
-        return self._leader().pause(by)
+        return self._switched("pause", by, self._leader().pause(by))
 
     def resume(self, by: str) -> Mapping[str, Any]:
         """Resume the leader's engine."""
-        return self._leader().resume(by)
+        return self._switched("resume", by, self._leader().resume(by))
 
     def reset_breaker(self, by: str) -> Mapping[str, Any]:
         """Close the leader's breaker."""
-        return self._leader().reset_breaker(by)
+        return self._switched("breaker_reset", by, self._leader().reset_breaker(by))
+
+    def _switched(self, action: str, by: str, answer: Mapping[str, Any]) -> Mapping[str, Any]:
+        """The switch has taken effect; its Event is written in the background (the API answers now)."""
+        if self.switches is not None:
+            announce = self.switches.announce(action, by, bool(answer.get("changed", True)))
+            task = asyncio.get_running_loop().create_task(announce)
+            self._recording.add(task)
+            task.add_done_callback(self._recording.discard)
+        return answer
 
     async def close_engine(self) -> None:
         """Close the ladder engine (the ledger) and forget it."""
@@ -103,8 +116,10 @@ class EngineProxy:
             await close_engine(engine)
 
     async def aclose(self) -> None:
-        """Close the engine, then the API connection."""
+        """Close the engine, then the API connection (after the switch Events still being written)."""
         await self.close_engine()
+        if self._recording:
+            await asyncio.gather(*self._recording, return_exceptions=True)
         await self.runtime.close()
 
 
@@ -247,10 +262,12 @@ async def _rescan_shared_inbox(service: RunningService, interval_seconds: float)
 
 async def serve_kubernetes(settings: Settings) -> None:
     """`serve --backend kubernetes`: intake on every replica, the engine only on the leader."""
+    from remediation.kube.events import KubeSwitchAudit
     from remediation.server import start_service
 
     runtime = await connect_kube(settings)
     proxy = EngineProxy(runtime, settings.kube.identity)
+    proxy.switches = KubeSwitchAudit(runtime.client, settings.kube.identity, settings.kube.namespace)
 
     async def factory(s: Settings, metrics: RemediationMetrics) -> Engine:
         metrics.leader.set_function(lambda: 1.0 if proxy.engine is not None else 0.0)

@@ -8,7 +8,7 @@ from typing import Any
 
 from remediation.decide import HELD_DUE
 from remediation.decide.freshness import is_fresh, staleness
-from remediation.decide.incidents import incident_key, opening_fields, resolved_step
+from remediation.decide.incidents import incident_key, opening_fields, resolved_step, returns_to_service
 from remediation.diagnosis.types import NO_PROMETHEUS, Diagnosis, no_diagnosis
 from remediation.effects import Diagnose, Effect
 from remediation.ladder import first_step, loop_identity, target_from_labels, target_problem
@@ -219,6 +219,13 @@ class EventTransitions(LadderTransitions):
             return []
         self._entry(inc, "event", "resolved", "alert resolved")
         step = resolved_step(inc.state)
+        if (
+            step == "human"
+            and self.settings.return_to_service
+            and returns_to_service(self._db.history(incident_id))
+        ):
+            # the GPU was taken out by a DeviceTaintRule: it returns only once a validation passes
+            return self._validate(incident_id, now)
         if step in ("self_resolved", "human"):
             return self._close(incident_id, step, now)
         if step == "mark_resolved":

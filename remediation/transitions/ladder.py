@@ -7,10 +7,10 @@ from typing import Any
 
 from remediation.decide.incidents import ladder_end_reason
 from remediation.diagnosis.policy import veto
-from remediation.effects import Act, Announce, CheckPromQL, Effect
+from remediation.effects import Act, Announce, CheckPromQL, Effect, Validate
 from remediation.ladder import incident_identity, next_step
 from remediation.model import Rung
-from remediation.safety import PAUSE
+from remediation.safety import NODES_OFF, PAUSE
 from remediation.signatures import Signature
 from remediation.tracing import AttrValue
 from remediation.transitions.paging import PagingTransitions
@@ -48,6 +48,15 @@ class LadderTransitions(PagingTransitions):
                 self._entry(inc, "action", "skipped", vetoed, rung=rung, attempt=attempt, finished_at=now)
                 self._conclude_rung(self._row(incident_id), "skipped", vetoed)
                 return self._page(incident_id, now, vetoed)
+        if rung == "migrate" and not self.settings.scope.nodes:
+            # a pod's or a job's migrate cordons its node: the next rung (a page) instead
+            self._later(lambda: self.metrics.actions.labels(rung=rung, outcome="skipped").inc())
+            self._entry(inc, "action", "skipped", NODES_OFF, rung=rung, attempt=attempt, finished_at=now)
+            self._set(incident_id, reason=NODES_OFF)
+            self._conclude_rung(self._row(incident_id), "skipped", NODES_OFF)
+            off: frozenset[Rung] = frozenset({"migrate"})
+            nxt, nxt_attempt = next_step(sig.ladder, rung, attempt, blocked | off)
+            return self._start(incident_id, nxt, nxt_attempt, now, blocked | off)
         job = target.kind == "job"
         if rung == "restart" or (job and rung == "migrate"):
             loop = self._loops.restart_loop(inc.loop_key, now, job=job)
@@ -168,6 +177,24 @@ class LadderTransitions(PagingTransitions):
             )
         self._entry(inc, "event", "verified" if by_resolution else "watching", text)
         self._set(incident_id, state="cooldown", next_at=now + cooldown)
+
+    def _validate(self, incident_id: int, now: float, again: bool = False) -> list[Effect]:
+        """Test the quarantined GPU before it serves again; `again`: the same validation, asked anew
+        (its Job is found by name), after no verdict came back in time."""
+        inc = self._row(incident_id)
+        attempt = sum(1 for h in self._db.history(incident_id) if h.get("status") == "validation_started")
+        if not again:
+            attempt += 1
+            self._entry(
+                inc, "event", "validation_started", f"validating {inc.target.key} (attempt {attempt})"
+            )
+        else:
+            self._entry(
+                inc, "event", "validation_asked_again", f"no verdict yet; asking again (attempt {attempt})"
+            )
+        wait = self.settings.return_to_service_timeout_seconds + 60.0
+        self._set(incident_id, state="validating", next_at=now + wait)
+        return [Validate(incident_id, inc.target, inc.fault_class, max(attempt, 1))]
 
     def _close(self, incident_id: int, resolution: str, now: float, state: str = "closed") -> list[Effect]:
         inc = self._row(incident_id)

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from remediation.diagnosis.types import DIAGNOSIS_FAILED, PROMETHEUS_UNAVAILABLE, Diagnosis
-from remediation.effects import Act, CheckPromQL, Effect, SendGroupPage, SendPage
+from remediation.effects import Act, Announce, CheckPromQL, Effect, SendGroupPage, SendPage, Validate
 from remediation.ladder import first_step
 from remediation.safety import BREAKER
 from remediation.transitions.timers import TimerTransitions
@@ -46,6 +46,39 @@ class Transitions(TimerTransitions):
             return []
         rung, attempt = first_step(sig.ladder)
         return self._start(incident_id, rung, attempt, now)
+
+    def on_preview(self, eff: Announce, summary: str, details: Mapping[str, Any]) -> list[Effect]:
+        """Record what a dry-run migrate left as a preview (a DeviceTaintRule with effect None)."""
+        inc = self._db.incident(eff.incident_id)
+        if inc is not None:
+            self._entry(inc, "event", "dry_run_preview", summary, rung=eff.rung, details=details)
+        return []
+
+    def on_validated(
+        self, eff: Validate, outcome: str, summary: str, details: Mapping[str, Any], delay: float
+    ) -> list[Effect]:
+        """A validation's verdict: a pass returns the GPU and closes the incident (its page resolves);
+        a fail keeps the GPU out and pages again with why; temporary asks again after `delay`."""
+        now = self.clock.time()
+        inc = self._db.incident(eff.incident_id)
+        if inc is None or inc.state != "validating":
+            return []  # a verdict that came too late: the incident moved on
+        if outcome == "temporary":
+            self._entry(inc, "event", "validation_retry", summary, details=details)
+            self._set(inc.id, next_at=now + max(delay, 1.0))
+            return []
+        if outcome == "passed":
+            self._entry(inc, "event", "returned", summary, details=details)
+            self._set(inc.id, page_sticky=0)  # the repair the page asked for is proven: resolve it
+            return self._close(inc.id, "returned", now)
+        self._entry(inc, "event", "validation_failed", summary, details=details)
+        self._set(
+            inc.id,
+            state="paged",
+            reason=summary,
+            next_at=now + self.settings.paged_incident_max_age_seconds,
+        )
+        return self._request_page(inc.id, now, f"validation failed: {summary}")
 
     def on_action_done(
         self, eff: Act, outcome: str, summary: str, details: Mapping[str, Any], delay: float

@@ -129,6 +129,8 @@ class TimerTransitions(EventTransitions):
                 effects += self._escalate(incident_id, now, why)
             elif step == "still_firing":
                 effects += self._still_firing(inc, now)
+            elif step == "validate":
+                effects += self._validate(incident_id, now, again=True)
             elif step == "retry":
                 self._entry(inc, "event", "retry", f"retrying {inc.rung} after a temporary failure")
                 effects += self._start(incident_id, cast(Rung, inc.rung), inc.attempt, now, retry=True)

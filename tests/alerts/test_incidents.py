@@ -232,12 +232,15 @@ async def _attribution_args(stack: AsyncExitStack, incident: Incident, tmp: Path
         token = tmp / f"{incident.scenario}-token"
         token.write_text(api.token)
         dra = [
-            "--attribution.dra-node-name",
+            "--kube.node-name",
             str(doc["node"]),
-            "--attribution.kube-api-url",
+            "--kube.api-url",
             api.url,
-            "--attribution.kube-token-file",
+            "--kube.token-file",
             str(token),
+            # the ResourceSlice watch alone, as before --kube.* (whose node name turns every pod view on)
+            "--no-attribution.pod-watch",
+            "--no-collector.progress",
         ]
     return [
         *dra,

@@ -99,6 +99,76 @@ def test_promql_blocks_select_only_series_gpupulse_has(recording_rules: list[dic
         assert used and used <= allowed, f"{name}: {expr!r} selects {used - allowed}"
 
 
+# labels whose values are a closed set the exporter emits: a runbook that names another value reads 0
+CLOSED_LABELS = ("type", "cause", "state")
+GOLDEN = ROOT / "tests" / "exporter" / "golden"
+SELECTOR = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\{([^}]*)\}")
+MATCHER = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"([^"]*)"')
+
+
+def _emitted_values() -> dict[tuple[str, str], set[str]]:
+    """(metric, label) -> the values the exporter's golden expositions hold."""
+    out: dict[tuple[str, str], set[str]] = {}
+    for path in GOLDEN.glob("*.prom"):
+        for line in path.read_text().splitlines():
+            found = SELECTOR.match(line)
+            if found:
+                for label, value in MATCHER.findall(found.group(2)):
+                    out.setdefault((found.group(1), label), set()).add(value)
+    return out
+
+
+def test_promql_blocks_match_label_values_the_exporter_emits() -> None:
+    # the XID 48 runbook's ECC query once read 0 where the alert fired: every literal value of a
+    # closed label must be one the exporter writes for that metric
+    emitted = _emitted_values()
+    checked = 0
+    for name, expr in _queries().items():
+        for metric, matchers in SELECTOR.findall(expr.split("#", 1)[0]):
+            for label, value in MATCHER.findall(matchers):
+                if label in CLOSED_LABELS and (metric, label) in emitted:
+                    assert value in emitted[(metric, label)], (
+                        f"{name}: {metric}{{{label}={value!r}}}: the exporter writes "
+                        f"{sorted(emitted[(metric, label)])}"
+                    )
+                    checked += 1
+    assert checked >= 3  # the ECC and row-remap queries at least
+
+
+def test_the_reset_runbook_confirms_xid_48_with_the_ecc_and_remap_counters() -> None:
+    text = _runbooks()["GPUXidResetRequired"]
+    queries = [" ".join(body.split("#", 1)[0].split()) for _, body in _blocks(text, "promql")]
+    assert 'increase(gpu_ecc_errors_total{uuid="<uuid>", type="uncorrected"}[1h])' in queries
+    assert 'increase(gpu_remapped_rows_total{uuid="<uuid>", cause="uncorrectable"}[1h])' in queries
+
+
+@pytest.mark.parametrize("name", sorted(n for n, text in _runbooks().items() if "py-spy" in text))
+def test_py_spy_is_given_the_container_pid_and_the_host_pid_is_explained(name: str) -> None:
+    text = _runbooks()[name]
+    for _, body in _blocks(text, "sh"):
+        for line in body.splitlines():
+            if "py-spy" in line and "kubectl exec" in line:
+                # NVML reports host PIDs, the series' pid label; inside the container that PID is another
+                assert "--pid <container-pid>" in line, f"{name}: {line}"
+    assert "**host** PID" in text and "grep NSpid /proc/<pid>/status" in text, name
+    assert (
+        "kubectl debug node/<node>" in text and "py-spy" in text.split("kubectl debug node/<node>")[1][:200]
+    )
+
+
+@pytest.mark.parametrize("name", sorted(_runbooks()))
+def test_escalation_names_who_is_paged_and_what_to_hand_over(name: str) -> None:
+    text = _runbooks()[name]
+    escalation = text.split("## Escalation", 1)[1].split("\n## ", 1)[0]
+    if escalation.lstrip().startswith("`info`"):
+        return
+    assert "**Who**" in escalation and "**Hand over**" in escalation, name
+    if "(it is about the controller)" in escalation:
+        assert "gpupulse-remediation status" in escalation, name
+    else:
+        assert "`controller.pager`" in escalation and "incidents get <id>" in escalation, name
+
+
 @pytest.mark.parametrize("name", sorted(_runbooks()))
 def test_node_commands_run_through_kubectl_not_ssh(name: str) -> None:
     text = _runbooks()[name]

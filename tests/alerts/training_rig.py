@@ -706,15 +706,9 @@ async def _wait(url: str, proc: asyncio.subprocess.Process) -> None:
 
 
 def exporter_kube_flags(api: FakeKubeAPI, node: str, token_file: Path) -> list[str]:
-    """The exporter's pod-watch flags (issue 13, part A): API server, this node, credentials."""
-    return [
-        "--attribution.kube-api-url",
-        api.url,
-        "--attribution.node-name",
-        node,
-        "--attribution.kube-token-file",
-        str(token_file),
-    ]
+    """The exporter's pod-watch flags (issue 13, part A; one store for every plug-in since issue 37):
+    API server, this node, credentials."""
+    return ["--kube.api-url", api.url, "--kube.node-name", node, "--kube.token-file", str(token_file)]
 
 
 async def _start_exporter(
@@ -764,11 +758,9 @@ async def _start_exporter(
 
 
 def _progress_flags(api: FakeKubeAPI, node: str, token: Path, tmp: Path, interval: str) -> list[str]:
-    """The progress collector on this node's pod logs (kubelet's /var/log/pods, here under tmp)."""
+    """The progress collector on this node's pod logs (kubelet's /var/log/pods, here under tmp); its
+    pods come from the shared store of exporter_kube_flags."""
     return [
-        "--progress.node-name", node,
-        "--progress.kube-api-url", api.url,
-        "--progress.kube-token-file", str(token),
         "--progress.pod-logs-dir", str(tmp / f"{node}-logs"),
         "--progress.interval", interval,
     ]  # fmt: skip

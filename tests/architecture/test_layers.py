@@ -31,6 +31,7 @@ EXPECTED_CONTRACTS = {
     "remediation-layers",
     "remediation-decide-pure",
     "exporter-layers",
+    "progress-own-pods",
 }
 # (contract id, module planted in the copy, the forbidden import it holds)
 PLANTED = [
@@ -55,6 +56,14 @@ PLANTED = [
     ("exporter-layers", "exporter/engines/_planted.py", "from exporter.attribution import resolve"),
     ("exporter-layers", "exporter/collectors/_planted.py", "import exporter.sampler"),
     ("exporter-layers", "exporter/sim/_planted.py", "import exporter.nvml"),
+    # the transports know nothing of the plug-ins that use them
+    ("exporter-layers", "exporter/wire/_planted.py", "import exporter.engines.collector"),
+    # progress is a plug-in like the others: it shares the text format with engines, not engines' code
+    ("exporter-layers", "exporter/progress/_planted.py", "import exporter.engines.collector"),
+    ("exporter-layers", "exporter/exposition/_planted.py", "import exporter.engines.vllm"),
+    # progress back on attribution's pod metadata, or on the engines' pod watch
+    ("progress-own-pods", "exporter/progress/_planted.py", "from exporter.attribution import podmeta"),
+    ("progress-own-pods", "exporter/progress/_planted.py", "import exporter.engines.kube_pods"),
 ]
 
 

@@ -150,3 +150,20 @@ async def test_grpc_go_status_and_percent_encoded_message(serve: Serve) -> None:
     with pytest.raises(PodResourcesError) as failed:
         await _list(socket_path, 5.0)
     assert str(failed.value) == "List failed: RESOURCE_EXHAUSTED: rejected by rate limit: 100% ü"
+
+
+async def test_grpc_go_graceful_stop_during_a_list_lets_the_call_finish(serve: Serve) -> None:
+    # the kubelet shutting down (server.GracefulStop) while our List is in flight: its GOAWAY notice
+    # (2^31-1) and PING come first, then our answer and the final GOAWAY; the call must succeed
+    answer = {"podResources": [{"name": "llama-0", "namespace": "serving", "containers": [
+        container("vllm", {"nvidia.com/gpu": [GPU_UUIDS[0]]})]}]}  # fmt: skip
+    socket_path = await serve(answer, "-graceful-stop-in-list")
+    client = PodResourcesClient(socket_path, timeout_seconds=5.0)
+    try:
+        pods = await client.list()
+        assert [p.name for p in pods] == ["llama-0"]
+        with pytest.raises(PodResourcesError):  # stopped: the drained connection is not used again
+            await client.list()
+        assert client.connections_opened == 1
+    finally:
+        await client.close()

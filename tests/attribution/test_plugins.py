@@ -1,13 +1,19 @@
-"""The plug-in contract exporter-core's CLI uses: add_arguments(parser) and from_args(args)."""
+"""The plug-in contract exporter-core's CLI uses: add_arguments(parser) and from_args(args, ctx)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
+import pytest
+
 from exporter.attribution import collector as attribution
+from exporter.attribution.collector import AttributionCollector
 from exporter.collectors.base import GpuProcess, NodeState
+from exporter.collectors.plugin import PluginContext
 from exporter.host.procfs import Procfs
+from exporter.kube import flags as kube_flags
+from exporter.kube.context import KubeContext
 from exporter.pagecache import collector as pagecache
 from gpupulse.metrics.attribution import ATTRIBUTION_METRICS
 from gpupulse.metrics.pagecache import PAGECACHE_METRICS
@@ -16,9 +22,18 @@ from tests.attribution.helpers import samples
 
 def parser_with_both() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser()
+    kube_flags.add_arguments(parser)  # exporter-core's, shared by the plug-ins
     attribution.add_arguments(parser)
     pagecache.add_arguments(parser)  # both add --path.procfs; the second must not conflict
     return parser
+
+
+def context(args: argparse.Namespace) -> PluginContext:
+    return PluginContext(KubeContext(kube_flags.api_settings(args, environ={})))
+
+
+def build(args: argparse.Namespace) -> AttributionCollector | None:
+    return attribution.from_args(args, context(args))
 
 
 def test_flags_reach_the_settings() -> None:
@@ -36,8 +51,8 @@ def test_flags_reach_the_settings() -> None:
             "--pagecache.no-mapped",
         ]
     )
-    attr = attribution.from_args(args)
-    page = pagecache.from_args(args)
+    attr = build(args)
+    page = pagecache.from_args(args, context(args))
     assert attr is not None and page is not None
     assert attr.name == "attribution" and attr.interval_seconds == 2.0
     assert attr.settings.procfs_path == "/host/proc"
@@ -50,49 +65,75 @@ def test_flags_reach_the_settings() -> None:
     assert page.settings.scan_mapped is False
 
 
-def test_dra_flags_reach_the_settings() -> None:
-    args = parser_with_both().parse_args(
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--kube.node-name=gpu-node-7", "--kube.api-url=http://127.0.0.1:8001", "--kube.token-file=/etc/t"],
+        # the flags of before --kube.*, kept one release
         [
-            "--attribution.kubelet-socket=/run/k.sock",
             "--attribution.dra-node-name=gpu-node-7",
             "--attribution.kube-api-url=http://127.0.0.1:8001",
-            "--attribution.kube-token-file=/etc/gpupulse/token",
-        ]
+            "--attribution.kube-token-file=/etc/t",
+        ],
+    ],
+)
+def test_dra_flags_reach_the_slice_watch(argv: list[str]) -> None:
+    sock = "--attribution.kubelet-socket=/run/k.sock"
+    attr = build(parser_with_both().parse_args([sock, *argv]))
+    assert attr is not None and attr.slices is not None
+    api = attr.slices._settings
+    assert (api.node_name, api.api_url, str(api.token_path)) == (
+        "gpu-node-7",
+        "http://127.0.0.1:8001",
+        "/etc/t",
     )
-    attr = attribution.from_args(args)
-    assert attr is not None
-    assert attr.settings.dra_node_name == "gpu-node-7"
-    assert attr.settings.dra_api_url == "http://127.0.0.1:8001"
-    assert attr.settings.kube_token_path == "/etc/gpupulse/token"
-    default = attribution.from_args(parser_with_both().parse_args([]))
-    assert default is not None
-    assert default.settings.kube_token_path == "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    assert attr.slices._drivers == ("gpu.nvidia.com",)
+    default = build(parser_with_both().parse_args([sock, "--kube.node-name=n"]))
+    assert default is not None and default.slices is not None
+    assert str(default.slices._settings.token_path) == "/var/run/secrets/kubernetes.io/serviceaccount/token"
 
 
 def test_defaults_follow_the_kubelet_and_node_exporter_conventions() -> None:
     args = parser_with_both().parse_args([])
     assert args.attribution_kubelet_socket == "auto"
-    attr = attribution.from_args(args)
+    attr = build(args)
     assert attr is not None
     assert attr.settings.procfs_path == "/proc"
     assert attr.settings.kubelet_refresh_interval_seconds == 10.0
-    page = pagecache.from_args(args)
+    page = pagecache.from_args(args, context(args))
     assert page is not None and page.interval_seconds == 30.0
 
 
 def test_the_pod_watch_follows_its_flag_the_node_name_and_the_kubelet_part() -> None:
     def node(*argv: str) -> str:
-        attr = attribution.from_args(parser_with_both().parse_args(list(argv)))
+        attr = build(parser_with_both().parse_args(list(argv)))
         assert attr is not None
-        return attr.settings.pod_watch_node_name
+        return attr.pods.store.settings.node_name if attr.pods is not None else ""
 
     sock = "--attribution.kubelet-socket=/run/k.sock"
-    assert node(sock, "--attribution.node-name=gpu-7") == "gpu-7"
-    assert node(sock, "--attribution.node-name=gpu-7", "--no-attribution.pod-watch") == ""
-    assert node(sock, "--attribution.node-name=") == ""
-    assert node("--attribution.kubelet-socket=", "--attribution.node-name=gpu-7") == ""
+    assert node(sock, "--kube.node-name=gpu-7") == "gpu-7"
+    assert node(sock, "--attribution.node-name=gpu-7") == "gpu-7"  # deprecated, still read
+    assert node(sock, "--kube.node-name=gpu-7", "--no-attribution.pod-watch") == ""
+    assert node(sock, "--kube.node-name=") == ""
+    # "" on the old flag turned this pod watch off, and still does, whatever node --kube.* names
+    assert node(sock, "--kube.node-name=gpu-7", "--attribution.node-name=") == ""
+    assert node("--attribution.kubelet-socket=", "--kube.node-name=gpu-7") == ""
+
+
+def test_the_slice_watch_follows_its_flag_the_node_name_and_the_kubelet_part() -> None:
+    def watched(*argv: str) -> bool:
+        attr = build(parser_with_both().parse_args(list(argv)))
+        assert attr is not None
+        return attr.slices is not None
+
+    sock = "--attribution.kubelet-socket=/run/k.sock"
+    assert watched(sock, "--kube.node-name=gpu-7")
+    assert not watched(sock, "--kube.node-name=gpu-7", "--no-attribution.slice-watch")
+    assert not watched(sock, "--kube.node-name=gpu-7", "--attribution.dra-node-name=")  # the chart's old way
+    assert not watched(sock)
+    assert not watched("--attribution.kubelet-socket=", "--kube.node-name=gpu-7")
     args = parser_with_both().parse_args([sock, "--attribution.max-ranks=8"])
-    attr = attribution.from_args(args)
+    attr = build(args)
     assert attr is not None and attr.settings.max_ranks == 8
 
 
@@ -100,8 +141,8 @@ def test_disabled_collectors_are_not_built() -> None:
     args = parser_with_both().parse_args([])
     args.collector_attribution = False  # what exporter-core's --no-collector.attribution sets
     args.collector_pagecache = False
-    assert attribution.from_args(args) is None
-    assert pagecache.from_args(args) is None
+    assert build(args) is None
+    assert pagecache.from_args(args, context(args)) is None
 
 
 def test_specs_name_every_family_the_collectors_export() -> None:

@@ -18,10 +18,12 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.attribution.collector import AttributionCollector, AttributionSettings
-from exporter.attribution.podmeta import PodMetadataSource, pod_meta
+from exporter.attribution.podmeta import pod_metas
 from exporter.attribution.ranks import EnvironCache, RankRow, rank_info_family
+from exporter.collectors.training import pod_meta
 from exporter.host.procfs import Procfs
 from exporter.kube.client import ApiSettings
+from exporter.kube.pods import PodStore
 from tests.attribution.helpers import ProcfsTree, procfs_from_scenario
 from tests.exporter.harness import simulated_exporter
 from tests.fakes.kube_api import FakeKubeAPI, pods_to_api_from_scenario
@@ -110,9 +112,7 @@ class Node:
             token.write_text(self.api.token)
             node = str(self.doc["node"])
             collector.use_pods(
-                PodMetadataSource(
-                    ApiSettings(node, self.api.url, token_path=token, ca_path=None, retry_seconds=0.05)
-                )
+                PodStore(ApiSettings(node, self.api.url, token_path=token, ca_path=None, retry_seconds=0.05))
             )
         return collector
 
@@ -126,6 +126,8 @@ async def exporter(collector: AttributionCollector) -> AsyncIterator[Any]:
             yield h
     finally:
         await collector.close()
+        if collector.pods is not None:  # the exporter's shared store, closed after its readers
+            await collector.pods.store.close()
 
 
 @pytest.fixture
@@ -310,20 +312,21 @@ async def test_the_pod_watch_follows_adds_changes_and_deletes(api: FakeKubeAPI, 
     token.write_text(api.token)
     api.add_pod("research", "w-0", "gpu-node-train", labels={"jobset.sigs.k8s.io/jobset-name": "a"})
     api.add_pod("research", "elsewhere", "other-node", labels={"jobset.sigs.k8s.io/jobset-name": "b"})
-    source = PodMetadataSource(
+    source = PodStore(
         ApiSettings("gpu-node-train", api.url, token_path=token, ca_path=None, retry_seconds=0.05)
     )
+    metas = source.view("attribution", pod_metas)
     source.start()
     try:
-        await source.wait_until(lambda: source.lookup("research", "w-0") is not None, 10)
-        assert source.lookup("research", "elsewhere") is None  # only this node's pods
+        await source.wait_until(lambda: ("research", "w-0") in metas.value, 10)
+        assert ("research", "elsewhere") not in metas.value  # only this node's pods
         api.update_pod("research", "w-0", lambda p: p["metadata"]["labels"].update({"x": "1"}))
         await source.wait_until(
-            lambda: (m := source.lookup("research", "w-0")) is not None and "x" in m.labels, 10
+            lambda: (m := metas.value.get(("research", "w-0"))) is not None and "x" in m.labels, 10
         )
         api.remove_pod("research", "w-0")
-        await source.wait_until(lambda: source.lookup("research", "w-0") is None, 10)
-        assert len(source) == 0 and source.stats.lists == 1
+        await source.wait_until(lambda: ("research", "w-0") not in metas.value, 10)
+        assert len(metas.value) == 0 and source.stats.lists == 1
     finally:
         await source.close()
 

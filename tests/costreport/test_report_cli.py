@@ -257,8 +257,80 @@ async def test_targets_without_a_scrape_interval_fall_back_to_the_global_one(
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     try:
-        assert await _report(f"http://127.0.0.1:{port}") == EXIT_USAGE
+        assert await _report(f"http://127.0.0.1:{port}", "--step=5m") == EXIT_USAGE
     finally:
         await runner.cleanup()
     err = capsys.readouterr().err
     assert "--step 5m is shorter than 3 scrape intervals of 3m (the global scrape_interval" in err
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("127.0.0.1:9090", "--prometheus.url '127.0.0.1:9090': give the base URL with its scheme, e.g. "
+         "http://127.0.0.1:9090"),
+        ("ftp://prom:9090", "--prometheus.url 'ftp://prom:9090': give an http:// or https:// URL"),
+        ("http://", "--prometheus.url 'http://': give an http:// or https:// URL"),
+    ],
+)  # fmt: skip
+def test_a_prometheus_url_without_http_is_a_bad_argument(
+    url: str, says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["report", "--prometheus.url", url, "--last", "1h"], now=NOW) == EXIT_USAGE
+    assert capsys.readouterr().err.splitlines() == [
+        f"gpupulse report: error: {says}",
+        "See 'gpupulse report --help'.",
+    ]
+
+
+def test_a_step_that_leaves_too_few_steps_in_the_period_is_refused_before_any_query(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # the URL is a closed port: refused before anything is asked of it
+    url = f"http://127.0.0.1:{free_port()}"
+    assert main(["report", f"--prometheus.url={url}", "--last", "10m", "--step", "5m"], now=NOW) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.startswith(
+        "gpupulse report: error: --step 5m leaves fewer than 10 steps in the 10m period: each step counts "
+        "a GPU from one sample"
+    )
+    assert "use --step 1m or shorter" in err
+
+
+@pytest.mark.parametrize(("last", "step"), [("10m", 30), ("1h", 180), ("100m", 300), ("7d", 300), ("3m", 9)])
+def test_without_step_the_report_picks_one_that_fits_the_period(last: str, step: int) -> None:
+    from costreport.cli import auto_step
+    from gpupulse.durations import parse_duration
+
+    assert auto_step(0.0, parse_duration(last), shortest=3.0) == step
+
+
+def test_without_step_a_short_period_gets_three_scrapes_a_step_while_ten_steps_fit() -> None:
+    from costreport.cli import auto_step
+
+    # 10 minutes at a 15 s scrape: 1/20 is 30 s, under 3 scrapes (45 s); 45 s still leaves 13 steps
+    assert auto_step(0.0, 600.0, shortest=45.0) == 45.0
+
+
+async def test_ten_minutes_read_the_gpu_hours_held_and_say_no_gpu_was_idle(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # 3 GPUs held for the last 6 of the 10 minutes: 0.30 GPU-hours (5 m steps read 0.50 from 2 samples)
+    held_from = NOW - 360
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        if request.query["query"] != "sum by (cluster, namespace) (namespace:gpu_allocated:sum)":
+            return _matrix([])
+        start, end, step = (float(request.query[k]) for k in ("start", "end", "step"))
+        times = [start + i * step for i in range(int((end - start) / step) + 1)]
+        values = [[t, "3"] for t in times if t > held_from]
+        return _matrix([{"metric": {"namespace": "team-a"}, "values": values}])
+
+    async with serving(handler) as url:
+        argv = ["report", f"--prometheus.url={url}", "--last=10m", "--scrape-interval=1s"]
+        assert await asyncio.to_thread(main, argv, NOW) == 0
+    out = capsys.readouterr().out
+    assert "(step 30 s)" in out.splitlines()[0]
+    assert out.split("Per namespace\n")[1].splitlines()[1].split()[:2] == ["team-a", "0.30"]
+    no_idle = "no idle GPUs: no allocated GPU's SM activity was under the idle threshold"
+    assert out.endswith(f"Largest idle allocations\n{no_idle}\n")

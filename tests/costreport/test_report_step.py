@@ -93,12 +93,14 @@ async def test_without_targets_the_global_scrape_interval_bounds_the_step(
 ) -> None:
     async with running_prometheus("global:\n  scrape_interval: 2m\n") as prom:
         await _is_3(prom)
-        # the default 5 m step is shorter than three scrapes of 2 m
-        assert await _report(prom.url) == EXIT_USAGE
+        # a 5 m step is shorter than three scrapes of 2 m
+        assert await _report(prom.url, "--step=5m") == EXIT_USAGE
         err = capsys.readouterr().err
         assert "--step 5m is shorter than 3 scrape intervals of 2m" in err, err
         assert "global scrape_interval" in err and "use --step 6m or longer" in err
         assert await _report(prom.url, "--step=6m") == EXIT_NO_DATA
+        # without --step the report takes three scrapes (6 m), which leave enough steps in the 6 h
+        assert await _report(prom.url) == EXIT_NO_DATA
         # an explicit scrape interval is taken as it is
         assert await _report(prom.url, "--step=30s", "--scrape-interval=10s") == EXIT_NO_DATA
         assert await _report(prom.url, "--step=30s", "--scrape-interval=11s") == EXIT_USAGE

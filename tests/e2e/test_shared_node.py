@@ -29,6 +29,7 @@ from demo.neighbours import line as neighbour_line
 from exporter import registry
 from exporter.cli import build_parser
 from exporter.collectors.base import Collector
+from exporter.collectors.plugin import PluginContext
 from exporter.server import make_app
 from exporter.sim.engine_spec import load_engines
 from exporter.sim.engines import SimEngine
@@ -142,7 +143,7 @@ def plugin_collectors(
         *(f"--pagecache.paths={flag}" for flag in weights.flags()),
     ]  # fmt: skip
     args = build_parser(plugins).parse_args(argv)
-    collectors = registry.build_plugins(args, plugins)
+    collectors = registry.build_plugins(args, plugins, PluginContext())  # no API server here
     assert sorted(c.name for c in collectors) == ["attribution", "engines", "pagecache"]
     return collectors
 

@@ -12,8 +12,8 @@ from aiohttp import web
 from prometheus_client.core import Metric
 
 from exporter.engines.detect import PREFIXES, WANTED
-from exporter.engines.exposition import Exposition, parse_exposition
 from exporter.engines.targets import Target
+from exporter.exposition.parse import Exposition, parse_exposition
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "engines"
 

@@ -11,9 +11,9 @@ import pytest
 from demo.neighbours import line as neighbour_line
 from exporter.collectors.base import GpuProcess, GpuRef, NodeState, PodRef
 from exporter.engines.collector import EnginesCollector
-from exporter.engines.exposition import parse_exposition
 from exporter.engines.settings import EngineSettings
 from exporter.engines.targets import Target
+from exporter.exposition.parse import parse_exposition
 from gpupulse.metrics.engines import ENGINE_METRICS
 
 from .conftest import FakeClock, ListSource, free_port, render_text, samples, value

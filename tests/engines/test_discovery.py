@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -11,12 +11,12 @@ import pytest
 from aiohttp import web
 
 from exporter.engines.kube_pods import KubePodSource, target_from_pod
-from exporter.engines.settings import KubeSettings
 from exporter.engines.targets import StaticSource, Target, load_config
 from exporter.errors import ConfigError
+from exporter.kube.client import ApiSettings as KubeSettings
+from exporter.kube.pods import PodStore
+from exporter.kube.reflector import ReflectorStats
 from tests.fakes.kube_api import FakeKubeAPI, parse_bool
-
-from .conftest import FakeClock
 
 
 def test_static_config_entries(tmp_path: Path) -> None:
@@ -127,11 +127,35 @@ async def api(tmp_path: Path) -> AsyncIterator[FakeKubeAPI]:
         await server.stop()
 
 
-def _source(
-    api: FakeKubeAPI, tmp_path: Path, sleep: GatedSleep | None = None, **settings: Any
-) -> KubePodSource:
+class _Discovery(KubePodSource):
+    """Engine discovery on a pod store of its own, closed with it, read as these tests do."""
+
+    def __init__(self, kube: KubeSettings, sleep: GatedSleep) -> None:
+        self.store = PodStore(kube, sleep=sleep)
+        super().__init__(self.store)
+
+    @property
+    def stats(self) -> ReflectorStats:
+        return self.store.stats
+
+    @property
+    def error(self) -> str:
+        return self.store.error
+
+    @property
+    def _targets(self) -> list[Target]:
+        return self.view.value
+
+    async def wait_until(self, predicate: Callable[[], bool], timeout_seconds: float) -> None:
+        await self.store.wait_until(predicate, timeout_seconds)
+
+    async def close(self) -> None:
+        await self.store.close()
+
+
+def _source(api: FakeKubeAPI, tmp_path: Path, sleep: GatedSleep | None = None, **settings: Any) -> _Discovery:
     kube = KubeSettings("node-a", api_url=api.url, token_path=tmp_path / "token", ca_path=None, **settings)
-    return KubePodSource(kube, FakeClock(), sleep=sleep or GatedSleep())
+    return _Discovery(kube, sleep or GatedSleep())
 
 
 def _pods(source_targets: list[Target]) -> list[str]:
@@ -151,7 +175,7 @@ async def test_one_list_then_a_watch_follows_this_nodes_pods(api: FakeKubeAPI, t
         assert _pods(await source.targets()) == ["llama-0"]
         (listing,) = _pod_requests(api, watch=False)
         # served from the API server's watch cache, only this node's pods
-        assert listing == {"fieldSelector": "spec.nodeName=node-a", "resourceVersion": "0"}
+        assert listing == {"fieldSelector": "spec.nodeName=node-a", "resourceVersion": "0", "limit": "500"}
         await source.wait_until(lambda: source.stats.watches == 1, 5)
         # a new engine pod becomes a target once it runs with an IP
         api.add_pod("serving", "qwen-0", "node-a", annotations=ENGINE, phase="Pending")
@@ -202,7 +226,7 @@ async def test_an_expired_resource_version_relists_the_current_state(
 ) -> None:
     _running(api, "serving", "llama-0", "node-a", "10.1.0.1", ENGINE)
     sleep = GatedSleep()
-    source = _source(api, tmp_path, sleep)
+    source = _source(api, tmp_path, sleep, short_watch_seconds=0.0)  # the closed watch is no failure
     try:
         await source.targets()
         await api.wait_open_watches(1)
@@ -219,7 +243,11 @@ async def test_an_expired_resource_version_relists_the_current_state(
         await source.wait_until(lambda: _pods(source._targets) == ["qwen-0"], 5)
         assert source.stats.relists_after_expired == 1
         first, second = _pod_requests(api, watch=False)
-        assert first["resourceVersion"] == "0" and second["resourceVersion"] == ""  # a consistent read
+        (watch, *_) = _pod_requests(api, watch=True)
+        assert first["resourceVersion"] == "0"
+        # from the last version seen, out of the watch cache: no quorum read while that serves
+        assert second["resourceVersion"] == watch["resourceVersion"]
+        assert second["resourceVersionMatch"] == "NotOlderThan"
     finally:
         await source.close()
 
@@ -237,7 +265,7 @@ async def test_bookmarks_keep_the_resource_version_fresh_across_compaction(
             api.add_pod("batch", f"job-{i}", "node-b")
         if bookmarks:
             api.bookmark()
-            await source.wait_until(lambda: source._resource_version == str(api._rv), 5)
+            await source.wait_until(lambda: source.store._resource_version == str(api._rv), 5)
         api.compact()
         api.close_watches()
         await source.wait_until(lambda: source.stats.watches == 2, 5)
@@ -251,7 +279,15 @@ async def test_bookmarks_keep_the_resource_version_fresh_across_compaction(
 async def test_api_errors_keep_the_last_good_targets_and_back_off(api: FakeKubeAPI, tmp_path: Path) -> None:
     _running(api, "serving", "llama-0", "node-a", "10.1.0.1", ENGINE)
     sleep = GatedSleep()
-    source = _source(api, tmp_path, sleep, retry_seconds=1.0, retry_max_seconds=4.0)
+    source = _source(
+        api,
+        tmp_path,
+        sleep,
+        retry_seconds=1.0,
+        retry_max_seconds=4.0,
+        retry_jitter_ratio=0.0,
+        short_watch_seconds=0.0,
+    )
     try:
         await source.targets()
         await api.wait_open_watches(1)
@@ -312,7 +348,7 @@ async def test_a_hung_api_server_never_blocks_targets(tmp_path: Path) -> None:
         ca_path=None,
         timeout_seconds=0.3,
     )
-    source = KubePodSource(kube, FakeClock(), sleep=sleep)
+    source = _Discovery(kube, sleep)
     try:
         async with asyncio.timeout(2):
             assert await source.targets() == []  # waited at most timeout_seconds for a first sync

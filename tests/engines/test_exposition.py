@@ -10,8 +10,8 @@ import tracemalloc
 import pytest
 
 from exporter.engines.detect import NORMALIZERS, PREFIXES, WANTED, detect_kind
-from exporter.engines.exposition import LABEL_CACHE_MAX, ExpositionParser, parse_exposition
 from exporter.errors import ExpositionError
+from exporter.exposition.parse import LABEL_CACHE_MAX, ExpositionParser, parse_exposition
 
 from .conftest import load_fixture
 

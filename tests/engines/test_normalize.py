@@ -7,9 +7,9 @@ import math
 import pytest
 
 from exporter.engines.detect import NORMALIZERS, PREFIXES, WANTED, detect_kind
-from exporter.engines.exposition import parse_exposition
 from exporter.engines.reading import ModelReading
 from exporter.errors import ExpositionError
+from exporter.exposition.parse import parse_exposition
 
 from .conftest import expo_of, load_fixture
 

@@ -10,11 +10,11 @@ import re
 
 import pytest
 
-from exporter.engines import exposition
 from exporter.engines.detect import PREFIXES, WANTED
-from exporter.engines.exposition import PLAN_KEY, Exposition, ExpositionParser
-from exporter.engines.pageplan import same
 from exporter.errors import ExpositionError
+from exporter.exposition import parse as exposition
+from exporter.exposition.pageplan import same
+from exporter.exposition.parse import PLAN_KEY, Exposition, ExpositionParser
 
 from .conftest import FIXTURES, load_fixture
 

@@ -23,9 +23,9 @@ import pytest
 
 from exporter.collectors.series import SeriesFamily
 from exporter.engines.detect import NORMALIZERS, PREFIXES, WANTED, detect_kind
-from exporter.engines.exposition import Exposition, ExpositionParser
 from exporter.engines.render import Budget, EndpointView, Families
 from exporter.errors import ExpositionError
+from exporter.exposition.parse import Exposition, ExpositionParser
 from exporter.snapshot import render
 
 from .conftest import FIXTURES

@@ -15,11 +15,11 @@ import pytest
 from exporter.collectors.base import NodeState
 from exporter.engines import sglang
 from exporter.engines.collector import EnginesCollector
-from exporter.engines.exposition import parse_exposition
 from exporter.engines.settings import EngineSettings
 from exporter.engines.targets import Target
 from exporter.engines.vllm import normalize
 from exporter.errors import SimSpecError
+from exporter.exposition.parse import parse_exposition
 from exporter.sim.clock import ManualClock
 from exporter.sim.engine_spec import load_engines, parse_engines
 from exporter.sim.engines import SimEngine, serve

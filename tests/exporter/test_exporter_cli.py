@@ -120,7 +120,7 @@ def test_plugin_modules_get_collector_flags_and_their_own() -> None:
             parser.add_argument("--fakeplug.url", dest="fakeplug_url", default="x")
 
         @staticmethod
-        def from_args(args: argparse.Namespace) -> None:
+        def from_args(args: argparse.Namespace, ctx: object) -> None:
             return None
 
     parser = cli.build_parser({"fakeplug": Plugin}, None)  # type: ignore[dict-item]
@@ -305,3 +305,19 @@ def test_nvml_errors_are_classified() -> None:
     assert isinstance(nvml.classify(pynvml.NVMLLibraryMismatchError("v3 missing")), nvml.NotSupportedError)
     other = nvml.classify(pynvml.NVMLError(pynvml.NVML_ERROR_INSUFFICIENT_SIZE))
     assert type(other) is nvml.NvmlError and other.code == pynvml.NVML_ERROR_INSUFFICIENT_SIZE
+
+
+@pytest.mark.parametrize(
+    ("argv", "meant"),
+    [(["--sampling.intervall=1s"], "--sampling.interval"), (["--collector.gpmm"], "--collector.gpm")],
+)
+def test_a_misspelt_flag_is_two_lines_naming_the_flag_meant(
+    argv: list[str], meant: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv, environ={})
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"gpupulse-exporter: error: unrecognized arguments: {argv[0]} (did you mean {meant}?)",
+        "See 'gpupulse-exporter --help'.",
+    ]

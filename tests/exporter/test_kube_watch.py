@@ -17,8 +17,14 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from exporter.attribution.podmeta import PodMetadataSource
-from exporter.kube.client import ApiSettings, in_cluster_api_url
+from exporter.attribution.podmeta import pod_metas
+from exporter.collectors.self import self_families
+from exporter.collectors.training import PodMeta
+from exporter.kube.client import ApiSettings, KubeClient, in_cluster_api_url
+from exporter.kube.pods import PodStore
+from exporter.kube.requests import RequestCounts
+from exporter.snapshot import render
+from tests.fakes.clock import FakeClock
 
 ROOT = Path(__file__).resolve().parents[2]
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -159,6 +165,20 @@ class RecordedSleep:
         await asyncio.sleep(0)
 
 
+class PodMetadataSource(PodStore):
+    """The node's pod store with the attribution plug-in's view on it, looked up as these tests do."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._metas = self.view("attribution", pod_metas)
+
+    def lookup(self, namespace: str, name: str) -> PodMeta | None:
+        return self._metas.value.get((namespace, name))
+
+    def __len__(self) -> int:
+        return len(self._metas.value)
+
+
 def source(
     api: ScriptedAPI, tmp_path: Path, sleep: RecordedSleep | None = None, **settings: Any
 ) -> PodMetadataSource:
@@ -200,20 +220,60 @@ async def test_an_event_split_over_many_writes_is_put_together(api: ScriptedAPI,
     await api.wait_disconnects(1)  # closing the source ends its watch on the server
 
 
-async def test_an_error_event_with_410_relists_the_current_state(api: ScriptedAPI, tmp_path: Path) -> None:
-    expired = event("ERROR", status_obj(410, "Expired", "too old resource version: 10 (20)"))
-    api.script = [listing("a"), stream(expired), listing("c", rv="30")]
+@pytest.mark.parametrize("as_event", [True, False])
+async def test_a_410_relists_from_the_last_version_seen_out_of_the_watch_cache(
+    api: ScriptedAPI, tmp_path: Path, as_event: bool
+) -> None:
+    expired = status_obj(410, "Expired", "too old resource version: 11 (20)")
+    gone = stream(event("ERROR", expired)) if as_event else status(410, "Expired", expired["message"])
+    api.script = [listing("a"), stream(event("ADDED", pod("b", "11"))), gone, listing("c", rv="30")]
+    sleep = RecordedSleep()
+    pods = source(api, tmp_path, sleep)
+    pods.start()
+    try:
+        await pods.wait_until(lambda: pods.lookup("ns", "c") is not None, 5)
+        assert pods.lookup("ns", "a") is None and pods.lookup("ns", "b") is None
+        assert pods.stats.relists_after_expired == 1 and pods.stats.failures == 0
+        assert pods.stats.quorum_relists == 0 and len(sleep.delays) == 1  # backed off once, as client-go
+        relist = api.seen[3].query
+        assert not api.seen[3].watch and relist["resourceVersion"] == "11"  # not a quorum read
+        assert relist["resourceVersionMatch"] == "NotOlderThan"
+        assert "limit" not in relist  # whole: with a limit the server would read it from etcd
+        await api.wait_requests(5)
+        assert api.seen[4].watch and api.seen[4].query["resourceVersion"] == "30"
+    finally:
+        await pods.close()
+
+
+@pytest.mark.parametrize(
+    ("code", "reason", "message"),
+    [
+        (410, "Expired", "too old resource version: 11 (40)"),
+        (504, "Timeout", "Too large resource version: 11, current: 9"),  # a cache behind the version
+    ],
+)
+async def test_a_relist_whose_version_is_unavailable_falls_back_to_a_quorum_read(
+    api: ScriptedAPI, tmp_path: Path, code: int, reason: str, message: str
+) -> None:
+    expired = event("ERROR", status_obj(410, "Expired", "too old resource version: 11 (20)"))
+    api.script = [
+        listing("a"),
+        stream(event("ADDED", pod("b", "11")), expired),
+        status(code, reason, message),
+        listing("c", rv="40"),
+    ]
     pods = source(api, tmp_path)
     pods.start()
     try:
         await pods.wait_until(lambda: pods.lookup("ns", "c") is not None, 5)
-        assert pods.lookup("ns", "a") is None
-        assert pods.stats.relists_after_expired == 1 and pods.stats.failures == 0
-        assert [s.query.get("resourceVersion") for s in api.seen[:3]] == [
-            "0",
-            "10",
-            "",
-        ]  # then a consistent read
+        lists = [s.query for s in api.seen if not s.watch]
+        assert [q["resourceVersion"] for q in lists] == ["0", "11", ""]
+        assert "resourceVersionMatch" not in lists[2]
+        assert pods.stats.quorum_relists == 1 and pods.stats.failures == 0 and pods.error == ""
+        await api.wait_requests(5)
+        assert api.seen[4].query["resourceVersion"] == "40"
+        await pods.wait_until(lambda: pods.stats.watches == 2, 5)
+        assert pods._relist_from == "0"  # the next 410 starts from its own last version again
     finally:
         await pods.close()
 
@@ -253,7 +313,7 @@ async def test_a_failed_watch_keeps_the_objects_says_why_and_backs_off(
 ) -> None:
     api.script = [listing("a"), status(code, reason, message), status(code, reason, message)]
     sleep = RecordedSleep()
-    pods = source(api, tmp_path, sleep, retry_seconds=1.0, retry_max_seconds=8.0)
+    pods = source(api, tmp_path, sleep, retry_seconds=1.0, retry_max_seconds=8.0, retry_jitter_ratio=0.0)
     pods.start()
     try:
         await pods.wait_until(lambda: pods.stats.failures == 2, 5)
@@ -300,7 +360,7 @@ async def test_a_429_waits_at_least_its_retry_after_within_the_cap(api: Scripted
 
     api.script = [listing("a"), busy("7"), busy(None), busy("3600")]
     sleep = RecordedSleep()
-    pods = source(api, tmp_path, sleep, retry_seconds=1.0, retry_max_seconds=10.0)
+    pods = source(api, tmp_path, sleep, retry_seconds=1.0, retry_max_seconds=10.0, retry_jitter_ratio=0.0)
     pods.start()
     try:
         await pods.wait_until(lambda: pods.stats.failures == 3, 5)
@@ -439,11 +499,12 @@ import asyncio, sys, tempfile
 from pathlib import Path
 from exporter import cli, registry
 registry.available_plugins()
-from exporter.attribution.podmeta import PodMetadataSource
+from exporter.attribution.podmeta import pod_metas
 from exporter.attribution.slices import ResourceSliceSource, SliceSettings
 from exporter.engines.kube_pods import KubePodSource
-from exporter.progress.pods import ProgressPodSource
+from exporter.progress.pods import progress_pods
 from exporter.kube.client import ApiSettings
+from exporter.kube.pods import PodStore
 from tests.fakes.kube_api import FakeKubeAPI
 
 async def main():
@@ -452,10 +513,12 @@ async def main():
     api.add_pod("ns", "p", "n")
     token = Path(tempfile.mkdtemp()) / "token"
     token.write_text("s")
-    pods = PodMetadataSource(ApiSettings("n", api.url, token_path=token, ca_path=None))
+    pods = PodStore(ApiSettings("n", api.url, token_path=token, ca_path=None))
+    metas = pods.view("attribution", pod_metas)
+    KubePodSource(pods); pods.view("progress", progress_pods)
     slices = ResourceSliceSource(SliceSettings("n", api.url, token_path=token, ca_path=None))
     pods.start(); slices.start()
-    await pods.wait_until(lambda: pods.lookup("ns", "p") is not None and pods.stats.watches == 1, 10)
+    await pods.wait_until(lambda: ("ns", "p") in metas.value and pods.stats.watches == 1, 10)
     await slices.wait_until(lambda: slices.stats.watches == 1, 10)
     await pods.close(); await slices.close(); await api.stop()
 
@@ -506,3 +569,174 @@ async def test_a_failure_whose_body_never_comes_fails_after_the_request_timeout(
     finally:
         await pods.close()
     await api.wait_disconnects(1)
+
+
+# --- servers that close watches at once, page their lists, expire continue tokens, send bookmarks
+
+
+def clocked(
+    api: ScriptedAPI, tmp_path: Path, clock: FakeClock, counts: RequestCounts, **settings: Any
+) -> PodMetadataSource:
+    """A source on virtual time: its back-off sleeps move the clock, its watches take no time."""
+    (tmp_path / "token").write_text("t0k3n\n")
+    kube = ApiSettings("node-a", api.url, token_path=tmp_path / "token", ca_path=None, **settings)
+    return PodMetadataSource(kube, client_factory=lambda s: KubeClient(s, counts), clock=clock)
+
+
+async def test_a_server_that_ends_every_watch_at_once_is_backed_off_to_a_trickle(
+    api: ScriptedAPI, tmp_path: Path
+) -> None:
+    # 200, no event, end of stream: the storm of issue 37 (3,479 WATCHes in 1.5 s from one reflector)
+    api.script = [listing("a"), *(stream() for _ in range(200))]
+    clock, counts = FakeClock(), RequestCounts()
+    start = clock.monotonic()
+    pods = clocked(api, tmp_path, clock, counts)
+    pods.start()
+    try:
+        await pods.wait_until(lambda: clock.monotonic() - start >= 300 or pods.stats.watches >= 100, 10)
+        # 800 ms doubling to 30 s, each stretched by up to as much again: 10 to 15 waits fill 300 s
+        assert 11 <= pods.stats.watches <= 16, pods.stats
+        assert pods.stats.short_watches == pods.stats.watches - 1 and pods.stats.failures == 0
+        bases = [min(0.8 * 2**i, 30.0) for i in range(len(clock.sleeps))]
+        assert all(b <= d < 2 * b for b, d in zip(bases, clock.sleeps, strict=True)), clock.sleeps
+        assert pods.stats.lists == 1 and pods.lookup("ns", "a") is not None  # the state is kept
+    finally:
+        await pods.close()
+    watches = sum(s.watch for s in api.seen)
+    assert counts.snapshot() == {("pods", "LIST", "200"): 1, ("pods", "WATCH", "200"): watches}
+
+
+async def test_only_a_quiet_spell_resets_the_back_off_never_an_empty_short_watch(
+    api: ScriptedAPI, tmp_path: Path
+) -> None:
+    clock, counts = FakeClock(), RequestCounts()
+    long_watch_open, end_long_watch = asyncio.Event(), asyncio.Event()
+
+    async def long_watch(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse()
+        await response.prepare(request)
+        long_watch_open.set()
+        await end_long_watch.wait()  # the test moves the clock on meanwhile
+        await response.write_eof()
+        return response
+
+    api.script = [
+        listing("a"),
+        stream(),
+        stream(),
+        stream(event("ADDED", pod("b", "11"))),  # news, at once: reopened at once, the ladder kept
+        stream(),
+        long_watch,
+        stream(),
+    ]
+    pods = clocked(api, tmp_path, clock, counts, retry_jitter_ratio=0.0)
+    pods.start()
+    try:
+        await long_watch_open.wait()
+        assert clock.sleeps == [0.8, 1.6, 3.2]
+        clock.advance(121.0)  # a watch that ran past retry_reset_seconds
+        end_long_watch.set()
+        await pods.wait_until(lambda: len(clock.sleeps) == 4, 5)
+        # the long watch ended without news but ran 121 s: not short, no wait; the next short one
+        # starts the ladder over
+        assert clock.sleeps == [0.8, 1.6, 3.2, 0.8]
+        assert pods.stats.short_watches == 4 and pods.lookup("ns", "b") is not None
+    finally:
+        await pods.close()
+
+
+def paged(pages: dict[str, tuple[list[str], str]], rv: str = "10") -> Handler:
+    """A LIST answered page by page: continue token ("" first) -> (pod names, next token)."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        names, token = pages[request.query.get("continue", "")]
+        meta = {"resourceVersion": rv, **({"continue": token} if token else {})}
+        return web.json_response({"kind": "PodList", "metadata": meta, "items": [pod(n, rv) for n in names]})
+
+    return handler
+
+
+async def test_a_list_is_read_page_by_page_with_limit_and_continue(api: ScriptedAPI, tmp_path: Path) -> None:
+    pages = {"": (["a", "b"], "t1"), "t1": (["c", "d"], "t2"), "t2": (["e"], "")}
+    api.script = [paged(pages), paged(pages), paged(pages)]
+    pods = source(api, tmp_path, list_page_size=2)
+    pods.start()
+    try:
+        await pods.wait_until(lambda: pods.stats.watches == 1, 5)
+        assert len(pods) == 5 and pods.stats.lists == 1 and pods.stats.list_pages == 3
+        first, *rest = [s.query for s in api.seen[:3]]
+        assert first == {"fieldSelector": "spec.nodeName=node-a", "resourceVersion": "0", "limit": "2"}
+        # a continued page names neither the version nor its match: the token carries them
+        assert rest == [
+            {"fieldSelector": "spec.nodeName=node-a", "continue": t, "limit": "2"} for t in ("t1", "t2")
+        ]
+        await api.wait_requests(4)
+        assert api.seen[3].query["resourceVersion"] == "10"
+    finally:
+        await pods.close()
+
+
+async def test_an_expired_continue_token_lists_everything_at_once(api: ScriptedAPI, tmp_path: Path) -> None:
+    pages = {"": (["a", "b"], "t1")}
+    expired = status(
+        410, "Expired", "The provided continue parameter is too old to display a consistent list"
+    )
+    api.script = [paged(pages), expired, listing("a", "b", "c", rv="12")]
+    pods = source(api, tmp_path, list_page_size=2)
+    pods.start()
+    try:
+        await pods.wait_until(lambda: pods.stats.watches == 1, 5)
+        assert len(pods) == 3 and pods.stats.expired_continues == 1 and pods.stats.failures == 0
+        assert api.seen[2].query == {"fieldSelector": "spec.nodeName=node-a", "resourceVersion": "0"}
+        await api.wait_requests(4)
+        assert api.seen[3].watch and api.seen[3].query["resourceVersion"] == "12"
+    finally:
+        await pods.close()
+
+
+async def test_a_continue_token_that_repeats_is_a_failure_not_a_loop(
+    api: ScriptedAPI, tmp_path: Path
+) -> None:
+    pages = {"": (["a"], "t1"), "t1": (["b"], "t1")}
+    api.script = [paged(pages), paged(pages)]
+    pods = source(api, tmp_path, list_page_size=1)
+    pods.start()
+    try:
+        await pods.wait_until(lambda: pods.stats.failures == 1, 5)
+        assert pods.error == "LIST pods: a continue token that leads nowhere" and len(pods) == 0
+    finally:
+        await pods.close()
+
+
+async def test_watches_ask_for_bookmarks_and_resume_from_the_last_one(
+    api: ScriptedAPI, tmp_path: Path
+) -> None:
+    bookmark = event("BOOKMARK", {"kind": "Pod", "apiVersion": "v1", "metadata": {"resourceVersion": "15"}})
+    api.script = [listing("a"), stream(bookmark)]
+    sleep = RecordedSleep()
+    pods = source(api, tmp_path, sleep)
+    pods.start()
+    try:
+        await api.wait_requests(3)
+        assert api.seen[1].query["allowWatchBookmarks"] == "true"
+        assert api.seen[2].watch and api.seen[2].query["resourceVersion"] == "15"
+        assert sleep.delays == [] and pods.stats.short_watches == 0  # a bookmark is news: no back-off
+        assert pods.lookup("ns", "a") is not None and pods.stats.lists == 1
+    finally:
+        await pods.close()
+
+
+def test_the_requests_are_exported_per_resource_verb_and_answer() -> None:
+    counts = RequestCounts()
+    assert [f.name for f in self_families({}, None, (), counts)] == [
+        "gpupulse_collector_success",
+        "gpupulse_collector_duration_seconds",
+        "gpupulse_build_info",
+    ]  # no request yet: no family
+    for verb, code in [("LIST", "200"), ("WATCH", "200"), ("WATCH", "200"), ("WATCH", "<error>")]:
+        counts.add("pods", verb, code)
+    text = render(self_families({}, None, (), counts)).decode()
+    assert "# TYPE gpupulse_kube_requests_total counter" in text
+    assert 'gpupulse_kube_requests_total{code="200",resource="pods",verb="WATCH"} 2.0' in text
+    assert 'gpupulse_kube_requests_total{code="<error>",resource="pods",verb="WATCH"} 1.0' in text
+    assert 'gpupulse_kube_requests_total{code="200",resource="pods",verb="LIST"} 1.0' in text

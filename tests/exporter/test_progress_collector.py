@@ -16,9 +16,13 @@ from aiohttp import web
 from prometheus_client.core import Metric
 
 from exporter.collectors.base import NodeState
+from exporter.collectors.plugin import PluginContext
+from exporter.kube import flags as kube_flags
 from exporter.kube.client import ApiSettings
+from exporter.kube.context import KubeContext
+from exporter.kube.pods import PodStore
 from exporter.progress.collector import ProgressCollector, ProgressSettings
-from exporter.progress.pods import ProgressPodSource, progress_pod
+from exporter.progress.pods import progress_pod
 from tests.fakes.clock import FakeClock
 from tests.fakes.kube_api import FakeKubeAPI
 
@@ -77,18 +81,23 @@ class Node:
         self.token = tmp_path / "token"
         self.token.write_text(api.token)
         self.clock = FakeClock(start=T + 3600)
+        self.stores: list[PodStore] = []
 
     def collector(self, **overrides: Any) -> ProgressCollector:
         settings = ProgressSettings(pod_logs_dir=str(self.logs), first_wait_seconds=10.0, **overrides)
-        source = ProgressPodSource(
+        store = PodStore(
             ApiSettings(NODE, self.api.url, token_path=self.token, ca_path=None, retry_seconds=0.05)
         )
-        return ProgressCollector(settings, source, self.clock)
+        self.stores.append(store)
+        return ProgressCollector(settings, store, self.clock)
 
 
 @pytest.fixture
-def node(api: FakeKubeAPI, tmp_path: Path) -> Node:
-    return Node(api, tmp_path)
+async def node(api: FakeKubeAPI, tmp_path: Path) -> AsyncIterator[Node]:
+    made = Node(api, tmp_path)
+    yield made
+    for store in made.stores:  # the exporter's, shared: it closes them after the collectors
+        await store.close()
 
 
 def samples(families: Sequence[Metric], name: str) -> dict[tuple[str, ...], float]:
@@ -299,24 +308,36 @@ def _args(*argv: str) -> Any:
     return build_parser(plugins).parse_args(list(argv)), plugins
 
 
-def test_the_collector_is_off_without_a_node_name_and_on_with_one() -> None:
+def _context(args: Any) -> PluginContext:
+    return PluginContext(KubeContext(kube_flags.api_settings(args, environ={})))
+
+
+async def test_the_collector_is_off_without_a_node_name_and_on_with_one() -> None:
     from exporter.progress import collector as module
 
-    args, _ = _args("--progress.node-name", "")
-    assert module.from_args(args) is None
-    args, _ = _args("--progress.node-name", NODE, "--progress.step-pattern", r"epoch \d+ batch (\d+)")
-    built = module.from_args(args)
-    assert built is not None and built.settings.patterns == (r"epoch \d+ batch (\d+)",)
-    assert module.from_args(_args("--no-collector.progress", "--progress.node-name", NODE)[0]) is None
+    for off in ([], ["--kube.node-name", ""], ["--kube.node-name", NODE, "--progress.node-name", ""]):
+        args, _ = _args(*off)
+        assert module.from_args(args, _context(args)) is None
+    for flag in ("--kube.node-name", "--progress.node-name"):  # the second deprecated, still read
+        args, _ = _args(flag, NODE, "--progress.step-pattern", r"epoch \d+ batch (\d+)")
+        ctx = _context(args)
+        built = module.from_args(args, ctx)
+        assert built is not None and built.settings.patterns == (r"epoch \d+ batch (\d+)",)
+        store = ctx.kube.pods()
+        assert store is not None and store.views == ("progress",) and store.settings.node_name == NODE
+        await built.close()
+        await ctx.close()
+    args = _args("--no-collector.progress", "--kube.node-name", NODE)[0]
+    assert module.from_args(args, _context(args)) is None
 
 
 @pytest.mark.parametrize("pattern", [r"step \d+", r"step=(\d+"])
 def test_a_bad_step_pattern_is_a_clear_error_at_start(pattern: str) -> None:
     from exporter.progress import collector as module
 
-    args, _ = _args("--progress.node-name", NODE, "--progress.step-pattern", pattern)
+    args, _ = _args("--kube.node-name", NODE, "--progress.step-pattern", pattern)
     with pytest.raises(SystemExit, match=r"--progress\.step-pattern: step pattern"):
-        module.from_args(args)
+        module.from_args(args, _context(args))
 
 
 class _HungRead:

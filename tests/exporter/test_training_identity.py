@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from exporter.attribution.training import (
+from exporter.collectors.training import (
     ENVIRON_LIMIT_BYTES,
     RankIdentity,
     job_of_pod,

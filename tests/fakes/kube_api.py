@@ -14,7 +14,9 @@ changes only status; both updates need metadata.resourceVersion (422 without, 40
 lists take limit and continue. ResourceSlices list/watch
 (resource.k8s.io, in the versions `resourceslice_versions` names: v1 and v1beta2 keep device attributes
 on the device, v1beta1 under `basic`, converted from one stored form as the API server does; a version
-not served answers 404). Errors are real `Status` bodies.
+not served answers 404). ResourceClaims (list in all namespaces) and DeviceTaintRules (create, get,
+merge patch, delete, validated as kube-apiserver 1.37 does) of resource.k8s.io/v1: tests/fakes/kube_dra.py.
+Errors are real `Status` bodies.
 Tests reach it through kubernetes_asyncio with a kubeconfig written by `write_kubeconfig`.
 
 Pods (all namespaces or one) can be listed and watched, as the exporter does. Watches follow the API
@@ -51,6 +53,7 @@ from typing import Any
 from aiohttp import web
 
 from demo.slices import scenario_slice_devices
+from tests.fakes.kube_dra import DraObjects
 
 JSON = dict[str, Any]
 Key = tuple[str, str]
@@ -73,6 +76,8 @@ SERVED: dict[tuple[str, str], str] = {
     ("events.k8s.io/v1", "events"): "Event",
     ("remediation.gpupulse.io/v1", "gpuincidents"): "GpuIncident",
     ("remediation.gpupulse.io/v1", "gpuremediationstates"): "GpuRemediationState",
+    # a validation Job's own claim (remediation/kube/validation.py); allocated claims: tests/fakes/kube_dra.py
+    ("resource.k8s.io/v1", "resourceclaims"): "ResourceClaim",
 }
 # kinds served with the status subresource (helm/gpupulse/crds/remediation.gpupulse.io.yaml)
 WITH_STATUS = {
@@ -315,6 +320,10 @@ class FakeKubeAPI:
     _watchers_changed: asyncio.Event = field(default_factory=asyncio.Event)
     _rv: int = 1000
     _runner: web.AppRunner | None = None
+    dra: DraObjects = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.dra = DraObjects(self._meta, self.next_rv, ApiError)
 
     # --- lifecycle
 
@@ -346,6 +355,12 @@ class FakeKubeAPI:
         r.add_put(objects + "/{name}/status", self._replace_object_status)
         r.add_delete(objects + "/{name}", self._delete_object)
         r.add_get("/apis/resource.k8s.io/{version}/resourceslices", self._list_resourceslices)
+        r.add_get("/apis/resource.k8s.io/v1/resourceclaims", self._list_resourceclaims)
+        rules = "/apis/resource.k8s.io/v1/devicetaintrules"
+        r.add_post(rules, self._create_rule)
+        r.add_get(rules + "/{name}", self._get_rule)
+        r.add_patch(rules + "/{name}", self._patch_rule)
+        r.add_delete(rules + "/{name}", self._delete_rule)
         r.add_get("/_fake/requests", self._debug_requests)
         r.add_get("/_fake/state", self._debug_state)
         # a client that goes away ends its handler (a watch), as the API server cancels the request context
@@ -789,6 +804,28 @@ class FakeKubeAPI:
                 "items": items,
             }
         )
+
+    # --- ResourceClaims and DeviceTaintRules (tests/fakes/kube_dra.py)
+
+    async def _list_resourceclaims(self, request: web.Request) -> web.Response:
+        return self._list("ResourceClaimList", self.dra.list_claims(), str(self._rv))
+
+    async def _create_rule(self, request: web.Request) -> web.Response:
+        body = await _body(request)
+        return web.json_response(self.dra.create_rule(body if isinstance(body, dict) else {}), status=201)
+
+    async def _get_rule(self, request: web.Request) -> web.Response:
+        return web.json_response(self.dra.rule(request.match_info["name"]))
+
+    async def _patch_rule(self, request: web.Request) -> web.Response:
+        if request.content_type not in MERGE_PATCH_TYPES:
+            raise ApiError(415, "UnsupportedMediaType", f"the fake does not support {request.content_type}")
+        patch = await _body(request) or {}
+        return web.json_response(self.dra.patch_rule(request.match_info["name"], patch, merge_patch))
+
+    async def _delete_rule(self, request: web.Request) -> web.Response:
+        options = await _body(request)
+        return web.json_response(self.dra.delete_rule(request.match_info["name"], options))
 
     async def _collection(
         self, request: web.Request, resource: str, namespace: str | None

@@ -64,8 +64,10 @@ def effective_values(extra: JSON) -> JSON:
     return merge(yaml.safe_load((CHART / "values.yaml").read_text()), extra)
 
 
-async def install(api: FakeHelmAPI, tls_dir: Path, namespace: str, values: JSON) -> JSON:
-    """`helm install pulse helm/gpupulse -n <namespace>` with these values into `api`."""
+async def install(
+    api: FakeHelmAPI, tls_dir: Path, namespace: str, values: JSON, release: str = RELEASE
+) -> JSON:
+    """`helm install <release> helm/gpupulse -n <namespace>` with these values into `api`."""
     import helm_sdkpy
 
     await api.start(tls_dir)
@@ -74,7 +76,7 @@ async def install(api: FakeHelmAPI, tls_dir: Path, namespace: str, values: JSON)
         config = helm_sdkpy.Configuration(namespace=namespace, kubeconfig=str(kubeconfig))
         action = helm_sdkpy.Install(config)
         result: JSON = await action.run(
-            RELEASE, str(CHART), values=values, wait=False, timeout=30, disable_openapi_validation=True
+            release, str(CHART), values=values, wait=False, timeout=30, disable_openapi_validation=True
         )
         return result
     finally:

@@ -169,6 +169,34 @@ def test_exporter_args_are_accepted_by_the_exporter(inst: Installed) -> None:
         assert f"--no-collector.{name}" in args
 
 
+def test_the_privilege_table_names_everything_the_exporter_pod_is_given(inst: Installed) -> None:
+    """The chart README's privilege table lists every mount, capability, host namespace and API
+    resource the DaemonSet is given (extra volumes of the values file are the user's own)."""
+    readme = (CHART / "README.md").read_text()
+    table = readme[readme.index("Privileges the exporter asks for") : readme.index("## Upgrading")]
+    ds = _exporter(inst)
+    pod, container = ds["spec"]["template"]["spec"], _container(ds)
+    extra = {m["name"] for m in inst.values["exporter"].get("extraVolumeMounts") or []}
+    for mount in container.get("volumeMounts", []):
+        if mount["name"] not in extra:
+            assert f"`{mount['mountPath']}`" in table, mount
+    for capability in container.get("securityContext", {}).get("capabilities", {}).get("add", []):
+        assert f"`{capability}`" in table, capability
+    if pod.get("hostPID"):
+        assert "`hostPID: true`" in table
+    if pod.get("securityContext", {}).get("runAsUser") == 0:
+        assert "`runAsUser: 0`" in table
+    for role in inst.of_kind("ClusterRole"):
+        if role["metadata"]["name"].endswith("-exporter"):
+            for rule in role["rules"]:
+                for resource in rule["resources"]:
+                    assert f"| `{resource}` `{'`, `'.join(rule['verbs'])}`" in table, rule
+    if pod.get("automountServiceAccountToken"):
+        assert "ServiceAccount token" in table
+    # pod LIST/WATCH asks for this node's pods only, and the table says what RBAC cannot limit
+    assert "fieldSelector=spec.nodeName=<node>" in table and "RBAC alone cannot" in table
+
+
 def test_exporter_pod_is_placed_and_confined(inst: Installed) -> None:
     ds = _exporter(inst)
     pod = ds["spec"]["template"]["spec"]
@@ -392,6 +420,11 @@ def controller_rbac_from_docs(values: JSON) -> tuple[list[JSON], list[JSON], lis
     leases = doc["Role/gpupulse-remediation-leases"]["rules"]
     if not values["controller"]["cluster"]["enabled"]:
         leases = [r for r in leases if r["apiGroups"] != ["remediation.gpupulse.io"]]
+    if not values["controller"]["scope"]["nodes"]:
+        # no migrate: no eviction and no node patch (docs/rbac.md); the node selector still reads Nodes
+        cluster = [r for r in cluster if r["resources"] != ["pods/eviction"]]
+        cluster = [{**r, "verbs": ["get"]} if r["resources"] == ["nodes"] else r for r in cluster]
+        cluster = [r for r in cluster if r["apiGroups"] != ["resource.k8s.io"]]  # no device quarantine
     if values["controller"]["scope"]["namespaces"] == ["*"]:
         cluster = cluster + workloads
     return cluster, workloads, leases

@@ -507,7 +507,7 @@ def test_exporter_may_list_and_watch_pods_and_resource_slices_and_nothing_else(i
     roles = [r for r in inst.of_kind("ClusterRole") if r["metadata"]["name"].endswith("-exporter")]
     want = []
     if watches_pods(exporter):
-        # exporter/engines/kube_pods.py, exporter/attribution/podmeta.py, exporter/progress: one LIST, then
+        # exporter/kube/pods.py, the one store engines, attribution and progress read: one LIST, then
         # WATCHes, of its node's pods
         want.append({"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]})
     if exporter["dra"]["enabled"]:

@@ -19,6 +19,8 @@ pytestmark = pytest.mark.skipif(
 
 NAMESPACE = "gpupulse"
 SCOPES = {"none": [], "listed": ["inference", "training"], "every": ["*"]}
+# migrate's grants: what lets a GPU or node alert cordon a node and evict every pod on it
+NODE_ACTIONS = {("", "pods/eviction", "create"), ("", "nodes", "patch")}
 # what may change a workload: a restart's delete, a gang restart's Job delete or Volcano Command,
 # a rollout restart's patch
 MUTATING = {
@@ -42,6 +44,8 @@ def scoped(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Installed]:
             }
         }
         out[name] = install_values(tmp_path_factory.mktemp(name), NAMESPACE, values)
+    nowhere: JSON = {"controller": {"scope": {"namespaces": [], "nodes": False}}}
+    out["nowhere"] = install_values(tmp_path_factory.mktemp("nowhere"), NAMESPACE, nowhere)
     return out
 
 
@@ -71,7 +75,7 @@ def _workload_roles(inst: Installed) -> dict[str, JSON]:
 def _scope_args(inst: Installed) -> list[str]:
     (deployment,) = inst.of_kind("Deployment")
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
-    return [a for a in container["args"] if a.startswith("--scope.namespaces")]
+    return [a for a in container["args"] if a.startswith(("--scope.namespaces", "--scope.nodes"))]
 
 
 def test_an_empty_scope_grants_no_workload_verb_and_passes_no_flag(scoped: dict[str, Installed]) -> None:
@@ -80,8 +84,30 @@ def test_an_empty_scope_grants_no_workload_verb_and_passes_no_flag(scoped: dict[
     assert cluster & MUTATING == set()
     assert _workload_roles(inst) == {}
     # migrate (cordon, then evict every pod on the node) stays cluster-wide: node targets still act
-    assert {("", "pods/eviction", "create"), ("", "nodes", "patch"), ("", "pods", "list")} <= cluster
+    assert NODE_ACTIONS | {("", "pods", "list")} <= cluster
     assert _scope_args(inst) == []  # the binary's own default, empty, is "no namespace"
+
+
+def test_no_node_actions_and_no_namespace_grant_nothing_that_changes_anything(
+    scoped: dict[str, Installed],
+) -> None:
+    inst = scoped["nowhere"]
+    cluster = _grants(_cluster_role(inst)["rules"])
+    assert cluster & (MUTATING | NODE_ACTIONS) == set()
+    assert {v for g, r, v in cluster} == {"get", "list", "create"}
+    # what is still created is an Event: it changes nothing else
+    assert {(g, r) for g, r, v in cluster if v == "create"} == {("events.k8s.io", "events")}
+    assert ("", "nodes", "get") in cluster  # the node selector reads Nodes
+    assert _workload_roles(inst) == {}
+    assert _scope_args(inst) == ["--scope.nodes=false"]
+
+
+def test_a_namespace_list_with_node_actions_off_keeps_its_workload_roles(tmp_path: Path) -> None:
+    values: JSON = {"controller": {"scope": {"namespaces": ["inference"], "nodes": False}}}
+    inst = install_values(tmp_path, NAMESPACE, values)
+    assert _grants(_cluster_role(inst)["rules"]) & NODE_ACTIONS == set()
+    assert sorted(_workload_roles(inst)) == ["inference"]
+    assert _scope_args(inst) == ["--scope.namespaces=inference", "--scope.nodes=false"]
 
 
 def test_a_listed_scope_grants_workload_verbs_only_in_its_namespaces(scoped: dict[str, Installed]) -> None:
@@ -137,8 +163,14 @@ async def test_a_scope_that_cannot_mean_one_thing_fails_the_schema(
         ("none", "It may restart no pod or job (controller.scope.namespaces is empty)"),
         ("listed", "It may restart pods and jobs in inference, training only."),
         ("every", "It may restart pods and jobs in every namespace."),
+        ("none", "GPU and node alerts migrate: cordon and taint the node and evict every pod on it, of any "
+         "namespace (an empty namespace scope does not stop that); controller.scope.nodes=false stops it."),
+        ("listed", "GPU and node alerts migrate: cordon and taint the node and evict every pod on it, of any "
+         "namespace; controller.scope.nodes=false stops it."),
+        ("nowhere", "It acts on no node (controller.scope.nodes is false): nothing cordons a node or evicts "
+         "its pods, so it acts nowhere: it records and pages."),
     ],
-)
+)  # fmt: skip
 def test_the_notes_say_where_the_controller_may_restart(
     scoped: dict[str, Installed], scope: str, says: str
 ) -> None:
@@ -154,3 +186,21 @@ def test_the_notes_show_the_kill_switch_with_the_pods_token_and_port(scoped: dic
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     assert "--auth.token-file=/etc/gpupulse/token/token" in container["args"]  # the same file
     assert "status | resume | breaker reset" in notes
+
+
+def test_device_quarantine_is_granted_whatever_the_scope_and_only_its_verbs(
+    scoped: dict[str, Installed],
+) -> None:
+    # a GPU target is quarantined whatever the namespace scope, like a node is cordoned: the same grants,
+    # and gone with them when node actions are off
+    wanted = {
+        ("resource.k8s.io", "resourceslices", "list"),
+        ("resource.k8s.io", "resourceclaims", "list"),
+        *{("resource.k8s.io", "devicetaintrules", v) for v in ("create", "get", "patch", "delete")},
+    }
+    for name, inst in scoped.items():
+        granted = {g for g in _grants(_cluster_role(inst)["rules"]) if g[0] == "resource.k8s.io"}
+        # controller.scope.nodes false: no migrate, so no device quarantine either
+        assert granted == (set() if name == "nowhere" else wanted)
+        for role in _workload_roles(inst).values():
+            assert not [r for r in role["rules"] if "resource.k8s.io" in r["apiGroups"]]

@@ -3,12 +3,14 @@ by scripts/neighbours, on 127.0.0.1 with free ports in a temporary folder.
 
 The API server runs with authorization mode RBAC, a static admin token, ServiceAccount token signing
 keys (EC P-256 from openssl) and its default admission plugins; the controller manager runs the
-garbage collector, disruption, ReplicaSet, Deployment, Job, ServiceAccount and Namespace controllers with one
-ServiceAccount credential per controller. There is no scheduler and no kubelet: `Kubelet` (a watch of
-ours) binds unscheduled pods to a schedulable node, reports them Running and Ready, and confirms a
-graceful delete the way a kubelet does (a delete with grace period 0), so owners, PDB status and
-re-created pods behave as in a cluster. Every wait is on an answer (a health endpoint, an object), with
-a deadline; teardown signals only the processes started here, by PID.
+garbage collector, disruption, ReplicaSet, Deployment, Job, ServiceAccount, Namespace and DRA
+device-taint eviction controllers with one ServiceAccount credential per controller (resource.k8s.io/v1
+with DeviceTaintRules is served by default in 1.37: no feature gate, no --runtime-config). There is no
+scheduler and no kubelet: `Kubelet` (a watch of ours) binds unscheduled pods to a schedulable node,
+reports them Running and Ready, and confirms a graceful delete the way a kubelet does (a delete with
+grace period 0), so owners, PDB status and re-created pods behave as in a cluster. Every wait is on an
+answer (a health endpoint, an object), with a deadline; teardown signals only the processes started
+here, by PID.
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ CONTROLLERS = (
     "job-controller",
     "serviceaccount-controller",
     "namespace-controller",
+    # DeviceTaintRules: their EvictionInProgress status, and NoExecute evictions (DRA, GA in 1.37)
+    "device-taint-eviction-controller",
 )
 
 
@@ -384,6 +388,21 @@ class ControlPlane:
         )
         # the ServiceAccount controller creating `default` in `default` says the controllers run
         self._wait(kcm, lambda: admin.exists("/api/v1/namespaces/default/serviceaccounts/default"), 120)
+
+    def restart_apiserver(self, down_seconds: float = 0.0) -> float:
+        """Stop kube-apiserver (SIGTERM, as a rollout does), keep it down `down_seconds`, start it
+        again with the same flags (etcd keeps the state); the seconds until it answered /readyz."""
+        (old,) = [p for p in self.processes if p.name.startswith("kube-apiserver")]
+        assert isinstance(old.proc.args, list)  # as _spawn started it
+        argv = [str(a) for a in old.proc.args]
+        old.stop()
+        self.processes.remove(old)
+        time.sleep(down_seconds)
+        start = time.monotonic()
+        restarts = sum(1 for name in self.startup_seconds if name.startswith("kube-apiserver"))
+        process = self._spawn(f"kube-apiserver-{restarts + 1}", argv)
+        self._wait(process, self.client().healthy, 120)
+        return time.monotonic() - start
 
     def stop(self) -> None:
         for process in reversed(self.processes):

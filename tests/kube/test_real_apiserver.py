@@ -18,9 +18,10 @@ from typing import Any
 import pytest
 
 from bench.proofs.harness import TOKEN, Serve, alert, inbox_rows, notification, post
-from exporter.attribution.podmeta import PodMetadataSource
+from exporter.attribution.podmeta import pod_metas
 from exporter.attribution.slices import ResourceSliceSource, SliceSettings
 from exporter.kube.client import ApiSettings
+from exporter.kube.pods import PodStore
 from gpupulse.clock import SystemClock
 from remediation.backends.kubernetes import KubernetesBackend
 from remediation.errors import KubeInvalid, KubeTooManyRequests, PermanentError, TemporaryError
@@ -499,7 +500,8 @@ async def test_the_exporters_pod_and_resourceslice_watches_see_their_node_only_w
             "token_path": token,
             "ca_path": real_cluster.plane.ca_file,
         }
-        pods = PodMetadataSource(ApiSettings(node, **settings))
+        pods = PodStore(ApiSettings(node, **settings))
+        metas = pods.view("attribution", pod_metas)
         slices = ResourceSliceSource(SliceSettings(node, **settings))
         for name, on, uuid in ((f"{node}-gpus", node, "GPU-1111"), (f"{other}-gpus", other, "GPU-2222")):
             kube.post(
@@ -514,7 +516,7 @@ async def test_the_exporters_pod_and_resourceslice_watches_see_their_node_only_w
         try:
             name = pod["metadata"]["name"]
             try:
-                await pods.wait_until(lambda: pods.lookup(ns, name) is not None, 30)
+                await pods.wait_until(lambda: (ns, name) in metas.value, 30)
             except TimeoutError:
                 seen = f"{pods.stats}, error {pods.error!r}"
                 raise AssertionError(f"{ns}/{name} not seen in 30 s: {seen}") from None
@@ -530,8 +532,8 @@ async def test_the_exporters_pod_and_resourceslice_watches_see_their_node_only_w
                     {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {"app": name}},
                      "spec": {"nodeName": on, "containers": [{"name": "c", "image": "x"}]}},
                 )  # fmt: skip
-            await pods.wait_until(lambda: pods.lookup(ns, "here") is not None, 30)
-            assert pods.lookup(ns, "elsewhere") is None
+            await pods.wait_until(lambda: (ns, "here") in metas.value, 30)
+            assert (ns, "elsewhere") not in metas.value
             assert pods.stats.lists == lists and pods.stats.failures == 0 and slices.stats.failures == 0
         finally:
             await pods.close()

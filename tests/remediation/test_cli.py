@@ -296,3 +296,12 @@ def test_the_diagnosis_window_is_a_flag_and_reaches_the_diagnoser() -> None:
 def test_a_diagnosis_window_prometheus_refuses_is_refused_at_start(argv: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         _settings(["--insecure-no-auth", *argv])
+
+
+def test_node_actions_are_on_unless_scope_nodes_says_false() -> None:
+    assert _settings(["--insecure-no-auth"]).engine.scope.nodes is True
+    assert _settings(["--insecure-no-auth", "--scope.nodes=false"]).engine.scope.nodes is False
+    off = _settings(["--insecure-no-auth"], {"GPUPULSE_REMEDIATION_SCOPE_NODES": "false"})
+    assert off.engine.scope.nodes is False
+    with pytest.raises(ConfigError, match=r"--scope.nodes: not a boolean: 'maybe'"):
+        _settings(["--insecure-no-auth", "--scope.nodes=maybe"])

@@ -102,3 +102,85 @@ def test_signatures_test_still_takes_a_bare_label_map(tmp_path: Path) -> None:
     code, out, err = _run("signatures", "test", str(path))
     assert code == 0, err
     assert "GPUXidResetRequired -> xid-reset-gpu" in out
+
+
+def _diagnosed(ledger: Path, samples: int) -> None:
+    """Store a diagnosis whose top cause carries a series of `samples` points, as a real one does."""
+    import sqlite3
+    from contextlib import closing
+
+    from remediation.diagnosis.types import Candidate, Diagnosis, Point, SignalEvidence
+    from remediation.ledger import Ledger
+
+    t0 = 1_780_000_000.0
+    points = tuple(Point(t0 - 2400 + 15 * i, 0.5) for i in range(samples))
+    evidence = SignalEvidence(
+        signal="page_cache_residency", title="page cache", query="q", direction="down", changed=True,
+        change_at=t0 - 60.5, before=1.0, after=0.1, lead_seconds=30.0, strength=0.9, alignment=0.9,
+        passed_gate=True, note="evicted", points=points,
+    )  # fmt: skip
+    top = Candidate(cause="host.page_cache_eviction", layer="host", title="page-cache eviction",
+                    score=0.9, evidence=(evidence,))  # fmt: skip
+    diagnosis = Diagnosis(status="diagnosed", reason_code="", reason="it lines up", symptom_onset=t0 - 30,
+                          window_start=t0 - 2400, window_end=t0, computed_at=t0, candidates=(top,),
+                          confident=True, layers={"host": "cause"})  # fmt: skip
+    with closing(sqlite3.connect(ledger, isolation_level=None)) as conn:
+        Ledger(conn).add_diagnosis(1, t0, "open", diagnosis)
+
+
+async def test_incidents_yaml_is_short_with_rfc3339_times_json_stays_the_api_document(ledger: Path) -> None:
+    import yaml
+
+    _diagnosed(ledger, samples=160)
+    code, as_json, err = _run("incidents", "get", "1", "--db", str(ledger), "-o", "json")
+    assert code == 0, err
+    doc = json.loads(as_json)
+    # JSON is the API's document for scripts: Unix seconds and every sample
+    assert isinstance(doc["opened_at"], float)
+    assert len(doc["diagnosis"]["candidates"][0]["evidence"][0]["points"]) == 160
+
+    code, compact, err = _run("incidents", "get", "1", "--db", str(ledger), "-o", "yaml")
+    assert code == 0, err
+    assert len(compact.splitlines()) < 150
+    shown = yaml.safe_load(compact)
+    assert shown["opened_at"] == "2026-05-28T20:26:40Z"
+    assert shown["diagnosis"]["window_start"] == "2026-05-28T19:46:40Z"
+    ev = shown["diagnosis"]["candidates"][0]["evidence"][0]
+    assert ev["change_at"] == "2026-05-28T20:25:39.500Z"
+    assert "points" not in ev and ev["samples"] == 160
+    assert "closed_at" not in shown and "page_next_at" not in shown  # unset: left out
+    assert "1780000000" not in compact
+
+    code, full, err = _run("incidents", "get", "1", "--db", str(ledger), "-o", "yaml", "--full")
+    assert code == 0, err
+    whole = yaml.safe_load(full)
+    assert whole["closed_at"] is None and whole["page_next_at"] == 0
+    points = whole["diagnosis"]["candidates"][0]["evidence"][0]["points"]
+    assert len(points) == 160 and points[0] == ["2026-05-28T19:46:40Z", 0.5]
+    assert set(whole) == set(doc)
+
+    code, rows, err = _run("incidents", "--db", str(ledger), "-o", "yaml")
+    assert code == 0, err
+    [row] = yaml.safe_load(rows)
+    assert row["opened_at"] == "2026-05-28T20:26:40Z"
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["serve", "--dryrun"], "gpupulse-remediation serve: error: unrecognized arguments: --dryrun "
+         "(did you mean --dry-run?)"),
+        (["resume", "--reasn", "x"], "gpupulse-remediation resume: error: unrecognized arguments: --reasn x "
+         "(did you mean --reason?)"),
+        (["breaker", "reset", "--by", "a", "--nope"], "gpupulse-remediation breaker reset: error: "
+         "unrecognized arguments: --nope"),
+    ],
+)  # fmt: skip
+def test_a_misspelt_flag_after_a_command_is_that_commands_error(
+    argv: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as done:
+        remediation_cli.main(argv)
+    assert done.value.code == 2
+    prog = says.split(": error")[0]
+    assert capsys.readouterr().err.splitlines() == [says, f"See '{prog} --help'."]

@@ -265,6 +265,33 @@ async def test_a_follower_says_to_ask_the_leader(server: str) -> None:
     assert "replica     ctl-1 (follower: pause, resume and breaker reset need the leader)" in status.stdout
 
 
+@pytest.mark.parametrize("server", ["follower"], indirect=True)
+async def test_the_api_url_the_demo_prints_reaches_the_controller(server: str) -> None:
+    # the demo prints the controller's API as http://HOST:PORT/api/v1/incidents: it works as --url
+    for given in (f"{server}/api/v1/incidents", f"{server}/api/v1/", f"{server}/"):
+        status = await _cli("status", "--url", given)
+        assert status.returncode == 0, status.stderr
+        assert status.stdout.startswith(f"controller  {server}\n")
+
+
+@pytest.mark.parametrize("server", ["follower"], indirect=True)
+async def test_a_url_with_a_path_that_answers_404_says_what_to_give(server: str) -> None:
+    proc = await _cli("status", "--url", f"{server}/gpupulse")
+    assert proc.returncode == 1
+    assert one_line_error(proc).endswith(
+        "answered 404: 404: Not Found (every command adds /api/v1/... to --url: give the controller's "
+        "base URL, http://HOST:PORT, with no path unless a proxy puts one before it)"
+    )
+
+
+def test_a_proxy_prefix_before_the_api_path_is_kept() -> None:
+    from remediation.control_cli import base_url
+
+    assert base_url("https://ops.example/gpupulse/api/v1/incidents/3") == "https://ops.example/gpupulse"
+    assert base_url("http://127.0.0.1:9836") == "http://127.0.0.1:9836"
+    assert base_url("http://127.0.0.1:9836/apiv1") == "http://127.0.0.1:9836/apiv1"
+
+
 @pytest.mark.parametrize("server", ["html"], indirect=True)
 async def test_an_answer_that_is_not_json_is_named(server: str) -> None:
     proc = await _cli("status", "--url", server)

@@ -19,6 +19,7 @@ _ALL = ScopeSettings(namespaces=("*",))
 _EMPTY = (
     "the namespace scope is empty, which allows no workload (--scope.namespaces='*' allows every namespace)"
 )
+_NODES_OFF = "node actions are off (--scope.nodes=false): nothing cordons a node or evicts its pods"
 _POOL = ScopeSettings(node_selector="nodepool=inference")
 _INFERENCE = {"nodepool": "inference"}
 _GPU = Target("gpu", "n", uuid="G")
@@ -81,6 +82,10 @@ _GPU = Target("gpu", "n", uuid="G")
         (_POOL, _GPU, {}, _INFERENCE, ""),
         (replace(_POOL, namespaces=("ns",)), Target("pod", "", "ns", "p"), {}, None, ""),
         (_POOL, Target("exporter", ""), {}, None, ""),
+        # node actions off: no GPU or node target acts, whatever else allows it; workloads still may
+        (ScopeSettings(nodes=False, namespaces=("*",)), _GPU, {}, None, f"gpu target: {_NODES_OFF}"),
+        (ScopeSettings(nodes=False), Target("node", "n"), {}, None, f"node target: {_NODES_OFF}"),
+        (ScopeSettings(nodes=False, namespaces=("prod",)), Target("pod", "n", "prod", "p"), {}, None, ""),
     ],
 )
 def test_in_scope_names_the_rule_a_target_breaks(

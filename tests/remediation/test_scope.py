@@ -15,7 +15,7 @@ from remediation.errors import SelectorError
 from remediation.metrics import RemediationMetrics
 from remediation.selector import parse_selector
 from remediation.settings import EngineSettings, ScopeSettings
-from tests.remediation.test_engine_support import LEAK, SCOPE, XID_RESET, Rig
+from tests.remediation.test_engine_support import LEAK, SCOPE, XID_RESET, Rig, statuses
 
 NODE_DOWN = {
     "alertname": "NodeGpuDrained",
@@ -108,6 +108,38 @@ async def test_a_pod_in_the_routing_namespace_is_still_checked_against_the_allow
         await rig.fire({**LEAK, "namespace": "gpupulse"})
         assert rig.backend.calls == []
         assert rig.only_incident()["resolution"] == "out_of_scope"
+    finally:
+        await rig.engine.aclose()
+
+
+@pytest.mark.parametrize("target", [XID_RESET, NODE_DOWN], ids=["gpu", "node"])
+async def test_with_node_actions_off_gpu_and_node_targets_never_act(
+    tmp_path: Path, target: dict[str, str]
+) -> None:
+    rig = await _rig(tmp_path, ScopeSettings(nodes=False))
+    try:
+        await rig.fire(target)
+        assert rig.backend.calls == []
+        inc = rig.only_incident()
+        assert (inc["state"], inc["resolution"]) == ("ignored", "out_of_scope")
+        assert inc["reason"].endswith("node actions are off (--scope.nodes=false): nothing cordons a "
+                                      "node or evicts its pods")  # fmt: skip
+    finally:
+        await rig.engine.aclose()
+
+
+async def test_with_node_actions_off_a_pod_ladder_skips_migrate_and_pages(tmp_path: Path) -> None:
+    from remediation.errors import PermanentError
+
+    rig = await _rig(tmp_path, ScopeSettings(namespaces=SCOPE.namespaces, nodes=False))
+    try:
+        rig.backend.errors["restart"] = [PermanentError("pod has no owner")]
+        await rig.fire(LEAK)  # restart -> migrate -> page
+        assert rig.backend.rungs == ["restart"]  # the restart is tried; the migrate never
+        inc = rig.only_incident()
+        assert inc["state"] == "paged"
+        assert "node actions are off (--scope.nodes=false)" in rig.pager.firing[0].summary
+        assert statuses(inc) == [("restart", "failed"), ("migrate", "skipped"), ("page", "success")]
     finally:
         await rig.engine.aclose()
 

@@ -1,10 +1,13 @@
-"""Which training job and rank a GPU process belongs to: from its pod (owner reference and the labels
-each job controller stamps on its pods) and from the process environment torchrun and the training
-operators set (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR), read from /proc/<pid>/environ where readable.
+"""Which training job and rank a GPU process or a pod belongs to: from its pod (owner reference and
+the labels each job controller stamps on its pods) and from the process environment torchrun and the
+training operators set (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR), read from /proc/<pid>/environ
+where readable.
 
-Pure functions over what the attribution collector already holds (the pod's metadata, an environ
-blob); the label values they return are bounded: a rank and a world size are small integers or
-nothing, a job name is the pod's controller name (never a free-form environment value).
+Pure functions over what the plug-ins hold (a pod's metadata, an environ blob), shared by two of
+them: attribution names a GPU process's rank, progress picks the rank pods whose step it reads. So it
+sits below both (exporter-layers in pyproject.toml), and neither imports the other. The label values
+returned are bounded: a rank and a world size are small integers or nothing, a job name is the pod's
+controller name (never a free-form environment value).
 """
 
 from __future__ import annotations
@@ -117,3 +120,29 @@ def rank_identity(
         local_rank=_small_int(env.get("LOCAL_RANK")),
         world_size=_small_int(env.get("WORLD_SIZE")),
     )
+
+
+@dataclass(frozen=True)
+class PodMeta:
+    """The parts of a pod's metadata that say which job it belongs to."""
+
+    labels: Mapping[str, str]
+    owner_refs: tuple[Mapping[str, Any], ...]  # the controller ownerReference only (at most one)
+
+
+def pod_meta(pod: Mapping[str, Any]) -> PodMeta:
+    """The labels (string values only) and the controller ownerReference of a pod object."""
+    meta = pod.get("metadata") or {}
+    raw = meta.get("labels")
+    labels = (
+        {k: v for k, v in raw.items() if isinstance(k, str) and isinstance(v, str)}
+        if isinstance(raw, Mapping)
+        else {}
+    )
+    refs = meta.get("ownerReferences")
+    owners = tuple(
+        {k: r.get(k) for k in ("apiVersion", "kind", "name", "uid", "controller")}
+        for r in (refs if isinstance(refs, list) else ())
+        if isinstance(r, Mapping) and r.get("controller") is True
+    )[:1]
+    return PodMeta(labels, owners)

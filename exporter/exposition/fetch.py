@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
-from exporter.engines.exposition import Exposition, ExpositionParser
-from exporter.engines.http import HttpClient
 from exporter.errors import HttpConnectError, HttpError, ScrapeError
+from exporter.exposition.parse import Exposition, ExpositionParser
+from exporter.wire.http1 import HttpClient
 
 # Plain text: prometheus-client would switch to OpenMetrics for an openmetrics Accept header.
 # No gzip asked for: engine pages are small and near (loopback, the pod network), and inflating

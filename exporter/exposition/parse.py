@@ -39,8 +39,8 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from exporter.engines.pageplan import PagePlan, PlanFamily, PlanMatcher, PlanOutput, PlanSlot, make_plan
 from exporter.errors import ExpositionError
+from exporter.exposition.pageplan import PagePlan, PlanFamily, PlanMatcher, PlanOutput, PlanSlot, make_plan
 
 Labels = Mapping[str, str]
 

@@ -5,9 +5,15 @@ h2 (pure Python, with hpack and hyperframe) costs about 1 MiB. A call follows gR
 "PROTOCOL-HTTP2.md": prior-knowledge HTTP/2, one POST stream whose DATA is the 5-byte framed
 request, an answer of HEADERS, DATA and trailers carrying grpc-status and grpc-message. The
 connection is kept between calls (a new one, its SETTINGS exchange and its first, unindexed headers
-were most of a refresh's CPU); a kept one the server closed or gave up before taking the call (a
-restarted kubelet, an idle timeout) is replaced within the call's deadline. Every way a call can
-fail, the deadline included, raises PodResourcesError with what went wrong; nothing else escapes.
+were most of a refresh's CPU). A call the server never took goes out once more on a fresh
+connection within the call's deadline, as grpc-go's transparent retry does: a kept connection the
+server had closed (a restarted kubelet, an idle timeout), a GOAWAY whose last stream id is below
+ours, a REFUSED_STREAM reset. A GOAWAY that takes our stream with NO_ERROR (grpc-go's graceful
+stop: first a notice naming 2^31-1 and a PING, then the final GOAWAY) lets the call under way
+finish; the connection then takes no new call. h2 closes its whole state on a GOAWAY and refuses
+every later frame, the rest of our answer too, so GOAWAY frames are read here and never given to
+it. Every way a call can fail, the deadline included, raises PodResourcesError with what went
+wrong; nothing else escapes.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import struct
+from dataclasses import dataclass
 from typing import NoReturn
 from urllib.parse import unquote
 
@@ -37,22 +44,27 @@ _READ_BYTES = 65536
 _CLOSE_SECONDS = 1.0
 _STREAM = 1  # the first client stream of a fresh connection
 _FRAME_HEADER_BYTES = 9
-_SETTINGS = 0x4  # HTTP/2 frame type
+_SETTINGS = 0x4  # HTTP/2 frame types
+_GOAWAY = 0x7
 _OVERHEAD_BYTES = 1 << 20  # frames, headers and trailers around the one message
 _CLOSED_EARLY = "the server closed the connection before the answer was complete"
 _LAST_STREAM = 2**31 - 1 - 2  # a client's stream ids are odd and below 2**31: past this, a new connection
-# RFC 9113 6.8: a server shutting down gracefully first sends a GOAWAY with this last stream id (and
-# NO_ERROR): a notice that names no stream as taken; its final GOAWAY would.
-_GRACEFUL_NOTICE = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class _Again:
+    """The server never took the call, so it may go out once more on a fresh connection: why."""
+
+    reason: str
 
 
 class UnaryChannel:
     """Unary calls on one HTTP/2 connection to a unix socket, kept open between calls.
 
-    A call on the kept connection that the server had closed or given up (EOF, a reset, or a GOAWAY
-    before any answer on our stream: the kubelet restarted, or closed an idle connection) goes out
-    once more on a fresh connection within the same deadline. Any other failure drops the connection,
-    so the next call starts afresh. One call at a time.
+    A call the server never took (the kept connection closed before any answer on our stream, a
+    GOAWAY below our stream, a REFUSED_STREAM) goes out once more on a fresh connection within the
+    same deadline; never a third time. Any other failure drops the connection, so the next call
+    starts afresh. One call at a time.
     """
 
     def __init__(self, socket_path: str) -> None:
@@ -65,34 +77,39 @@ class UnaryChannel:
         self, method: str, request: bytes, *, timeout_seconds: float, max_message_bytes: int
     ) -> bytes:
         """Call `method` ("/package.Service/Method") once and return the answer's message bytes."""
-        path = self.socket_path
         async with self._lock:
             deadline = asyncio.get_running_loop().time() + timeout_seconds  # connect and answer together
             conn = self._conn
-            if conn is not None and conn.usable():
+            if conn is None or not conn.usable():
+                conn = await self._connect(deadline, timeout_seconds)
+            answer = await self._exchange(conn, method, request, deadline, timeout_seconds, max_message_bytes)
+            if isinstance(answer, _Again):  # the server never took it: once more, on a new connection
+                conn = await self._connect(deadline, timeout_seconds)
                 answer = await self._exchange(
                     conn, method, request, deadline, timeout_seconds, max_message_bytes
                 )
-                if answer is not None:
-                    return _message(method, *answer)  # a failed status on a sound stream: kept
-            # none kept, or the kept one was closed or given up before our stream was taken: a new one
-            await self._drop()
-            try:
-                async with asyncio.timeout_at(deadline):
-                    reader, writer = await asyncio.open_unix_connection(path)
-            except FileNotFoundError as exc:
-                # dcgm-exporter skips silently here; a missing hostPath mount must be visible instead.
-                raise PodResourcesError(f"pod-resources socket {path} does not exist") from exc
-            except TimeoutError as exc:
-                raise PodResourcesError(f"no connection to {path} within {timeout_seconds:g}s") from exc
-            except OSError as exc:
-                # ConnectionRefusedError: the socket file is there but nobody listens (a kubelet that died)
-                raise PodResourcesError(f"cannot connect to {path}: {exc.strerror or exc}") from exc
-            self.connections_opened += 1
-            self._conn = conn = _H2Connection(reader, writer)
-            answer = await self._exchange(conn, method, request, deadline, timeout_seconds, max_message_bytes)
-            assert answer is not None  # a first exchange never gives up for a second try
-            return _message(method, *answer)
+                if isinstance(answer, _Again):
+                    raise PodResourcesError(f"{answer.reason} (and did so when asked a second time)")
+            return _message(method, *answer)  # a failed status on a sound stream: kept
+
+    async def _connect(self, deadline: float, timeout_seconds: float) -> _H2Connection:
+        """A new connection in place of the kept one (dropped)."""
+        await self._drop()
+        path = self.socket_path
+        try:
+            async with asyncio.timeout_at(deadline):
+                reader, writer = await asyncio.open_unix_connection(path)
+        except FileNotFoundError as exc:
+            # dcgm-exporter skips silently here; a missing hostPath mount must be visible instead.
+            raise PodResourcesError(f"pod-resources socket {path} does not exist") from exc
+        except TimeoutError as exc:
+            raise PodResourcesError(f"no connection to {path} within {timeout_seconds:g}s") from exc
+        except OSError as exc:
+            # ConnectionRefusedError: the socket file is there but nobody listens (a kubelet that died)
+            raise PodResourcesError(f"cannot connect to {path}: {exc.strerror or exc}") from exc
+        self.connections_opened += 1
+        self._conn = conn = _H2Connection(reader, writer)
+        return conn
 
     async def close(self) -> None:
         """Close the connection; the next call opens a new one."""
@@ -107,11 +124,14 @@ class UnaryChannel:
         deadline: float,
         timeout_seconds: float,
         max_message_bytes: int,
-    ) -> tuple[dict[bytes, bytes], bytes] | None:
+    ) -> tuple[dict[bytes, bytes], bytes] | _Again:
         """One exchange on `conn` by the call's deadline; any failure drops the connection."""
         try:
             async with asyncio.timeout_at(deadline):
-                return await conn.exchange(method, request, timeout_seconds, max_message_bytes)
+                answer = await conn.exchange(method, request, timeout_seconds, max_message_bytes)
+            if isinstance(answer, _Again):
+                await self._drop()
+            return answer
         except BaseException as exc:
             await self._drop()
             _raise(exc, self.socket_path, timeout_seconds)
@@ -147,12 +167,13 @@ class _H2Connection:
         )
         self.h2.initiate_connection()
         self.used = False  # a first exchange checks the server's first frame; a later one may be stale
+        self.going_away = False  # a GOAWAY came: no new call on this connection
         self._partial = bytearray()  # the start of a frame not yet whole
 
     def frames(self, data: bytes) -> list[bytes]:
-        """The whole frames received so far, each to be given to h2 alone: h2 refuses any frame after
-        a GOAWAY, and a gRPC server shutting down follows its GOAWAY with a PING in the same write;
-        fed together, the GOAWAY's answer (was our stream taken?) was lost in h2's error."""
+        """The whole frames received so far, each looked at alone: a GOAWAY is read here (h2 would
+        close its state on it and refuse the rest of our answer), every other frame goes to h2. A
+        gRPC server shutting down writes its GOAWAY and a PING together, so they come in one read."""
         buf = self._partial
         buf += data
         out, at = [], 0
@@ -167,14 +188,18 @@ class _H2Connection:
 
     def _absorb(self, frames: list[bytes]) -> None:
         """Frames that came after our answer (a PING, a window update, a GOAWAY): h2 keeps its state;
-        after a GOAWAY it refuses the rest, and the connection is not used again (`usable`)."""
+        a GOAWAY marks the connection as taking no new call (`usable`)."""
         with contextlib.suppress(h2.exceptions.ProtocolError):
             for frame in frames:
-                self.h2.receive_data(frame)
+                if _goaway(frame) is not None:
+                    self.going_away = True
+                else:
+                    self.h2.receive_data(frame)
 
     def usable(self) -> bool:
         return (
-            not self.writer.is_closing()
+            not self.going_away
+            and not self.writer.is_closing()
             and not self.reader.at_eof()
             and self.reader.exception() is None
             and self.h2.state_machine.state != h2.connection.ConnectionState.CLOSED
@@ -184,11 +209,11 @@ class _H2Connection:
 
     async def exchange(
         self, method: str, request: bytes, timeout_seconds: float, max_message_bytes: int
-    ) -> tuple[dict[bytes, bytes], bytes] | None:
+    ) -> tuple[dict[bytes, bytes], bytes] | _Again:
         """One call: its request on a new stream, then frames until that stream's answer ends; its
-        headers and trailers, and its DATA. None, on a connection used before, when it ended or went
-        away before any frame of that stream (the server never took it: the call may go out again on
-        a new connection)."""
+        headers and trailers, and its DATA. _Again when the server never took the stream (the call
+        may go out again on a new connection): a GOAWAY below it, a REFUSED_STREAM, or, on a
+        connection used before, its end before any frame of that stream."""
         reused, self.used = self.used, True
         conn, reader, writer = self.h2, self.reader, self.writer
         stream = conn.get_next_available_stream_id()
@@ -229,31 +254,31 @@ class _H2Connection:
             while True:
                 if not data:
                     if reused and not answered:
-                        return None
+                        return _Again(_CLOSED_EARLY)
                     raise PodResourcesError(_CLOSED_EARLY)
                 if received > limit:
                     raise PodResourcesError(f"the server sent more than {limit} bytes for one answer")
                 frames = self.frames(data)
                 for at, frame in enumerate(frames):
+                    goaway = _goaway(frame)
+                    if goaway is not None:
+                        self.going_away = True
+                        last, error_code = goaway
+                        why = (
+                            f"the server closed the connection with GOAWAY ({_code(error_code)})"
+                            " before the answer was complete"
+                        )
+                        if last < stream:  # never seen by the server (RFC 9113 6.8): safe to send again
+                            return _Again(why)
+                        if error_code != h2.errors.ErrorCodes.NO_ERROR:
+                            raise PodResourcesError(why)
+                        # taken, and the server drains: our answer follows (a graceful stop's notice,
+                        # 2^31-1, then its final GOAWAY); an end before it is an error below
+                        continue
                     for event in conn.receive_data(frame):
                         if isinstance(event, h2.events.DataReceived):
                             # hand the window back at once, or an answer over 64 KiB stalls the stream
                             conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
-                        if isinstance(event, h2.events.ConnectionTerminated):
-                            why = (
-                                f"the server closed the connection with GOAWAY ({_code(event.error_code)})"
-                                " before the answer was complete"
-                            )
-                            # a stream above the last one the server took was never seen by it; a
-                            # graceful notice takes none (a call that went out twice is a read)
-                            last = event.last_stream_id
-                            graceful = (
-                                last == _GRACEFUL_NOTICE and event.error_code == h2.errors.ErrorCodes.NO_ERROR
-                            )
-                            taken = last is not None and last >= stream and not graceful
-                            if reused and not answered and not taken:
-                                return None
-                            raise PodResourcesError(why)
                         if getattr(event, "stream_id", None) != stream:
                             continue  # a frame of an earlier call's stream, or of the connection
                         answered = True
@@ -267,6 +292,9 @@ class _H2Connection:
                         elif isinstance(event, h2.events.TrailersReceived):
                             status.update(dict(event.headers))
                         elif isinstance(event, h2.events.StreamReset):
+                            if event.error_code == h2.errors.ErrorCodes.REFUSED_STREAM:
+                                # RFC 9113 8.7: no part of the stream was processed
+                                return _Again("the server refused the stream (REFUSED_STREAM)")
                             raise PodResourcesError(
                                 f"the server reset the stream (HTTP/2 error {_code(event.error_code)})"
                             )
@@ -278,10 +306,18 @@ class _H2Connection:
                     await writer.drain()
                 data = await reader.read(_READ_BYTES)
                 received += len(data)
-        except ConnectionError:
+        except ConnectionError as exc:
             if reused and not answered:
-                return None
+                return _Again(f"the kept connection failed before any answer: {exc}")
             raise
+
+
+def _goaway(frame: bytes) -> tuple[int, int] | None:
+    """(last stream id, error code) of a GOAWAY frame; None for any other frame."""
+    if frame[3] != _GOAWAY or len(frame) < _FRAME_HEADER_BYTES + 8:
+        return None
+    last = int.from_bytes(frame[9:13], "big") & 0x7FFFFFFF  # the reserved bit is ignored
+    return last, int.from_bytes(frame[13:17], "big")
 
 
 def _code(error_code: int | None) -> str:

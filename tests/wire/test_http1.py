@@ -1,4 +1,4 @@
-"""The engine scrape client (exporter/engines/http.py) against real aiohttp servers and hostile raw ones."""
+"""The engine scrape client (exporter/wire/http1.py) against real aiohttp servers and hostile raw ones."""
 
 from __future__ import annotations
 
@@ -13,13 +13,12 @@ import pytest
 from aiohttp import web
 
 from exporter.engines.detect import PREFIXES, WANTED
-from exporter.engines.exposition import ExpositionParser
-from exporter.engines.http import HttpClient
-from exporter.engines.scrape import fetch_page
 from exporter.errors import HttpError, ScrapeError
+from exporter.exposition.fetch import fetch_page
+from exporter.exposition.parse import ExpositionParser
+from exporter.wire.http1 import HttpClient
+from tests.engines.conftest import free_port, load_fixture
 from tests.fakes.helm_api import make_certificate
-
-from .conftest import free_port, load_fixture
 
 PAGE = load_fixture("vllm-0.33.0").encode()
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -160,39 +159,43 @@ def _answer(*parts: bytes) -> Handler:
 
 
 HOSTILE = {
-    "status line of garbage": (_answer(b"HTTP/1.1 2OO OK\r\n\r\n"), "malformed status line"),
+    "status line of garbage": (_answer(b"HTTP/1.1 2OO OK\r\n\r\n"), "illegal status line"),
     "not HTTP at all": (
         _answer(os.urandom(2000).replace(b"\r\n\r\n", b"") + b"\r\n\r\n"),
-        "malformed status",
+        "illegal status line",
     ),
     "header without a colon": (
         _answer(b"HTTP/1.1 200 OK\r\nContent-Length 5\r\n\r\nhello"),
-        "malformed header",
+        "illegal header line",
     ),
-    "folded header": (_answer(b"HTTP/1.1 200 OK\r\n X-Folded: yes\r\n\r\n"), "malformed header"),
+    # obs-fold with no header before it (one after a header is joined to it, see below)
+    "folded first header": (
+        _answer(b"HTTP/1.1 200 OK\r\n X-Folded: yes\r\n\r\n"),
+        "continuation line at start of headers",
+    ),
     "head over the bound": (
         _answer(b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * 100_000 + b"\r\n\r\n"),
         "longer than",
     ),
     "body short of its length": (
         _answer(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n# TYPE x gauge\nx 1\n"),
-        "short of its Content-Length",
+        "without sending complete message body (received 19 bytes, expected 1000)",
     ),
     "bad Content-Length": (
         _answer(b"HTTP/1.1 200 OK\r\nContent-Length: -4\r\n\r\n"),
-        "malformed Content-Length",
+        "bad Content-Length",
     ),
     "chunk size not hex": (
         _answer(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"),
-        "chunk size",
+        "illegal chunk header",
     ),
     "chunk longer than said": (
         _answer(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabcdef\r\n0\r\n\r\n"),
-        "chunk longer",
+        "malformed chunk footer",
     ),
     "chunked body cut off": (
         _answer(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n400\r\n# TYPE x gauge\n"),
-        "inside a chunk",
+        "incomplete chunked read",
     ),
     "gzip that is not": (
         _answer(b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: 9\r\n\r\nnot gzip!"),
@@ -210,7 +213,10 @@ HOSTILE = {
         "unsupported Content-Encoding",
     ),
     "closed without a word": (_answer(), "closed before any response"),
-    "closed inside the head": (_answer(b"HTTP/1.1 200 OK\r\nContent-Le"), "inside the response head"),
+    "closed inside the head": (
+        _answer(b"HTTP/1.1 200 OK\r\nContent-Le"),
+        "peer unexpectedly closed connection",
+    ),
 }
 
 
