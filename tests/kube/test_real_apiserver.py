@@ -819,7 +819,13 @@ def test_serve_stores_an_alert_of_megabytes_of_escaped_annotations_cut_once_and_
 
         def mine() -> list[JSON]:
             items = kube.get(incidents).get("items") or []
-            return [i for i in items if i["metadata"]["name"].startswith(f"{instance}-")]
+            # this test's instance and workload: an instance adopts the unlabelled objects an earlier
+            # test left (remediation/kube/incidents.py), so its prefix alone is not enough
+            return [
+                i
+                for i in items
+                if i["metadata"]["name"].startswith(f"{instance}-") and ns in str(i["spec"].get("target"))
+            ]
 
         def restarted() -> bool:
             found = mine()
@@ -933,7 +939,13 @@ def test_a_restart_fenced_by_etcd_down_past_the_renew_deadline_is_taken_again_by
 
         def mine() -> list[JSON]:
             items = kube.get(incidents).get("items") or []
-            return [i for i in items if i["metadata"]["name"].startswith(f"{instance}-")]
+            # this test's instance and workload: an instance adopts the unlabelled objects an earlier
+            # test left (remediation/kube/incidents.py), so its prefix alone is not enough
+            return [
+                i
+                for i in items
+                if i["metadata"]["name"].startswith(f"{instance}-") and ns in str(i["spec"].get("target"))
+            ]
 
         def entries() -> list[JSON]:
             found = mine()
