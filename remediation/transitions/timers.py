@@ -27,6 +27,10 @@ class TimerTransitions(EventTransitions):
         backend can take again safely (`resumable`) are taken again, as the same action."""
         now = self.clock.time()
         with self._db.transaction():
+            # after a gap longer than the evidence may age, open incidents are held (_hold_after_gap):
+            # nothing is taken again then either
+            last = self._db.get_state(HEARTBEAT).get("at")
+            fresh = last is None or now - float(last) <= self.settings.max_event_age_seconds
             for e in self._db.started_actions():
                 inc = self._row(e.incident_id)
                 if e.rung == "page":
@@ -36,7 +40,7 @@ class TimerTransitions(EventTransitions):
                     if inc.state == "paged" and inc.page_group == "":
                         self._set(inc.id, page_pending=1, page_next_at=0.0)
                     continue
-                if self._resume(e, inc, now):
+                if fresh and self._resume(e, inc, now):
                     continue
                 self._db.finish_entry(
                     e.id,

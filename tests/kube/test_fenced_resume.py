@@ -221,3 +221,25 @@ async def test_a_fenced_deployment_rollout_is_verified_not_taken_again(replicas:
     assert statuses(full) == [("restart", "interrupted")]
     assert "resumed" not in events(full)
     assert full["state"] == "verifying"
+
+
+async def test_after_a_gap_past_the_evidence_age_a_fenced_restart_is_held_not_taken_again(
+    replicas: Replicas,
+) -> None:
+    """The last start is older than max_event_age (900 s): the next leader holds every open incident
+    until a fresh notification, and takes nothing again meanwhile."""
+    api = replicas.api
+    api.add_pod(*POD, LEAK["node"], owner=("ReplicaSet", "vllm-7d9f8b6c5d"), gpus=1)
+    await replicas.lead()
+    replicas.clock.advance(1000)
+    replicas.fence_after_next_write()
+    await replicas.engine.handle(replicas.event())
+    await replicas.engine.wait_idle()
+
+    await replicas.next_leader()
+    await replicas.engine.tick()
+    await replicas.engine.wait_idle()
+    assert _deletes(api) == []
+    full = replicas.history()
+    assert statuses(full) == [("restart", "interrupted")]
+    assert "held" in events(full) and "resumed" not in events(full)
