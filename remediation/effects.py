@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from remediation.model import Page, Rung, Target
 
@@ -25,6 +26,9 @@ class Act:
     # a training job's drain first waits this long at most for its next step (remediation/drain.py)
     boundary_wait_seconds: float = 0.0
     decided_at: float = 0.0
+    # taken again after it was left unconfirmed (remediation.model.ResumableBackend): what the earlier
+    # try recorded it was about to change ({} when it recorded nothing); None for a first try
+    prepared: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)

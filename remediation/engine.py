@@ -35,7 +35,15 @@ from remediation.effects import Effect
 from remediation.ladder import target_from_labels
 from remediation.ledger import Ledger, connect
 from remediation.metrics import RemediationMetrics
-from remediation.model import ActionAudit, ActionBackend, AlertEvent, Engine, NodeLabels, Pager
+from remediation.model import (
+    ActionAudit,
+    ActionBackend,
+    AlertEvent,
+    Engine,
+    NodeLabels,
+    Pager,
+    ResumableBackend,
+)
 from remediation.operations import Operations
 from remediation.replication import LedgerMirror, TrackedLedger
 from remediation.runner import EffectRunner
@@ -99,6 +107,7 @@ class RemediationEngine:
             diagnosing=diagnoser is not None,
             # the Kubernetes backend counts a pool's cordons in the cluster; others cannot see them
             pools_from_ledger=backend.name != "kubernetes",
+            resumable=backend.resumable if isinstance(backend, ResumableBackend) else None,
         )
         self._runner = EffectRunner(
             backend,
@@ -113,6 +122,7 @@ class RemediationEngine:
             audit=audit,
             boundary=boundary,
             validation_timeout_seconds=settings.return_to_service_timeout_seconds,
+            record_now=lambda fn: self._decide(fn, defer=False),
         )
         self._operations = Operations(settings, self._ro, library, clock, metrics)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpupulse-engine")
@@ -195,8 +205,10 @@ class RemediationEngine:
 
     # ------------------------------------------------------------------ plumbing
 
-    async def _decide(self, fn: Callable[[Transitions], list[Effect]]) -> None:
-        """Run one transition on the decision thread, then hand its effects to the runner."""
+    async def _decide(self, fn: Callable[[Transitions], list[Effect]], defer: bool = True) -> None:
+        """Run one transition on the decision thread, then hand its effects to the runner. Without
+        `defer` its write-through is never coalesced, even with no effects (an action's record of
+        what it is about to change)."""
         if self._closed:
             raise RuntimeError("engine is closed")
         if self._broken is not None:
@@ -206,7 +218,7 @@ class RemediationEngine:
             if self._tracked is None or self._mirror is None:
                 effects = await loop.run_in_executor(self._executor, self._transitions.transact, fn)
             else:
-                effects = await self._decide_through(loop, fn, self._tracked, self._mirror)
+                effects = await self._decide_through(loop, fn, self._tracked, self._mirror, defer)
         self._runner.dispatch(effects)
 
     async def _decide_through(
@@ -215,6 +227,7 @@ class RemediationEngine:
         fn: Callable[[Transitions], list[Effect]],
         tracked: TrackedLedger,
         mirror: LedgerMirror,
+        defer: bool,
     ) -> list[Effect]:
         """Cluster mode: commit, write what changed through to the shared store, then (and only then)
         return the effects. A write that fails for good drops the effects and breaks the engine."""
@@ -229,7 +242,7 @@ class RemediationEngine:
         effects, snapshot = await loop.run_in_executor(self._executor, transact)
         if snapshot:
             try:
-                await mirror.write(snapshot, defer=not effects)
+                await mirror.write(snapshot, defer=defer and not effects)
             except Exception as exc:
                 self._broken = exc
                 raise

@@ -323,6 +323,21 @@ class Ledger:
             (status, at, summary, json.dumps(dict(details), sort_keys=True, default=str), entry_id),
         )
 
+    def note_entry(self, entry_id: int, details: Mapping[str, Any]) -> None:
+        """Add to an entry's details (an action's record of what it is about to change)."""
+        merged = {**self.entry_details(entry_id), **details}
+        self.conn.execute(
+            "UPDATE rem_ledger SET details = ? WHERE id = ?",
+            (json.dumps(merged, sort_keys=True, default=str), entry_id),
+        )
+
+    def entry_details(self, entry_id: int) -> dict[str, Any]:
+        row = self.conn.execute("SELECT details FROM rem_ledger WHERE id = ?", (entry_id,)).fetchone()
+        if row is None or not row[0]:
+            return {}
+        value = json.loads(row[0])
+        return value if isinstance(value, dict) else {}
+
     def entry(self, entry_id: int) -> LedgerEntry | None:
         row: sqlite3.Row | None = self.conn.execute(
             "SELECT * FROM rem_ledger WHERE id = ?", (entry_id,)

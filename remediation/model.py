@@ -6,7 +6,7 @@ one at a time and decides; backends act. Nothing here does I/O.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -86,6 +86,32 @@ class LemonMarker(Protocol):
     gpupulse.io/lemon label), and then refuses to return that node to service."""
 
     async def mark_lemon(self, node: str, uuids: Sequence[str], detail: str) -> None: ...
+
+
+# records what an action is about to change (the pods' UIDs) before it changes it; returns once stored
+Prepare = Callable[[Mapping[str, Any]], Awaitable[None]]
+
+
+@runtime_checkable
+class ResumableBackend(Protocol):
+    """A backend some of whose rungs the next leader may carry out again when the last one recorded
+    them as started but never their outcome (fenced by a lapsed Lease, or a crash): each such rung
+    first records what it is about to change (`prepare`), and taken again with that record
+    (`prepared`) it changes only what is still as recorded, so a rung done once is never done twice
+    (docs/design/ha.md, "Fenced actions")."""
+
+    def resumable(self, rung: Rung, target: Target) -> bool:
+        """Whether this rung on this target may be taken again after it was left unconfirmed."""
+
+    async def act(
+        self,
+        rung: Rung,
+        target: Target,
+        reason: str,
+        prepared: Mapping[str, Any] | None,
+        prepare: Prepare,
+    ) -> ActionResult:
+        """Take a resumable rung; `prepared`: what an earlier try recorded (empty or None: none did)."""
 
 
 ActionPhase = Literal["started", "success", "failed", "temporary", "refused", "dry_run"]

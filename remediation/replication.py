@@ -113,6 +113,11 @@ class TrackedLedger(Ledger):
         entry = self.entry(entry_id)
         self._touch(entry.incident_id if entry is not None else None)
 
+    def note_entry(self, entry_id: int, details: Mapping[str, Any]) -> None:
+        super().note_entry(entry_id, details)
+        entry = self.entry(entry_id)
+        self._touch(entry.incident_id if entry is not None else None)
+
     def mark_handled(self, dedup_key: str, incident_id: int | None, at: float, stale: bool = False) -> None:
         super().mark_handled(dedup_key, incident_id, at, stale)
         self._touch(incident_id)

@@ -43,9 +43,11 @@ from remediation.model import (
     ActionBackend,
     ActionNotice,
     ActionPhase,
+    ActionResult,
     LemonMarker,
     MigratePreview,
     Pager,
+    ResumableBackend,
     ReturnToService,
     ValidationPhase,
 )
@@ -78,6 +80,7 @@ class EffectRunner:
         audit: ActionAudit | None = None,
         boundary: BoundaryWaiter | None = None,
         validation_timeout_seconds: float = 3600.0,
+        record_now: Record | None = None,
     ) -> None:
         self.backend = backend
         self.boundary = boundary
@@ -88,6 +91,8 @@ class EffectRunner:
         self.action_timeout_seconds = action_timeout_seconds
         self.validation_timeout_seconds = validation_timeout_seconds
         self._record = record
+        # a record the shared store must hold before the effect goes on (never coalesced)
+        self._record_now = record_now or record
         self.diagnoser = diagnoser
         self.diagnosis = diagnosis or EngineDiagnosisSettings()
         self._diagnosis_gate = asyncio.Semaphore(self.diagnosis.max_concurrent)
@@ -248,8 +253,7 @@ class EffectRunner:
         details: Mapping[str, Any] = {}
         outcome: ActionPhase
         try:
-            call = self.backend.restart if eff.rung == "restart" else self.backend.migrate
-            result = await asyncio.wait_for(call(eff.target, eff.reason), self.action_timeout_seconds)
+            result = await asyncio.wait_for(self._call(eff), self.action_timeout_seconds)
             outcome = "success" if result.done else "failed"
             summary, details = result.summary, result.details
         except TemporaryError as exc:
@@ -273,6 +277,17 @@ class EffectRunner:
         self.metrics.action_duration.labels(rung=eff.rung).observe(duration)
         await self._announce(eff, outcome, summary)
         await self._record(lambda t: t.on_action_done(eff, outcome, summary, details, delay))
+
+    def _call(self, eff: Act) -> Awaitable[ActionResult]:
+        backend = self.backend
+        if isinstance(backend, ResumableBackend) and backend.resumable(eff.rung, eff.target):
+
+            async def prepare(details: Mapping[str, Any]) -> None:
+                await self._record_now(lambda t: t.on_action_prepared(eff, details))
+
+            return backend.act(eff.rung, eff.target, eff.reason, eff.prepared, prepare)
+        call = backend.restart if eff.rung == "restart" else backend.migrate
+        return call(eff.target, eff.reason)
 
     async def _diagnose(
         self, labels: Mapping[str, str], fired_at: float, own: Sequence[OwnAction] = ()

@@ -59,7 +59,9 @@ class CrashResult:
     repeated_targets: int = 0
     ledger_actions: dict[str, int] = field(default_factory=dict)
     untracked_actions: int = 0
-    pod_reads_max: int = 0  # Kubernetes backend: most GETs of one pod (a repeated restart reads it again)
+    # Kubernetes backend: most GETs of one pod; a restart a kill left unconfirmed is taken again, which
+    # reads its pod once more (to delete it only while its UID is the one recorded): 2 at most
+    pod_reads_max: int = 0
 
     def checks(self) -> list[tuple[str, str, bool | None]]:
         """The table rows: what was measured and whether it passes."""
@@ -78,7 +80,7 @@ class CrashResult:
             ("targets restarted more than once", f"{self.repeated_targets}", self.repeated_targets == 0),
             ("ledger restart actions by status", json.dumps(self.ledger_actions, sort_keys=True), None),
             ("actions done without a ledger row", f"{self.untracked_actions}", self.untracked_actions == 0),
-            ("Kubernetes: most GETs of one pod", f"{self.pod_reads_max}", self.pod_reads_max <= 1),
+            ("Kubernetes: most GETs of one pod", f"{self.pod_reads_max}", self.pod_reads_max <= 2),
         ]
 
 

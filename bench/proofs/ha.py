@@ -4,7 +4,9 @@ replicas (Alertmanager's one webhook URL per replica). The leader is SIGKILLed a
 deleted, as when its node is lost:
 
   action  during a migrate its PodDisruptionBudget holds up: the follower takes over, finds the
-          migrate `started` in the cluster, marks it interrupted and pages; no second cordon.
+          migrate `started` in the cluster and takes it again once, which the node's Lease (still
+          the dead leader's) refuses before any write: it marks it interrupted and pages; no second
+          cordon.
   stream  during a stream of alerts (`--alerts`, in notifications of `--batch`), with --dry-run: every
           alert that either replica accepted has exactly one incident in the cluster.
 
@@ -208,8 +210,12 @@ async def _takeover(
 
 
 def _actions(log: list[dict[str, Any]]) -> list[str]:
-    """Writes that act on the cluster (the ledger's own objects left out)."""
-    return [f"{r['method']} {r['path']}" for r in writes(log) if "/remediation.gpupulse.io/" not in r["path"]]
+    """Writes that act on the cluster (the ledger's own objects and the audit trail's Events left out)."""
+    return [
+        f"{r['method']} {r['path']}"
+        for r in writes(log)
+        if "/remediation.gpupulse.io/" not in r["path"] and not r["path"].endswith("/events")
+    ]
 
 
 def _count_writes(api: FakeKube, res: HAResult) -> None:

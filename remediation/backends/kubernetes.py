@@ -54,12 +54,17 @@ from remediation.kube.quarantine import DeviceQuarantineSettings, preview_device
 from remediation.kube.returning import return_device, validation_name
 from remediation.kube.timing import micro_time
 from remediation.kube.validation import ValidationSettings, validation_from_mapping
-from remediation.model import ActionResult, Target
+from remediation.model import ActionResult, Prepare, Rung, Target
 from remediation.settings import PoolSettings
 
 log = logging.getLogger(__name__)
 
 RESTARTED_AT = "kubectl.kubernetes.io/restartedAt"
+
+
+def _recorded(pod: JSON) -> dict[str, str]:
+    ref = PodRef.of(pod)
+    return {"namespace": ref.namespace, "name": ref.name, "uid": ref.uid}
 
 
 @dataclass(frozen=True)
@@ -157,17 +162,63 @@ class KubernetesBackend:
 
     async def restart(self, target: Target, reason: str) -> ActionResult:
         """Replace the target's pod(s) through their controller; never touches a bare pod unless allowed."""
+        return await self._restart(target, reason, None, None)
+
+    # --- taken again by the next leader (remediation.model.ResumableBackend)
+
+    def resumable(self, rung: Rung, target: Target) -> bool:
+        """A pod restart by delete (each delete preconditioned on the UID recorded before it) and a
+        migrate (cordon and taint, or a DRA GPU's DeviceTaintRule, are ensured idempotently; what was
+        evicted is gone, and the cordon or taint keeps its replacements away) can be taken again; a
+        gang restart, a job's migrate (a gang restart too) and a Deployment rollout cannot: they are
+        verified instead."""
+        if target.kind in ("job", "exporter"):
+            return False
+        if rung == "restart":
+            return self._settings.deployment_restart == "delete_pod"
+        return rung == "migrate"
+
+    async def act(
+        self,
+        rung: Rung,
+        target: Target,
+        reason: str,
+        prepared: Mapping[str, Any] | None,
+        prepare: Prepare,
+    ) -> ActionResult:
+        if rung == "migrate":
+            return await self.migrate(target, reason)
+        return await self._restart(target, reason, prepared, prepare)
+
+    async def _restart(
+        self,
+        target: Target,
+        reason: str,
+        prepared: Mapping[str, Any] | None,
+        prepare: Prepare | None,
+    ) -> ActionResult:
         self._guard()
         if target.kind == "job":
             return await self._restart_job(target, reason, cordoned="")
         done: list[dict[str, Any]] = []
         try:
             async with self._errors("restart", target):
-                pods = await self._restart_candidates(target)
-                node = target.node or PodRef.of(pods[0]).node
-                async with self._node_lock(node):
-                    for pod in pods:
-                        done.append(await self._restart_pod(pod, reason))
+                recorded = list((prepared or {}).get("pods") or [])
+                if recorded:
+                    # taken again: only the pods recorded before the first try, while their UID holds
+                    node = str((prepared or {}).get("node") or target.node)
+                    async with self._node_lock(node):
+                        for ref in recorded:
+                            done.append(await self._restart_recorded(ref, reason))
+                else:
+                    pods = await self._restart_candidates(target)
+                    node = target.node or PodRef.of(pods[0]).node
+                    async with self._node_lock(node):
+                        if prepare is not None:
+                            # stored before any delete: a next leader deletes these UIDs or nothing
+                            await prepare({"node": node, "pods": [_recorded(p) for p in pods]})
+                        for pod in pods:
+                            done.append(await self._restart_pod(pod, reason))
         except TemporaryError as exc:
             if not done and isinstance(exc.__cause__, KubeTooManyRequests):
                 # throttled before any pod was replaced: the server changed nothing, not an action
@@ -177,6 +228,25 @@ class KubernetesBackend:
         return ActionResult(
             done=True, summary=summary, details={"node": node, "pods": done, "reason": reason}
         )
+
+    async def _restart_recorded(self, ref: Mapping[str, Any], reason: str) -> dict[str, Any]:
+        """A pod an earlier try recorded: restarted while it is still that pod (same UID); gone or
+        replaced, the earlier try (or its controller) already did it."""
+        namespace, name, uid = str(ref.get("namespace")), str(ref.get("name")), str(ref.get("uid"))
+        key = f"{namespace}/{name}"
+        try:
+            pod = await self._client.get_pod(namespace, name)
+        except KubeNotFound:
+            pod = None
+        if pod is None or PodRef.of(pod).uid != uid:
+            return {
+                "pod": key,
+                "uid": uid,
+                "action": "delete_pod",
+                "outcome": "already_replaced",
+                "summary": f"pod {key} (uid {uid}) already replaced",
+            }
+        return await self._restart_pod(pod, reason)
 
     async def _restart_job(self, target: Target, reason: str, cordoned: str) -> ActionResult:
         """One gang restart of a training job (one action, however many ranks it has)."""

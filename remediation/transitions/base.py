@@ -16,6 +16,7 @@ from remediation.ledger import Ledger
 from remediation.lemons import LemonBook
 from remediation.loops import LoopDetector, LoopVerdict
 from remediation.metrics import RemediationMetrics
+from remediation.model import Rung, Target
 from remediation.records import Incident
 from remediation.safety import SafetyGate
 from remediation.settings import EngineSettings
@@ -41,6 +42,7 @@ class TransitionsBase:
         pager_name: str,
         diagnosing: bool = False,
         pools_from_ledger: bool = True,
+        resumable: Callable[[Rung, Target], bool] | None = None,
     ) -> None:
         self.settings = settings
         self.library = library
@@ -52,6 +54,8 @@ class TransitionsBase:
         self.pager_name = pager_name
         # whether a Prometheus is there to diagnose from (settings.diagnosis.enabled and a URL)
         self.diagnosing = diagnosing
+        # which rungs the backend may take again when a leader left them unconfirmed (recover())
+        self.resumable = resumable or (lambda rung, target: False)
         self._db = db
         self._loops = LoopDetector(db, settings.loops)
         self._safety = SafetyGate(db, settings.budgets, settings.cluster_node_count)

@@ -129,6 +129,8 @@ class Transitions(TimerTransitions):
         entry = self._db.entry(eff.entry_id)
         if entry is None or entry.status != "started":
             return []
+        if eff.prepared is not None and outcome == "refused":
+            return self._resume_refused(eff, summary, now)
         self._db.finish_entry(eff.entry_id, outcome, now, summary, details)
         metric_outcome = "success" if outcome == "success" else "failed"
         self._later(lambda: self.metrics.actions.labels(rung=eff.rung, outcome=metric_outcome).inc())
@@ -156,6 +158,31 @@ class Transitions(TimerTransitions):
             return self._page(eff.incident_id, now, why)
         why = f"{rung} failed: {summary}"
         return self._escalate(eff.incident_id, now, why, frozenset({rung}))
+
+    def _resume_refused(self, eff: Act, summary: str, now: float) -> list[Effect]:
+        """A resumed action the server refused (the node still locked by the try it resumes, or
+        throttled) is taken only once: it is verified instead, as one not taken again would be."""
+        self._db.finish_entry(
+            eff.entry_id,
+            "interrupted",
+            now,
+            f"left unconfirmed by the last leader; taken again but refused ({summary}): "
+            "not repeated, verifying instead",
+            {},
+        )
+        inc = self._row(eff.incident_id)
+        if inc.state != "acting":
+            return []
+        self._entry(inc, "event", "recovered", f"resuming: verifying the interrupted {eff.rung}")
+        return self._after_success(eff.incident_id, eff.rung, now)
+
+    def on_action_prepared(self, eff: Act, details: Mapping[str, Any]) -> list[Effect]:
+        """What a resumable action is about to change (its pods' UIDs), stored before it changes it:
+        a leader that finds the action unconfirmed takes it again on exactly these, or on nothing."""
+        entry = self._db.entry(eff.entry_id)
+        if entry is not None and entry.status == "started":
+            self._db.note_entry(eff.entry_id, {"prepared": dict(details)})
+        return []
 
     def on_page_done(self, eff: SendPage, error: str) -> list[Effect]:
         now = self.clock.time()

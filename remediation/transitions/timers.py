@@ -7,11 +7,11 @@ from typing import cast
 
 from remediation.decide import HEARTBEAT, HELD, HELD_DUE, PAGE_INFLIGHT_SECONDS
 from remediation.decide.incidents import due_step, held_gives_up
-from remediation.effects import CheckPromQL, Effect
+from remediation.effects import Act, CheckPromQL, Effect
 from remediation.ladder import first_step
 from remediation.metrics import BoardSnapshot
 from remediation.model import Rung
-from remediation.records import Incident
+from remediation.records import Incident, LedgerEntry
 from remediation.transitions.board import read_board
 from remediation.transitions.events import EventTransitions
 from remediation.verify import render_query
@@ -23,9 +23,14 @@ class TimerTransitions(EventTransitions):
     """Recovery at start and the work of each tick."""
 
     def recover(self) -> None:
-        """Actions recorded as started but never finished are verified, never repeated."""
+        """Actions recorded as started but never finished are verified, never repeated; those the
+        backend can take again safely (`resumable`) are taken again, as the same action."""
         now = self.clock.time()
         with self._db.transaction():
+            # after a gap longer than the evidence may age, open incidents are held (_hold_after_gap):
+            # nothing is taken again then either
+            last = self._db.get_state(HEARTBEAT).get("at")
+            fresh = last is None or now - float(last) <= self.settings.max_event_age_seconds
             for e in self._db.started_actions():
                 inc = self._row(e.incident_id)
                 if e.rung == "page":
@@ -39,6 +44,8 @@ class TimerTransitions(EventTransitions):
                 if waiting is not None:
                     # it waited for the job's next step: nothing was drained, so it waits on
                     self._deferred += self._resume_drain(inc, e, waiting, now)
+                    continue
+                if fresh and self._resume(e, inc, now):
                     continue
                 self._db.finish_entry(
                     e.id,
@@ -62,6 +69,31 @@ class TimerTransitions(EventTransitions):
         self.metrics.paused.set(1 if self._safety.paused() else 0)
         self.metrics.paused_since.set(self._safety.paused_since())
         self._publish_board(now)
+
+    def _resume(self, e: LedgerEntry, inc: Incident, now: float) -> bool:
+        """Take an unconfirmed action again where the backend can do so safely (a fenced act never
+        ran; a UID-preconditioned delete deletes only the pod it recorded): the same ledger entry, so
+        loops and budgets count it once. Only while its evidence is fresh, else it is verified."""
+        rung = cast(Rung, e.rung)
+        if inc.state != "acting" or not self.resumable(rung, inc.target):
+            return False
+        age = now - e.at
+        if age > self.settings.max_event_age_seconds:
+            return False
+        prepared = self._db.entry_details(e.id).get("prepared") or {}
+        what = "on what it recorded" if prepared else "(it recorded no change yet)"
+        self._entry(
+            inc,
+            "event",
+            "resumed",
+            f"resuming the {rung} left unconfirmed {age:.0f} s ago {what}: taken again, not repeated",
+        )
+        sig = self._sig(inc)
+        reason = f"{inc.alertname} ({sig.fault_class}, signature {sig.name}); attempt {e.attempt}, resumed"
+        self._deferred.append(
+            Act(e.id, inc.id, rung, inc.target, reason, signature=sig.name, prepared=dict(prepared))
+        )
+        return True
 
     def _hold_after_gap(self, now: float) -> None:
         """After the engine did not watch for longer than the evidence may age (a restart after an

@@ -159,13 +159,19 @@ async def test_leader_killed_mid_migrate_follower_finishes_without_repeating(
     await asyncio.wait_for(b.leading.wait(), DURATION + 2 * RETRY + 1.0)
     assert time.monotonic() - killed_at <= DURATION + 2 * RETRY + 0.5
     assert b.engine is not None
+    # recorded by A and never confirmed: B takes it again (a migrate is idempotent) with its first
+    # tick, once; A's frozen try still holds the node's Lease, so B's is refused before any write and
+    # the migrate is verified instead, not repeated; the GPU needs a reset whatever the drain did, so
+    # B pages
+    await b.engine.tick()
+    await b.engine.wait_idle()
+    assert len(kube_api.calls("PATCH", "/nodes/")) == node_patches
     (incident,) = b.engine.list_incidents()
     full = b.engine.get_incident(int(incident["id"]))
     assert full is not None
-    actions = [(h["rung"], h["status"]) for h in full["history"] if h["kind"] == "action"]
-    # recorded by A, recovered by B, not repeated; the GPU needs a reset whatever the drain did, so
-    # B pages (the page goes out with B's first tick)
-    assert actions[0] == ("migrate", "interrupted")
+    actions = [h for h in full["history"] if h["kind"] == "action"]
+    assert (actions[0]["rung"], actions[0]["status"]) == ("migrate", "interrupted")
+    assert "locked by replica-a/" in actions[0]["summary"]
     assert full["state"] == "paged"
 
     # the deposed leader's action wakes up (the budget now allows it) and must not write anything

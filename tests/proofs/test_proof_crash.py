@@ -27,7 +27,8 @@ def test_sigkills_during_a_stream_lose_nothing_and_repeat_no_restart(tmp_path: P
 def test_sigkills_with_the_kubernetes_backend_delete_no_pod_twice(tmp_path: Path) -> None:
     res = crash.run(alerts=300, kills=2, seed=5, workdir=tmp_path, concurrency=4, backend="kubernetes")
     assert res.acked == 300 and res.inbox_unprocessed == 0 and res.handled_keys == 300
-    # one DELETE (with the UID precondition) at most per pod, and no pod read twice by a repeated restart
-    assert res.repeated_targets == 0 and res.pod_reads_max == 1
+    # one DELETE (with the UID precondition) at most per pod; a restart a kill left unconfirmed is taken
+    # again by the next start, which reads its pod once more and deletes it only while its UID holds
+    assert res.repeated_targets == 0 and res.pod_reads_max <= 2
     assert 0 < res.action_lines <= 300 and res.untracked_actions == 0
     assert all(ok is not False for _, _, ok in res.checks())
