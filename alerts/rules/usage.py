@@ -125,7 +125,9 @@ def _idle_allocated(c: RulesConfig) -> str:
         "(\n"
         f"  {held(c, ALLOCATION_SHARE)} * 0\n"
         "  + on(uuid) group_left(source)\n"
-        f"  (max_over_time({SM_ACTIVITY}[{window}]) <= {num(t.idle_no_kernel_ratio)})\n"
+        # one series per GPU: a GPU whose source changed inside the window (NVML's utilization until
+        # GPM had two samples after an exporter restart) has one per source; the busiest one speaks
+        f"  (topk by (uuid) (1, max_over_time({SM_ACTIVITY}[{window}])) <= {num(t.idle_no_kernel_ratio)})\n"
         ")\n"
         f"and on(uuid, namespace, pod) ({ALLOCATION_SHARE} offset {window})\n"
         f"unless on(namespace, pod) group by (namespace, pod) (\n  {requests}\n)\n"
