@@ -212,6 +212,26 @@ def test_the_readme_links_the_page() -> None:
     assert "(docs/dcgm-migration.md)" in (ROOT / "README.md").read_text()
 
 
+def test_the_readme_comparison_names_what_default_counters_comments_out() -> None:
+    counters = _counters("default-counters.csv")
+    (line,) = [
+        line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("| SM activity")
+    ]
+    claim = line.split(" | ")[0]
+    assert "commented out of the default counters" in claim
+    named = _fields(claim)
+    assert named and all(not counters[f].on for f in named), named
+    profiling = {f for f in counters if f.startswith("DCGM_FI_PROF_")}
+    on = {f.removeprefix("DCGM_FI_PROF_") for f in profiling if counters[f].on}
+    assert on == {
+        "GR_ENGINE_ACTIVE",
+        "PIPE_TENSOR_ACTIVE",
+        "DRAM_ACTIVE",
+        "PCIE_TX_BYTES",
+        "PCIE_RX_BYTES",
+    }, on
+
+
 def test_the_vendored_counters_files_are_the_released_ones() -> None:
     readme = (COUNTERS / "README.md").read_text()
     assert "691c92762eb551313c825f6efe4ceeee20982801" in readme
