@@ -57,8 +57,8 @@ def as_plugin(world: World) -> ModuleType:
     def add_arguments(parser: argparse.ArgumentParser) -> None:
         """The demo's pods take no flags."""
 
-    def from_args(args: argparse.Namespace) -> DemoPodCollector:
-        """Always on in the demo."""
+    def from_args(args: argparse.Namespace, ctx: object) -> DemoPodCollector:
+        """Always on in the demo; the shared pod store in `ctx` is not used (the world knows its pods)."""
         return collector
 
     setattr(mod, "add_arguments", add_arguments)  # noqa: B010 - a module object built at run time
