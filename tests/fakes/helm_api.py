@@ -72,6 +72,7 @@ RESOURCES: dict[str, list[Resource]] = {
     "policy/v1": [Resource("poddisruptionbudgets", "PodDisruptionBudget", True)],
     "node.k8s.io/v1": [Resource("runtimeclasses", "RuntimeClass", False)],
     "coordination.k8s.io/v1": [Resource("leases", "Lease", True)],
+    "flowcontrol.apiserver.k8s.io/v1": [Resource("flowschemas", "FlowSchema", False)],
     "apiextensions.k8s.io/v1": [Resource("customresourcedefinitions", "CustomResourceDefinition", False)],
     "monitoring.coreos.com/v1": [
         Resource("servicemonitors", "ServiceMonitor", True),

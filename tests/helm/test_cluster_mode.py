@@ -142,3 +142,48 @@ async def test_real_alertmanager_sends_every_alert_to_every_replica(tmp_path: Pa
     finally:
         await runner.cleanup()
     assert received == {"0": ["GPUFellOffBus"], "1": ["GPUFellOffBus"]}
+
+
+def test_cluster_mode_puts_only_the_controllers_lease_requests_on_the_leader_election_level(
+    installs: dict[str, Installed],
+) -> None:
+    """Issue 36: APF throttling of the ServiceAccount must not delay a Lease renewal past the renew
+    deadline, so its Lease requests (and nothing else) go where kube-controller-manager's do."""
+    inst = _cluster(installs)
+    (fs,) = inst.of_kind("FlowSchema")
+    ns = inst.result["namespace"]
+    assert fs["apiVersion"] == "flowcontrol.apiserver.k8s.io/v1"
+    assert "namespace" not in fs["metadata"] and ns in fs["metadata"]["name"]
+    spec = fs["spec"]
+    assert spec["priorityLevelConfiguration"] == {"name": "leader-election"}
+    # before the suggested schemas a ServiceAccount would otherwise match
+    assert 1 < spec["matchingPrecedence"] < 900
+    (rule,) = spec["rules"]
+    (sa,) = [o for o in inst.of_kind("ServiceAccount") if "controller" in o["metadata"]["name"]]
+    assert rule["subjects"] == [
+        {"kind": "ServiceAccount", "serviceAccount": {"name": sa["metadata"]["name"], "namespace": ns}}
+    ]
+    assert rule["resourceRules"] == [
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "verbs": ["get", "create", "update"],
+            "namespaces": [ns],
+        }
+    ]
+    assert "nonResourceRules" not in rule and "clusterScope" not in rule["resourceRules"][0]
+    # the verbs are exactly what the Role grants on Leases: nothing else the controller sends is lifted
+    (role,) = [r for r in inst.of_kind("Role") if any("leases" in x["resources"] for x in r["rules"])]
+    (leases,) = [r for r in role["rules"] if r["resources"] == ["leases"]]
+    assert leases["verbs"] == rule["resourceRules"][0]["verbs"]
+    # outside cluster mode (a volume ledger, bare metal) there is none
+    for name in ("ha-values.yaml", "default-values.yaml", "bare-metal-values.yaml"):
+        assert installs[name].of_kind("FlowSchema") == [], name
+
+
+def test_the_flowschema_can_be_left_out_where_the_install_may_not_create_one(tmp_path: Path) -> None:
+    values = yaml.safe_load((ROOT / "helm" / "gpupulse" / "ci" / "cluster-values.yaml").read_text())
+    values = copy.deepcopy(values)
+    values["controller"]["cluster"]["leaderElectionFlowSchema"] = {"enabled": False}
+    inst = install_values(tmp_path, RELEASE_NS, values)
+    assert inst.of_kind("FlowSchema") == [] and inst.of_kind("StatefulSet")

@@ -28,6 +28,9 @@ from kubernetes_validate.utils import all_versions  # noqa: E402
 
 # the chart's kubeVersion floor and the newest Kubernetes the package has schemas for
 K8S_VERSIONS = ("1.25.0", all_versions()[-1])
+# objects the chart renders only where the cluster serves their API (.Capabilities), by the first
+# Kubernetes that does: validated against that version instead of the floor
+SERVED_SINCE = {"flowcontrol.apiserver.k8s.io/v1": "1.29.0"}
 OPERATOR_VERSION = version("cloudcoil-models-prometheus-operator")
 CRD_MODELS: dict[tuple[str, str], type[BaseModel]] = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"): v1.ServiceMonitor,
@@ -69,7 +72,8 @@ def violations(obj: JSON) -> list[str]:
         kept = json.loads(parsed.model_dump_json(by_alias=True, exclude_unset=True))
         return [f"{where}: unknown field {p}" for p in _dropped(obj, kept)]
     out = []
-    for k8s in K8S_VERSIONS:
+    since = SERVED_SINCE.get(obj["apiVersion"])
+    for k8s in (since or K8S_VERSIONS[0], *K8S_VERSIONS[1:]):
         try:
             kubernetes_validate.validate(copy.deepcopy(obj), k8s, strict=True)
         except kubernetes_validate.ValidationError as err:
@@ -110,6 +114,9 @@ def test_the_validators_report_what_is_wrong(installs: dict[str, Installed]) -> 
         f"ServiceMonitor/{exporter_sm['metadata']['name']}: unknown field .spec.endpoints[0].honorlabels"
     ]
     assert violations(rule) and violations(amc)
+    flowschema = copy.deepcopy(installs["cluster-values.yaml"].one("FlowSchema"))
+    flowschema["spec"]["rules"][0]["resourceRules"][0]["namespace"] = ["gpupulse"]
+    assert len(violations(flowschema)) == len(K8S_VERSIONS)
 
 
 # --- the values schema agrees with the CRDs where values flow into them
