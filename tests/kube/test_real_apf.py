@@ -31,6 +31,7 @@ from tests.kube.realapi import (
     add_node,
     ensure_namespace,
     env_missing_reason,
+    service_account_token,
     wait_for,
     write_kubeconfig,
 )
@@ -42,6 +43,8 @@ CONTROLLER_USER, CONTROLLER_TOKEN = "gpupulse-controller", "gpupulse-apf-control
 NOISE_USER, NOISE_TOKEN = "gpupulse-noise", "gpupulse-apf-noise-token"
 FLOWCONTROL = "/apis/flowcontrol.apiserver.k8s.io/v1"
 SQUEEZE = "gpupulse-squeeze"
+# the chart (ci/cluster-values.yaml) rendered as release FS_RELEASE in FS_NS, for its FlowSchema
+FS_NS, FS_RELEASE = "apf-chart", "pulse"
 # the controller's requests only, metadata only, one event per request
 AUDIT_POLICY: JSON = {
     "apiVersion": "audit.k8s.io/v1",
@@ -369,3 +372,93 @@ def test_a_throttled_controller_waits_the_retry_after_counts_no_refusal_and_leav
     for node in NODES:
         lease = kube.get(f"/apis/coordination.k8s.io/v1/namespaces/gpupulse/leases/gpupulse-node-{node}")
         assert not lease["spec"].get("holderIdentity"), lease["spec"]
+
+
+def _classified_as(kube: RealKube, method: str, path: str, body: JSON | None = None) -> tuple[str, str]:
+    """The (FlowSchema UID, PriorityLevelConfiguration UID) APF put one request in: the server sends
+    both on every response it classified (X-Kubernetes-PF-*-UID), allowed or not."""
+    data = json.dumps(body).encode() if body is not None else None
+    headers = {"Authorization": f"Bearer {kube.token}", "Content-Type": "application/json"}
+    req = urllib.request.Request(kube.url + path, data=data, method=method, headers=headers)
+    try:
+        with kube._opener.open(req, timeout=30) as r:
+            r.read()
+            got = r.headers
+    except urllib.error.HTTPError as e:
+        e.read()
+        got = e.headers
+    return got.get("X-Kubernetes-PF-FlowSchema-UID", ""), got.get("X-Kubernetes-PF-PriorityLevel-UID", "")
+
+
+def test_the_charts_flowschema_puts_the_controllers_lease_requests_on_leader_election(
+    plane: ControlPlane,
+) -> None:
+    """Issue 36: the chart's FlowSchema (cluster mode) as the real server applies it. As the chart's
+    ServiceAccount, the Lease requests a leader sends (get, create, update in the release namespace)
+    are put by that FlowSchema on the built-in `leader-election` priority level; a Lease delete, a pod
+    list and a Lease in another namespace are not (the server's own X-Kubernetes-PF-* answer headers:
+    its audit events carry no APF annotation)."""
+    import yaml
+
+    from tests.helm.installs import CHART
+    from tests.helm.render import render
+
+    pytest.importorskip("helm_sdkpy")
+    values = yaml.safe_load((CHART / "ci" / "cluster-values.yaml").read_text())
+    docs = [d for d in yaml.safe_load_all(render(values, FS_NS, FS_RELEASE)) if d]
+    kube = plane.client()
+    ensure_namespace(kube, FS_NS)
+    ensure_namespace(kube, "apf-elsewhere")
+    (flowschema,) = [d for d in docs if d["kind"] == "FlowSchema"]
+    sa = next(d for d in docs if d["kind"] == "ServiceAccount" and "controller" in d["metadata"]["name"])
+    for obj in [sa, *(d for d in docs if d["kind"] in ("Role", "RoleBinding"))]:
+        kube.apply(obj)
+    created = kube.post(f"{FLOWCONTROL}/flowschemas", flowschema)
+    name, fs_uid = created["metadata"]["name"], created["metadata"]["uid"]
+    pl_uid = kube.get(f"{FLOWCONTROL}/prioritylevelconfigurations/leader-election")["metadata"]["uid"]
+
+    def in_force() -> bool:
+        status = kube.get(f"{FLOWCONTROL}/flowschemas/{name}").get("status") or {}
+        return any(
+            c.get("type") == "Dangling" and c.get("status") == "False" for c in status.get("conditions") or []
+        )
+
+    as_sa = RealKube(plane.url, plane.ca_file, service_account_token(kube, FS_NS, sa["metadata"]["name"]))
+    leases = f"/apis/coordination.k8s.io/v1/namespaces/{FS_NS}/leases"
+    tries = iter(range(1000))
+    seen: dict[str, tuple[str, str]] = {}
+
+    def leader_requests() -> bool:
+        """A leader's create, get and update of its Lease; true once all three are lifted (the server's
+        classifier may take a moment to see the new schema)."""
+        lease = f"fs-probe-{next(tries)}"
+        body: JSON = {
+            "metadata": {"name": lease},
+            "spec": {"holderIdentity": "a", "leaseDurationSeconds": 15},
+        }
+        seen["create"] = _classified_as(
+            as_sa, "POST", leases, {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", **body}
+        )
+        seen["get"] = _classified_as(as_sa, "GET", f"{leases}/{lease}")
+        got = as_sa.get(f"{leases}/{lease}")
+        update = {**got, "spec": {**got["spec"], "holderIdentity": "b"}}
+        seen["update"] = _classified_as(as_sa, "PUT", f"{leases}/{lease}", update)
+        return all(seen[v] == (fs_uid, pl_uid) for v in ("create", "get", "update"))
+
+    try:
+        wait_for(in_force, 30, "the chart's FlowSchema to find the leader-election level")
+        wait_for(leader_requests, 30, "a leader's Lease requests on leader-election")
+        others = {
+            "delete lease": _classified_as(as_sa, "DELETE", f"{leases}/fs-probe-0"),
+            "list leases": _classified_as(as_sa, "GET", leases),
+            "list pods": _classified_as(as_sa, "GET", f"/api/v1/namespaces/{FS_NS}/pods"),
+            "lease elsewhere": _classified_as(
+                as_sa, "GET", "/apis/coordination.k8s.io/v1/namespaces/apf-elsewhere/leases/x"
+            ),
+        }
+        # each classified (a schema and a level named), none by the chart's schema or onto its level
+        assert all(v == (fs_uid, pl_uid) for v in seen.values()), seen
+        assert all(fs and pl and fs != fs_uid and pl != pl_uid for fs, pl in others.values()), others
+    finally:
+        with contextlib.suppress(KubeHTTPError):
+            kube.delete(f"{FLOWCONTROL}/flowschemas/{name}")
