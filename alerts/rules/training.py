@@ -80,9 +80,28 @@ def _across_gaps(c: RulesConfig, selector: str) -> str:
     )
 
 
+def _ranks(c: RulesConfig) -> str:
+    """gpu_training_rank_info across a gap (_across_gaps), where a held rank is one its node's last
+    scrape before the gap still gave: a rank that died a minute before a missed scrape is not brought
+    back for the gap (its last sample is older than its node's), so a hang of the ranks left keeps
+    its `for:` too."""
+    hold = c.windows.stale_hold
+    last_scrape = (
+        f"max by (node) (max_over_time((\n    max by (node) (timestamp(gpu_up))\n"
+        f"    or max by (node) (timestamp(gpu_utilization_ratio))\n  )[{hold}:]))"
+    )
+    return (
+        f"({RANK_INFO} or (\n  {held(c, RANK_INFO)}\n"
+        f"  unless on(node) (group by (node) (gpu_up) or group by (node) (gpu_utilization_ratio))\n"
+        f"  and on(instance, uuid, pod, rank) (\n"
+        f"    max_over_time(timestamp({RANK_INFO})[{hold}:])\n"
+        f"    >= on(node) group_left() {last_scrape}\n  )\n))"
+    )
+
+
 def _per_rank(c: RulesConfig, metric: str) -> str:
     """A per-GPU series as one series per rank, carrying the job's identity (info * value)."""
-    info = _across_gaps(c, RANK_INFO)
+    info = _ranks(c)
     return f"max by ({RANK_BY}) ({info} * on(uuid) group_left() max by (uuid) ({metric}))"
 
 
@@ -110,7 +129,7 @@ def _records(c: RulesConfig) -> tuple[Record, ...]:
         f"unless on(uuid) (sum by (uuid) ({_across_gaps(c, PCIE_THROUGHPUT)}) > {quiet})\n"
         f"unless on(uuid) (sum by (uuid) ({_across_gaps(c, NVLINK_THROUGHPUT)}) > {quiet})"
     )
-    info = _across_gaps(c, RANK_INFO)
+    info = _ranks(c)
     return (
         Record(RANK_TENSOR, _per_rank(c, tensor)),
         Record(RANK_SM_CLOCK, _per_rank(c, _across_gaps(c, "gpu_sm_clock_hertz"))),
