@@ -11,7 +11,7 @@ median of its gang: clocks held down, or busy while the others wait for it in th
 from __future__ import annotations
 
 from alerts.config import RulesConfig
-from alerts.rules.common import alert
+from alerts.rules.common import alert, held
 from alerts.rules.hardware import GPU_BY, RANK_INFO, events
 from alerts.rules.model import Group, Record, RuleFile
 from alerts.rules.promql import num
@@ -67,41 +67,79 @@ _RANK_TEXT = (
 )
 
 
-def _per_rank(metric: str) -> str:
+def _across_gaps(c: RulesConfig, selector: str) -> str:
+    """A series as its exporter gives it now, and, on a node whose exporter gave nothing at this
+    scrape (one missed scrape, an exporter restart: none of the node's GPUs has a gpu_up or a
+    utilization either), as its last sample within `stale_hold`. So a gap neither blanks a training
+    record nor restarts the `for:` of an alert reading it, while a new sample (a kernel back, a step
+    landed) counts at once; and a series that ends while its node is still scraped (a rank died, its
+    job ended, an elastic restart replaced its pod, a GPU gone) is let go at once, as before."""
+    return (
+        f"({selector} or (\n  {held(c, selector)}\n"
+        f"  unless on(node) (group by (node) (gpu_up) or group by (node) (gpu_utilization_ratio))\n))"
+    )
+
+
+def _ranks(c: RulesConfig) -> str:
+    """gpu_training_rank_info across a gap (_across_gaps), where a held rank is one its node's last
+    scrape before the gap still gave: a rank that died a minute before a missed scrape is not brought
+    back for the gap (its last sample is older than its node's), so a hang of the ranks left keeps
+    its `for:` too."""
+    hold = c.windows.stale_hold
+    last_scrape = (
+        f"max by (node) (max_over_time((\n    max by (node) (timestamp(gpu_up))\n"
+        f"    or max by (node) (timestamp(gpu_utilization_ratio))\n  )[{hold}:]))"
+    )
+    return (
+        f"({RANK_INFO} or (\n  {held(c, RANK_INFO)}\n"
+        f"  unless on(node) (group by (node) (gpu_up) or group by (node) (gpu_utilization_ratio))\n"
+        f"  and on(instance, uuid, pod, rank) (\n"
+        f"    max_over_time(timestamp({RANK_INFO})[{hold}:])\n"
+        f"    >= on(node) group_left() {last_scrape}\n  )\n))"
+    )
+
+
+def _per_rank(c: RulesConfig, metric: str) -> str:
     """A per-GPU series as one series per rank, carrying the job's identity (info * value)."""
-    return f"max by ({RANK_BY}) ({RANK_INFO} * on(uuid) group_left() max by (uuid) ({metric}))"
+    info = _ranks(c)
+    return f"max by ({RANK_BY}) ({info} * on(uuid) group_left() max by (uuid) ({metric}))"
 
 
 def _records(c: RulesConfig) -> tuple[Record, ...]:
     t = c.thresholds
+    # every per-GPU input and the ranks read across a missed scrape or an exporter restart (_across_gaps)
+    tensor, power = _across_gaps(c, "gpu_tensor_active_ratio"), _across_gaps(c, "gpu_power_watts")
+    limit = _across_gaps(c, "gpu_power_limit_watts")
     compute_idle = (
-        f"(max by (uuid) (gpu_tensor_active_ratio) <= {num(t.training_idle_tensor_active_ratio)})\n"
+        f"(max by (uuid) ({tensor}) <= {num(t.training_idle_tensor_active_ratio)})\n"
         # without GPM (before Hopper) no tensor activity is known: a spinning collective draws little power
         "or on(uuid) (\n"
-        "  (max by (uuid) (gpu_power_watts) / on(uuid) max by (uuid) (gpu_power_limit_watts))\n"
+        f"  (max by (uuid) ({power}) / on(uuid) max by (uuid) ({limit}))\n"
         f"  <= {num(t.training_idle_power_ratio)}\n"
-        "  unless on(uuid) max by (uuid) (gpu_tensor_active_ratio)\n"
+        f"  unless on(uuid) max by (uuid) ({tensor})\n"
         ")"
     )
     quiet = num(t.training_idle_interconnect_bytes_per_second)
+    utilization = _across_gaps(c, "gpu_utilization_ratio")
     busy_idle = (
-        f"max by (uuid) (gpu_utilization_ratio) >= {num(t.training_kernel_resident_ratio)}\n"
+        f"max by (uuid) ({utilization}) >= {num(t.training_kernel_resident_ratio)}\n"
         f"and on(uuid) (\n{compute_idle}\n)\n"
         # "no traffic seen" rather than "traffic seen to be zero": a GPU whose driver has no PCIe
         # counters (NOT_SUPPORTED, never exported as 0) is judged by its compute alone
-        f"unless on(uuid) (sum by (uuid) ({PCIE_THROUGHPUT}) > {quiet})\n"
-        f"unless on(uuid) (sum by (uuid) ({NVLINK_THROUGHPUT}) > {quiet})"
+        f"unless on(uuid) (sum by (uuid) ({_across_gaps(c, PCIE_THROUGHPUT)}) > {quiet})\n"
+        f"unless on(uuid) (sum by (uuid) ({_across_gaps(c, NVLINK_THROUGHPUT)}) > {quiet})"
     )
+    info = _ranks(c)
     return (
-        Record(RANK_TENSOR, _per_rank("gpu_tensor_active_ratio")),
-        Record(RANK_SM_CLOCK, _per_rank("gpu_sm_clock_hertz")),
+        Record(RANK_TENSOR, _per_rank(c, tensor)),
+        Record(RANK_SM_CLOCK, _per_rank(c, _across_gaps(c, "gpu_sm_clock_hertz"))),
         # 1 for a rank that holds a kernel but does no tensor work and moves no data, else 0
         Record(
             RANK_BUSY_IDLE,
-            f"max by ({RANK_BY}) (\n  {RANK_INFO} * on(uuid) group_left() (\n"
-            f"{busy_idle}\n  ) * 0 + 1\n)\nor on(uuid)\nmax by ({RANK_BY}) ({RANK_INFO}) * 0",
+            f"max by ({RANK_BY}) (\n  {info} * on(uuid) group_left() (\n"
+            f"{busy_idle}\n  ) * 0 + 1\n)\nor on(uuid)\nmax by ({RANK_BY}) ({info}) * 0",
         ),
-        Record(JOB_RANKS, f"count by ({JOB_BY}) (max by ({JOB_BY}, rank) ({RANK_INFO}))"),
+        Record(JOB_RANKS, f"count by ({JOB_BY}) (max by ({JOB_BY}, rank) ({info}))"),
         # a dead rank's process is gone with its series: the gang's size is what was seen lately
         Record(
             JOB_RANKS_SEEN,
@@ -112,14 +150,15 @@ def _records(c: RulesConfig) -> tuple[Record, ...]:
         # apart at a hang's onset, are not told apart from their gang by the phase they were caught in
         # (the scraped samples, not this group's records: those are one per evaluation interval)
         Record(
-            RANK_TENSOR_STEP, _per_rank(f"avg_over_time(gpu_tensor_active_ratio[{c.windows.training_step}])")
+            RANK_TENSOR_STEP,
+            _per_rank(c, f"avg_over_time(gpu_tensor_active_ratio[{c.windows.training_step}])"),
         ),
         # 1 for a rank whose GPU holds no kernel (a rank that waits on its host: loader, mount, loop)
         Record(
             RANK_NO_KERNEL,
-            f"max by ({RANK_BY}) (\n  {RANK_INFO} * on(uuid) group_left() (\n"
-            f"  max by (uuid) (gpu_utilization_ratio) <= {num(t.training_no_kernel_ratio)}\n  ) * 0 + 1\n)\n"
-            f"or on(uuid)\nmax by ({RANK_BY}) ({RANK_INFO}) * 0",
+            f"max by ({RANK_BY}) (\n  {info} * on(uuid) group_left() (\n"
+            f"  max by (uuid) ({utilization}) <= {num(t.training_no_kernel_ratio)}\n  ) * 0 + 1\n)\n"
+            f"or on(uuid)\nmax by ({RANK_BY}) ({info}) * 0",
         ),
         # 1 for a job split between ranks spinning in a collective and ranks with no kernel, and none
         # computing: the spinning ones wait for the idle ones; 0 for every other job with ranks
@@ -141,13 +180,14 @@ def _records(c: RulesConfig) -> tuple[Record, ...]:
         Record(
             RANK_IO,
             _per_rank(
+                c,
                 f"sum by (uuid) (rate({IO_READ}[{c.windows.training_stalled_rank_evidence}]))\n"
-                f"+ on(uuid) sum by (uuid) (rate({IO_WRITE}[{c.windows.training_stalled_rank_evidence}]))"
+                f"+ on(uuid) sum by (uuid) (rate({IO_WRITE}[{c.windows.training_stalled_rank_evidence}]))",
             ),
         ),
         Record(
             RANK_HOST_CPU,
-            _per_rank(f"sum by (uuid) (rate({HOST_CPU}[{c.windows.training_stalled_rank_evidence}]))"),
+            _per_rank(c, f"sum by (uuid) (rate({HOST_CPU}[{c.windows.training_stalled_rank_evidence}]))"),
         ),
         *_progress_records(c),
     )
@@ -160,8 +200,11 @@ def _progress_records(c: RulesConfig) -> tuple[Record, ...]:
     t = c.thresholds
     n, moving = num(t.training_progress_update_intervals), num(t.training_progress_moving_seconds)
     return (
-        Record(JOB_STALL, f"time() - max by ({JOB_BY}) ({PROGRESS_LAST})"),
-        Record(JOB_INTERVAL, f"max by ({JOB_BY}) ({PROGRESS_INTERVAL})"),
+        # read over `stale_hold`: a missed scrape or an exporter restart neither blanks the stall (nor
+        # the veto of a job that moves) nor restarts TrainingJobNoProgress's `for:`; a new step counts
+        # at once (the newest timestamp of the job's ranks is its last step)
+        Record(JOB_STALL, f"time() - max by ({JOB_BY}) ({_across_gaps(c, PROGRESS_LAST)})"),
+        Record(JOB_INTERVAL, f"max by ({JOB_BY}) ({_across_gaps(c, PROGRESS_INTERVAL)})"),
         # 1 while the step changed within n update intervals, and at most `moving` seconds ago (one
         # change seen, no interval yet: within `moving`); 0 for a job whose steps stopped
         Record(
@@ -201,16 +244,16 @@ def _stalled(c: RulesConfig, ranks_of_lost: str) -> str:
     enough; `evidence` says what the idle rank's process shows (or `none` where its I/O is unknown)."""
     t, w = c.thresholds, c.windows
 
-    def held(window: str) -> str:
+    def waited(window: str) -> str:
         # split and idle at every evaluation of the window, and the rank already there at its start
         # (a fresh record's short history is no proof of a long wait)
         return (
             f"(min_over_time({RANK_WAITED_ON}[{window}]) == 1)\n"
-            f"and on(uuid) max by (uuid) ({RANK_INFO} offset {window})"
+            f"and on(uuid) max by (uuid) (last_over_time({RANK_INFO}[{w.stale_hold}] offset {window}))"
         )
 
     quiet = f"and on(uuid) ({RANK_IO} < {num(t.training_stalled_io_bytes_per_second)})"
-    evidence = f"{held(w.training_stalled_rank_evidence)}\n{quiet}"
+    evidence = f"{waited(w.training_stalled_rank_evidence)}\n{quiet}"
     disk_sleep = (
         f'max by (uuid) (min_over_time({PROCESS_STATE}{{state="disk_sleep"}}'
         f"[{w.training_stalled_rank_evidence}])) == 1"
@@ -229,13 +272,13 @@ def _stalled(c: RulesConfig, ranks_of_lost: str) -> str:
             # whose reads are theirs): the long window, as where I/O is unknown
             tagged(
                 "blocked",
-                held(w.training_stalled_rank),
+                waited(w.training_stalled_rank),
                 quiet,
                 f"unless on(uuid) ({disk_sleep})",
                 f"unless on(uuid) ({cpu_bound})",
             ),
             # io unknown: only the long window; a rank seen moving bytes is a writer or a loader, never this
-            tagged("none", held(w.training_stalled_rank), f"unless on(uuid) ({RANK_IO})"),
+            tagged("none", waited(w.training_stalled_rank), f"unless on(uuid) ({RANK_IO})"),
         )
     )
     # a rank waiting on a lost GPU's rank is TrainingJobNodeFault's (its ladder cordons first)
@@ -262,8 +305,8 @@ def training_file(c: RulesConfig) -> RuleFile:
     xids = events("gpu_xid_errors_total", matcher, w.event, f"{GPU_BY}, xid")
     lost = (
         f"max by ({GPU_BY}) (\n{xids}\n)\n"
-        f"or on(uuid)\n(max by ({GPU_BY}) (gpu_up) == 0)\n"
-        "unless on(uuid) (max by (uuid) (gpupulse_gpu_stale) == 1)"
+        f"or on(uuid)\n(max by ({GPU_BY}) ({_across_gaps(c, 'gpu_up')}) == 0)\n"
+        f"unless on(uuid) (max by (uuid) ({_across_gaps(c, 'gpupulse_gpu_stale')}) == 1)"
     )
     ranks_of_lost = (
         f"max by ({RANK_BY}) (\n  last_over_time({RANK_INFO}[{w.event}])\n"
@@ -271,7 +314,8 @@ def training_file(c: RulesConfig) -> RuleFile:
     )
     median_clock = f"quantile by ({JOB_BY}) (0.5, {RANK_SM_CLOCK})"
     # a clock held down by a limiter, not one that dropped because the GPU idles (gpu_idle)
-    throttled = f'max by (uuid) (gpu_clock_event_active{{reason=~"{THROTTLE_REASONS}"}}) == 1'
+    clock_events = _across_gaps(c, f'gpu_clock_event_active{{reason=~"{THROTTLE_REASONS}"}}')
+    throttled = f"max by (uuid) ({clock_events}) == 1"
     median_tensor = f"quantile by ({JOB_BY}) (0.5, {RANK_TENSOR_STEP})"
     two_ranks = f"on({JOB_BY}) ({JOB_RANKS} >= 2)"
     straggler = (
