@@ -6,7 +6,7 @@ import asyncio
 import gzip
 import os
 import ssl
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -19,9 +19,9 @@ from exporter.exposition.parse import ExpositionParser
 from exporter.wire.http1 import HttpClient
 from tests.engines.conftest import free_port, load_fixture
 from tests.fakes.helm_api import make_certificate
+from tests.wire.conftest import Handler, Start
 
 PAGE = load_fixture("vllm-0.33.0").encode()
-Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
 
 class Peers:
@@ -124,30 +124,6 @@ async def test_nothing_listening_is_refused() -> None:
     assert err.value.reason == "refused"
 
 
-@pytest.fixture
-async def raw_server() -> AsyncIterator[Callable[[Handler], Awaitable[str]]]:
-    """Start asyncio servers that answer with whatever bytes the test writes; yields a starter."""
-    servers: list[asyncio.Server] = []
-
-    async def start(handler: Handler) -> str:
-        async def guarded(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            try:
-                await handler(reader, writer)
-            except (ConnectionError, asyncio.IncompleteReadError):
-                pass
-            finally:
-                writer.close()
-
-        server = await asyncio.start_server(guarded, "127.0.0.1", 0)
-        servers.append(server)
-        return f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/metrics"
-
-    yield start
-    for server in servers:
-        server.close()
-        await server.wait_closed()
-
-
 def _answer(*parts: bytes) -> Handler:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.readuntil(b"\r\n\r\n")
@@ -222,7 +198,7 @@ HOSTILE = {
 
 @pytest.mark.parametrize("case", sorted(HOSTILE))
 async def test_a_broken_answer_is_a_clear_network_error(
-    case: str, raw_server: Callable[[Handler], Awaitable[str]]
+    case: str, raw_server: Start
 ) -> None:
     handler, message = HOSTILE[case]
     url = await raw_server(handler)
@@ -240,7 +216,7 @@ async def test_a_broken_answer_is_a_clear_network_error(
 
 
 async def test_a_hung_or_dripping_server_is_cut_at_the_deadline(
-    raw_server: Callable[[Handler], Awaitable[str]],
+    raw_server: Start,
 ) -> None:
     async def drip(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.readuntil(b"\r\n\r\n")
@@ -266,7 +242,7 @@ async def test_a_hung_or_dripping_server_is_cut_at_the_deadline(
     assert not client._idle
 
 
-async def test_a_gzip_bomb_is_cut_at_the_byte_cap(raw_server: Callable[[Handler], Awaitable[str]]) -> None:
+async def test_a_gzip_bomb_is_cut_at_the_byte_cap(raw_server: Start) -> None:
     # 64 MiB of one repeated line in about 100 KiB of gzip: inflated a bounded piece at a time and
     # cut at max_bytes, never held whole.
     page = b'# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name="m"} 1\n'
@@ -284,7 +260,7 @@ async def test_a_gzip_bomb_is_cut_at_the_byte_cap(raw_server: Callable[[Handler]
 
 
 async def test_a_connection_the_server_closed_while_idle_is_replaced_without_an_error(
-    raw_server: Callable[[Handler], Awaitable[str]],
+    raw_server: Start,
 ) -> None:
     # uvicorn (vLLM, SGLang) closes an idle keep-alive connection after 5 s, the engines interval:
     # the next GET may find it closed; it goes out once more on a fresh connection.
@@ -360,7 +336,7 @@ async def test_https_verifies_the_certificate_and_keeps_the_connection(tmp_path:
 
 
 async def test_a_url_with_spaces_or_non_ascii_is_sent_percent_encoded(
-    raw_server: Callable[[Handler], Awaitable[str]],
+    raw_server: Start,
 ) -> None:
     seen: list[bytes] = []
 

@@ -9,7 +9,6 @@ header failed the scrape, and a keep-alive 204 was read until the server closed.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
@@ -18,9 +17,7 @@ from exporter.errors import HttpError, ScrapeError
 from exporter.exposition.fetch import fetch_page
 from exporter.exposition.parse import ExpositionParser
 from exporter.wire.http1 import HttpClient
-
-Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
-Start = Callable[[Handler], Awaitable[str]]
+from tests.wire.conftest import Handler, Start
 
 
 def page(value: int) -> bytes:
@@ -36,30 +33,6 @@ def ok(body: bytes, *headers: bytes) -> bytes:
 
 
 PAGE = page(1)
-
-
-@pytest.fixture
-async def serve() -> AsyncIterator[Start]:
-    """Start raw asyncio servers running the test's handler per connection; yields a starter."""
-    servers: list[asyncio.Server] = []
-
-    async def start(handler: Handler) -> str:
-        async def guarded(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            try:
-                await handler(reader, writer)
-            except (ConnectionError, asyncio.IncompleteReadError):
-                pass
-            finally:
-                writer.close()
-
-        server = await asyncio.start_server(guarded, "127.0.0.1", 0)
-        servers.append(server)
-        return f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/metrics"
-
-    yield start
-    for server in servers:
-        server.close()
-        await server.wait_closed()
 
 
 def answers(*parts: bytes) -> Handler:
@@ -88,11 +61,13 @@ async def body_of(client: HttpClient, url: str, method: str = "GET") -> tuple[in
             return resp.status, data, resp.headers
 
 
-async def test_1xx_answers_before_the_final_one_are_skipped_and_the_connection_kept(serve: Start) -> None:
+async def test_1xx_answers_before_the_final_one_are_skipped_and_the_connection_kept(
+    raw_server: Start,
+) -> None:
     interim = (
         b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n"
     )
-    url = await serve(answers(interim + ok(page(1)), interim + ok(page(2))))
+    url = await raw_server(answers(interim + ok(page(1)), interim + ok(page(2))))
     client = HttpClient()
     try:
         assert await scrape(client, url) == [1.0]
@@ -102,7 +77,7 @@ async def test_1xx_answers_before_the_final_one_are_skipped_and_the_connection_k
     assert client.connections_opened == 1
 
 
-async def test_bytes_after_a_complete_response_are_never_read_as_the_next_answer(serve: Start) -> None:
+async def test_bytes_after_a_complete_response_are_never_read_as_the_next_answer(raw_server: Start) -> None:
     smuggled = ok(page(666))
     connections: list[int] = []
 
@@ -116,7 +91,7 @@ async def test_bytes_after_a_complete_response_are_never_read_as_the_next_answer
         await writer.drain()
         await reader.read()
 
-    url = await serve(handler)
+    url = await raw_server(handler)
     client = HttpClient()
     try:
         assert await scrape(client, url) == [1.0]
@@ -126,7 +101,7 @@ async def test_bytes_after_a_complete_response_are_never_read_as_the_next_answer
     assert client.connections_opened == 2 and len(connections) == 2
 
 
-async def test_a_408_written_on_an_idle_connection_is_not_the_next_scrapes_answer(serve: Start) -> None:
+async def test_a_408_written_on_an_idle_connection_is_not_the_next_scrapes_answer(raw_server: Start) -> None:
     # nginx, uvicorn and Go's server write "408 Request Timeout" and close a connection they gave up on
     gave_up = asyncio.Event()
     connections: list[int] = []
@@ -145,7 +120,7 @@ async def test_a_408_written_on_an_idle_connection_is_not_the_next_scrapes_answe
             return
         await reader.read()
 
-    url = await serve(handler)
+    url = await raw_server(handler)
     client = HttpClient()
     try:
         assert await scrape(client, url) == [1.0]
@@ -156,7 +131,7 @@ async def test_a_408_written_on_an_idle_connection_is_not_the_next_scrapes_answe
     assert client.connections_opened == 2
 
 
-async def test_bytes_on_an_idle_connection_that_stays_open_drop_it(serve: Start) -> None:
+async def test_bytes_on_an_idle_connection_that_stays_open_drop_it(raw_server: Start) -> None:
     wrote = asyncio.Event()
     connections: list[int] = []
 
@@ -171,7 +146,7 @@ async def test_bytes_on_an_idle_connection_that_stays_open_drop_it(serve: Start)
             await writer.drain()
         await reader.read()
 
-    url = await serve(handler)
+    url = await raw_server(handler)
     client = HttpClient()
     try:
         assert await scrape(client, url) == [1.0]
@@ -185,7 +160,7 @@ async def test_bytes_on_an_idle_connection_that_stays_open_drop_it(serve: Start)
 
 
 async def test_a_408_crossing_a_request_on_a_kept_connection_is_asked_again_on_a_fresh_one(
-    serve: Start,
+    raw_server: Start,
 ) -> None:
     connections: list[int] = []
 
@@ -201,7 +176,7 @@ async def test_a_408_crossing_a_request_on_a_kept_connection_is_asked_again_on_a
             return
         await reader.read()
 
-    url = await serve(handler)
+    url = await raw_server(handler)
     client = HttpClient()
     try:
         assert await scrape(client, url) == [1.0]
@@ -217,9 +192,9 @@ async def test_a_408_crossing_a_request_on_a_kept_connection_is_asked_again_on_a
     ids=["arabic-indic", "superscript two in latin-1", "fullwidth", "sign", "space", "two that differ"],
 )
 async def test_a_content_length_that_is_not_ascii_digits_is_a_clean_protocol_error(
-    length: bytes, serve: Start
+    length: bytes, raw_server: Start
 ) -> None:
-    url = await serve(answers(b"HTTP/1.1 200 OK\r\nContent-Length: %s\r\n\r\n%s" % (length, PAGE)))
+    url = await raw_server(answers(b"HTTP/1.1 200 OK\r\nContent-Length: %s\r\n\r\n%s" % (length, PAGE)))
     client = HttpClient()
     try:
         with pytest.raises(ScrapeError) as err:
@@ -232,13 +207,13 @@ async def test_a_content_length_that_is_not_ascii_digits_is_a_clean_protocol_err
     assert not client._idle
 
 
-async def test_an_obs_folded_header_is_joined_to_the_one_before_it(serve: Start) -> None:
+async def test_an_obs_folded_header_is_joined_to_the_one_before_it(raw_server: Start) -> None:
     # RFC 9112 5.2: a user agent replaces each obs-fold with a space before reading the value
     folded = (
         b"HTTP/1.1 200 OK\r\nContent-Type: text/plain;\r\n\tversion=0.0.4\r\nX-Long: one\r\n  two\r\n"
         b"Content-Length: %d\r\n\r\n%s" % (len(PAGE), PAGE)
     )
-    url = await serve(answers(folded, ok(page(2))))
+    url = await raw_server(answers(folded, ok(page(2))))
     client = HttpClient()
     try:
         status, body, headers = await body_of(client, url)
@@ -252,9 +227,9 @@ async def test_an_obs_folded_header_is_joined_to_the_one_before_it(serve: Start)
 
 
 async def test_a_keep_alive_204_304_or_head_answer_has_no_body_and_the_connection_goes_on(
-    serve: Start,
+    raw_server: Start,
 ) -> None:
-    url = await serve(
+    url = await raw_server(
         answers(
             b"HTTP/1.1 204 No Content\r\n\r\n",
             b'HTTP/1.1 304 Not Modified\r\nETag: "x"\r\n\r\n',
